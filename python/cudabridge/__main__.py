@@ -1,0 +1,63 @@
+"""``python -m cudabridge``: ``demo`` (many concurrent simulated tasks through the service),
+``info`` (backend and devices), ``config`` (every configuration key with its default)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m cudabridge")
+    sub = parser.add_subparsers(dest="command", required=True)
+    demo = sub.add_parser("demo", help="run many concurrent simulated Spark tasks through the service")
+    demo.add_argument("--tasks", type=int, default=400)
+    demo.add_argument("--threads", type=int, default=16)
+    demo.add_argument("--backend", default=None, help="auto | cuda | emulated (default: spark.cudabridge.backend or auto)")
+    demo.add_argument("--seed", type=int, default=7)
+    demo.add_argument("--json", action="store_true", help="print the statistics as JSON")
+    sub.add_parser("info", help="say which backend 'auto' picks and what devices it sees")
+    sub.add_parser("config", help="list every configuration key with its default")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+
+    if args.command == "config":
+        from .config import SPARK_PREFIX, ServiceConfig
+
+        defaults = ServiceConfig()
+        for name, doc in ServiceConfig.DOCS.items():
+            print(f"{SPARK_PREFIX}{name} = {getattr(defaults, name)!s:12}  {doc}")
+        return 0
+    if args.command == "info":
+        from .device import gpu_visible, open_backend
+
+        visible, why = gpu_visible()
+        backend = open_backend("auto")
+        print(f"backend: {backend.name} ({why})")
+        for i in range(backend.device_count()):
+            backend.set_device(i)
+            free, total = backend.mem_get_info()
+            print(f"  GPU {i}: {backend.device_uuid(i)}  {free / 2**30:.1f} of {total / 2**30:.1f} GiB free")
+        backend.close()
+        return 0
+
+    from .config import ServiceConfig
+    from .demo import run_demo
+
+    config = ServiceConfig.from_env()
+    if args.backend:
+        config = dataclasses.replace(config, backend=args.backend)
+    result = run_demo(config, tasks=args.tasks, threads=args.threads, seed=args.seed)
+    if args.json:
+        print(json.dumps(result, indent=2, default=str))
+    else:
+        for key, value in result.items():
+            print(f"{key:32} {value}")
+    return 0 if result["verify_failures"] == 0 and result["live_allocations_after"] == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

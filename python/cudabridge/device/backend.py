@@ -1,0 +1,155 @@
+"""The one small interface every device backend implements.
+
+Handles (streams, events, device pointers) are plain integers, so that they can cross into
+Java, CuPy, PyTorch or Numba unchanged. Two stream handles are special, as in CUDA:
+``LEGACY_STREAM`` (also ``0``) is the device's legacy default stream, and ``PER_THREAD_STREAM``
+names *the calling thread's* per-thread default stream: the same integer means a different
+stream on every thread.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Any
+
+LEGACY_STREAM = 1
+PER_THREAD_STREAM = 2
+DEFAULT_STREAM = 0  # the legacy default stream under the runtime API's default compilation
+
+
+class DeviceBackend(abc.ABC):
+    """Streams, events, device memory, asynchronous copies and memset, and two test kernels.
+
+    Calls act on the calling thread's current device, as the CUDA runtime does. Every method
+    either succeeds or raises :class:`cudabridge.errors.CudaError` naming the call.
+    """
+
+    name: str = "abstract"
+
+    # devices -------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def device_count(self) -> int: ...
+
+    @abc.abstractmethod
+    def set_device(self, ordinal: int) -> None: ...
+
+    @abc.abstractmethod
+    def get_device(self) -> int: ...
+
+    @abc.abstractmethod
+    def device_uuid(self, ordinal: int) -> str:
+        """The device's UUID in nvidia-smi's spelling, ``GPU-xxxxxxxx-xxxx-...``."""
+
+    @abc.abstractmethod
+    def mem_get_info(self) -> tuple[int, int]:
+        """(free, total) bytes of the current device."""
+
+    @abc.abstractmethod
+    def context_active(self, ordinal: int) -> bool:
+        """Whether the device's primary context already exists (settings read at context
+        creation, such as ``CUDA_DEVICE_MAX_CONNECTIONS``, can no longer take effect)."""
+
+    @abc.abstractmethod
+    def device_synchronize(self) -> None: ...
+
+    # memory --------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def malloc(self, nbytes: int) -> int:
+        """Device memory on the current device. Raises :class:`DeviceAllocationFailed` when the
+        device has no room (the pool treats that as "cannot grow", not as a crash)."""
+
+    @abc.abstractmethod
+    def free(self, ptr: int) -> None: ...
+
+    # streams -------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def stream_priority_range(self) -> tuple[int, int]:
+        """(least, greatest) priority; greatest is numerically lowest, as in CUDA."""
+
+    @abc.abstractmethod
+    def stream_create(self, priority: int = 0) -> int:
+        """A non-blocking stream (it does not synchronize with the legacy default stream)."""
+
+    @abc.abstractmethod
+    def stream_destroy(self, stream: int) -> None: ...
+
+    @abc.abstractmethod
+    def stream_query(self, stream: int) -> bool:
+        """True when all work queued on the stream has completed."""
+
+    @abc.abstractmethod
+    def stream_synchronize(self, stream: int) -> None: ...
+
+    @abc.abstractmethod
+    def stream_wait_event(self, stream: int, event: int) -> None:
+        """Later work on ``stream`` waits, on the device, for the event's latest record."""
+
+    # events --------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def event_create(self) -> int:
+        """An event with timing disabled (the cheap kind)."""
+
+    @abc.abstractmethod
+    def event_destroy(self, event: int) -> None: ...
+
+    @abc.abstractmethod
+    def event_record(self, event: int, stream: int) -> None: ...
+
+    @abc.abstractmethod
+    def event_query(self, event: int) -> bool:
+        """True when the latest record has completed, and (as in CUDA) for a never-recorded event."""
+
+    @abc.abstractmethod
+    def event_synchronize(self, event: int) -> None: ...
+
+    # copies --------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def memcpy_async(self, dst: int, src: int, nbytes: int, stream: int) -> None:
+        """Device to device."""
+
+    @abc.abstractmethod
+    def copy_to_device_async(self, dst: int, host: Any, stream: int) -> None:
+        """Copy a host buffer (buffer protocol, contiguous) to ``dst``. The buffer must stay alive
+        and unchanged until the stream has passed the copy."""
+
+    @abc.abstractmethod
+    def copy_from_device_async(self, host: Any, src: int, stream: int) -> None:
+        """Copy into a writable host buffer; valid once the stream has passed the copy."""
+
+    @abc.abstractmethod
+    def memset_async(self, ptr: int, value: int, nbytes: int, stream: int) -> None: ...
+
+    # test kernels --------------------------------------------------------------------------
+    @abc.abstractmethod
+    def fill_u32_async(self, ptr: int, count: int, value: int, stream: int, delay_s: float = 0.0) -> None:
+        """A kernel that first spins ``delay_s`` seconds, then writes ``count`` 32-bit words.
+
+        Slow writers turn ordering bugs into visible corruption."""
+
+    @abc.abstractmethod
+    def spin_async(self, stream: int, seconds: float) -> None:
+        """A kernel that only spins; chains of these show whether streams run concurrently."""
+
+    def close(self) -> None:
+        """Release backend-wide resources (worker threads, modules). Idempotent."""
+
+
+class DeviceAllocationFailed(Exception):
+    """Raised by :meth:`DeviceBackend.malloc` when the device has no room."""
+
+    def __init__(self, nbytes: int, detail: str = "") -> None:
+        self.nbytes = nbytes
+        super().__init__(f"device allocation of {nbytes} bytes failed{': ' + detail if detail else ''}")
+
+
+def host_view(buffer: Any, writable: bool) -> memoryview:
+    """A flat byte view of a contiguous host buffer, with a clear error for anything else."""
+    try:
+        view = memoryview(buffer)
+    except TypeError:
+        raise TypeError(f"host buffer must support the buffer protocol, got {type(buffer).__name__}") from None
+    if not view.c_contiguous:
+        raise ValueError("host buffer must be C-contiguous")
+    if writable and view.readonly:
+        raise ValueError("host buffer to copy into is read-only")
+    return view.cast("B") if view.format != "B" or view.ndim != 1 else view

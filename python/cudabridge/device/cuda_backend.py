@@ -1,0 +1,281 @@
+"""The real device, through NVIDIA's ``cuda-python`` bindings (``cuda.bindings``).
+
+Every call's return code is checked and turned into :class:`cudabridge.errors.CudaError`
+naming the call. The two test kernels are compiled once per device with NVRTC and launched
+through the driver API on the runtime's primary context.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import threading
+from typing import Any
+
+from ..errors import CudaError
+from .backend import DeviceAllocationFailed, DeviceBackend, host_view
+
+log = logging.getLogger(__name__)
+
+_KERNELS = r"""
+__device__ __forceinline__ unsigned long long cb_now() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+extern "C" __global__ void cb_fill_u32(unsigned int* p, unsigned long long n, unsigned int v,
+                                       unsigned long long delay_ns) {
+    if (delay_ns) {
+        unsigned long long t0 = cb_now();
+        while (cb_now() - t0 < delay_ns) { }
+    }
+    unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
+    for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < n; i += stride)
+        p[i] = v;
+}
+extern "C" __global__ void cb_spin(unsigned long long ns) {
+    unsigned long long t0 = cb_now();
+    while (cb_now() - t0 < ns) { }
+}
+"""
+
+
+def _load() -> tuple[Any, Any, Any]:
+    from cuda.bindings import driver, nvrtc, runtime
+
+    return runtime, driver, nvrtc
+
+
+class CudaBackend(DeviceBackend):
+    name = "cuda"
+
+    def __init__(self) -> None:
+        self.rt, self.drv, self.nvrtc = _load()
+        rt = self.rt
+        self._success = rt.cudaError_t.cudaSuccess
+        self._not_ready = rt.cudaError_t.cudaErrorNotReady
+        self._oom = rt.cudaError_t.cudaErrorMemoryAllocation
+        self._modules: dict[int, tuple[Any, Any, Any]] = {}
+        self._lock = threading.Lock()
+        count = self.device_count()
+        if count < 1:
+            raise CudaError("cudaGetDeviceCount", 100, "cudaErrorNoDevice", "no CUDA device is visible")
+
+    # plumbing -------------------------------------------------------------------------------
+    def _check(self, call: str, result: Any) -> Any:
+        err = result[0]
+        if err != self._success:
+            raise self._error(call, err)
+        if len(result) == 1:
+            return None
+        return result[1] if len(result) == 2 else result[1:]
+
+    def _error(self, call: str, err: Any) -> CudaError:
+        code = int(err)
+        name = getattr(err, "name", str(err))
+        detail = ""
+        try:
+            if isinstance(err, self.drv.CUresult):
+                r = self.drv.cuGetErrorString(err)
+                if r[0] == self.drv.CUresult.CUDA_SUCCESS and r[1]:
+                    detail = r[1].decode()
+            else:
+                r = self.rt.cudaGetErrorString(err)
+                detail = r[1].decode() if isinstance(r[1], bytes) else str(r[1])
+        except Exception:  # the message is a courtesy; the code is what matters
+            pass
+        return CudaError(call, code, name, detail)
+
+    # devices -------------------------------------------------------------------------------
+    def device_count(self) -> int:
+        return self._check("cudaGetDeviceCount", self.rt.cudaGetDeviceCount())
+
+    def set_device(self, ordinal: int) -> None:
+        self._check("cudaSetDevice", self.rt.cudaSetDevice(ordinal))
+
+    def get_device(self) -> int:
+        return self._check("cudaGetDevice", self.rt.cudaGetDevice())
+
+    def device_uuid(self, ordinal: int) -> str:
+        props = self._check("cudaGetDeviceProperties", self.rt.cudaGetDeviceProperties(ordinal))
+        raw = bytes(props.uuid.bytes) if hasattr(props.uuid, "bytes") else bytes(props.uuid)
+        h = raw[:16].hex()
+        return f"GPU-{h[0:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
+
+    def mem_get_info(self) -> tuple[int, int]:
+        free, total = self._check("cudaMemGetInfo", self.rt.cudaMemGetInfo())
+        return int(free), int(total)
+
+    def context_active(self, ordinal: int) -> bool:
+        drv = self.drv
+        self._check("cuInit", drv.cuInit(0))
+        dev = self._check("cuDeviceGet", drv.cuDeviceGet(ordinal))
+        _flags, active = self._check("cuDevicePrimaryCtxGetState", drv.cuDevicePrimaryCtxGetState(dev))
+        return bool(active)
+
+    def device_synchronize(self) -> None:
+        self._check("cudaDeviceSynchronize", self.rt.cudaDeviceSynchronize())
+
+    # memory --------------------------------------------------------------------------------
+    def malloc(self, nbytes: int) -> int:
+        err, ptr = self.rt.cudaMalloc(nbytes)
+        if err == self._oom:
+            self.rt.cudaGetLastError()  # not sticky; clear it so later calls don't report it
+            raise DeviceAllocationFailed(nbytes, "cudaMalloc: cudaErrorMemoryAllocation")
+        if err != self._success:
+            raise self._error("cudaMalloc", err)
+        return int(ptr)
+
+    def free(self, ptr: int) -> None:
+        self._check("cudaFree", self.rt.cudaFree(ptr))
+
+    # streams -------------------------------------------------------------------------------
+    def stream_priority_range(self) -> tuple[int, int]:
+        least, greatest = self._check("cudaDeviceGetStreamPriorityRange", self.rt.cudaDeviceGetStreamPriorityRange())
+        return int(least), int(greatest)
+
+    def stream_create(self, priority: int = 0) -> int:
+        s = self._check(
+            "cudaStreamCreateWithPriority",
+            self.rt.cudaStreamCreateWithPriority(self.rt.cudaStreamNonBlocking, priority),
+        )
+        return int(s)
+
+    def stream_destroy(self, stream: int) -> None:
+        self._check("cudaStreamDestroy", self.rt.cudaStreamDestroy(stream))
+
+    def stream_query(self, stream: int) -> bool:
+        err = self.rt.cudaStreamQuery(stream)[0]
+        if err == self._success:
+            return True
+        if err == self._not_ready:
+            return False
+        raise self._error("cudaStreamQuery", err)
+
+    def stream_synchronize(self, stream: int) -> None:
+        self._check("cudaStreamSynchronize", self.rt.cudaStreamSynchronize(stream))
+
+    def stream_wait_event(self, stream: int, event: int) -> None:
+        self._check("cudaStreamWaitEvent", self.rt.cudaStreamWaitEvent(stream, event, 0))
+
+    # events --------------------------------------------------------------------------------
+    def event_create(self) -> int:
+        ev = self._check("cudaEventCreateWithFlags", self.rt.cudaEventCreateWithFlags(self.rt.cudaEventDisableTiming))
+        return int(ev)
+
+    def event_destroy(self, event: int) -> None:
+        self._check("cudaEventDestroy", self.rt.cudaEventDestroy(event))
+
+    def event_record(self, event: int, stream: int) -> None:
+        self._check("cudaEventRecord", self.rt.cudaEventRecord(event, stream))
+
+    def event_query(self, event: int) -> bool:
+        err = self.rt.cudaEventQuery(event)[0]
+        if err == self._success:
+            return True
+        if err == self._not_ready:
+            return False
+        raise self._error("cudaEventQuery", err)
+
+    def event_synchronize(self, event: int) -> None:
+        self._check("cudaEventSynchronize", self.rt.cudaEventSynchronize(event))
+
+    # copies --------------------------------------------------------------------------------
+    def memcpy_async(self, dst: int, src: int, nbytes: int, stream: int) -> None:
+        self._check(
+            "cudaMemcpyAsync",
+            self.rt.cudaMemcpyAsync(dst, src, nbytes, self.rt.cudaMemcpyKind.cudaMemcpyDefault, stream),
+        )
+
+    @staticmethod
+    def _address(view: memoryview) -> int:
+        if view.readonly:
+            # Read-only buffers (bytes) have no ctypes-writable alias; c_char_p gives their address.
+            return ctypes.cast(ctypes.c_char_p(view.obj if isinstance(view.obj, bytes) else bytes(view)),
+                               ctypes.c_void_p).value or 0
+        return ctypes.addressof(ctypes.c_char.from_buffer(view))
+
+    def copy_to_device_async(self, dst: int, host: Any, stream: int) -> None:
+        view = host_view(host, writable=False)
+        if view.readonly and not (isinstance(view.obj, bytes) and len(view) == len(view.obj)):
+            view = memoryview(bytearray(view))  # stage: we need a stable address we own
+        n = len(view)
+        if n == 0:
+            return
+        self._check(
+            "cudaMemcpyAsync",
+            self.rt.cudaMemcpyAsync(dst, self._address(view), n, self.rt.cudaMemcpyKind.cudaMemcpyHostToDevice, stream),
+        )
+
+    def copy_from_device_async(self, host: Any, src: int, stream: int) -> None:
+        view = host_view(host, writable=True)
+        n = len(view)
+        if n == 0:
+            return
+        self._check(
+            "cudaMemcpyAsync",
+            self.rt.cudaMemcpyAsync(self._address(view), src, n, self.rt.cudaMemcpyKind.cudaMemcpyDeviceToHost, stream),
+        )
+
+    def memset_async(self, ptr: int, value: int, nbytes: int, stream: int) -> None:
+        self._check("cudaMemsetAsync", self.rt.cudaMemsetAsync(ptr, value, nbytes, stream))
+
+    # kernels -------------------------------------------------------------------------------
+    def _kernels(self) -> tuple[Any, Any]:
+        ordinal = self.get_device()
+        mod = self._modules.get(ordinal)
+        if mod is None:
+            with self._lock:
+                mod = self._modules.get(ordinal)
+                if mod is None:
+                    mod = self._build(ordinal)
+                    self._modules[ordinal] = mod
+        return mod[1], mod[2]
+
+    def _build(self, ordinal: int) -> tuple[Any, Any, Any]:
+        nv, drv, rt = self.nvrtc, self.drv, self.rt
+        major = self._check("cudaDeviceGetAttribute",
+                            rt.cudaDeviceGetAttribute(rt.cudaDeviceAttr.cudaDevAttrComputeCapabilityMajor, ordinal))
+        minor = self._check("cudaDeviceGetAttribute",
+                            rt.cudaDeviceGetAttribute(rt.cudaDeviceAttr.cudaDevAttrComputeCapabilityMinor, ordinal))
+
+        def nvcheck(call: str, result: Any) -> Any:
+            if result[0] != nv.nvrtcResult.NVRTC_SUCCESS:
+                raise CudaError(call, int(result[0]), result[0].name)
+            return result[1] if len(result) > 1 else None
+
+        prog = nvcheck("nvrtcCreateProgram", nv.nvrtcCreateProgram(_KERNELS.encode(), b"cudabridge_kernels.cu", 0, [], []))
+        try:
+            opts = [f"--gpu-architecture=sm_{major}{minor}".encode()]
+            err = nv.nvrtcCompileProgram(prog, len(opts), opts)[0]
+            if err != nv.nvrtcResult.NVRTC_SUCCESS:
+                size = nvcheck("nvrtcGetProgramLogSize", nv.nvrtcGetProgramLogSize(prog))
+                buf = b" " * size
+                nv.nvrtcGetProgramLog(prog, buf)
+                raise CudaError("nvrtcCompileProgram", int(err), err.name, buf.decode(errors="replace"))
+            size = nvcheck("nvrtcGetCUBINSize", nv.nvrtcGetCUBINSize(prog))
+            cubin = b" " * size
+            nvcheck("nvrtcGetCUBIN", nv.nvrtcGetCUBIN(prog, cubin))
+        finally:
+            nv.nvrtcDestroyProgram(prog)
+        self._check("cudaFree", rt.cudaFree(0))  # make the primary context current on this thread
+        module = self._check("cuModuleLoadData", drv.cuModuleLoadData(cubin))
+        fill = self._check("cuModuleGetFunction", drv.cuModuleGetFunction(module, b"cb_fill_u32"))
+        spin = self._check("cuModuleGetFunction", drv.cuModuleGetFunction(module, b"cb_spin"))
+        return module, fill, spin
+
+    def fill_u32_async(self, ptr: int, count: int, value: int, stream: int, delay_s: float = 0.0) -> None:
+        fill, _ = self._kernels()
+        threads = 256
+        blocks = max(1, min(1024, -(-count // threads)))
+        args = (
+            (ptr, count, value & 0xFFFFFFFF, int(delay_s * 1e9)),
+            (ctypes.c_void_p, ctypes.c_ulonglong, ctypes.c_uint, ctypes.c_ulonglong),
+        )
+        self._check("cuLaunchKernel(cb_fill_u32)",
+                    self.drv.cuLaunchKernel(fill, blocks, 1, 1, threads, 1, 1, 0, stream, args, 0))
+
+    def spin_async(self, stream: int, seconds: float) -> None:
+        _, spin = self._kernels()
+        args = ((int(seconds * 1e9),), (ctypes.c_ulonglong,))
+        self._check("cuLaunchKernel(cb_spin)", self.drv.cuLaunchKernel(spin, 1, 1, 1, 1, 1, 1, 0, stream, args, 0))

@@ -1,0 +1,478 @@
+"""A faithful CPU model of a CUDA device, for machines without a GPU.
+
+What is modelled, because the service's correctness depends on it:
+
+* Device memory is host memory (anonymous ``mmap``, zero-filled lazily) behind fake device
+  addresses. Chunks are never adjacent in the address space, so a pool that coalesces across
+  two ``malloc`` results is caught. Every access is bounds-checked against one allocation.
+* Each stream is an ordered work queue run by its own worker thread. Work on different streams
+  runs concurrently and in no particular order relative to each other.
+* An event completes exactly when the work queued on its stream before its latest record has
+  run. An event that was never recorded queries as complete. ``stream_wait_event`` waits for the
+  record that was latest *at the time of the call*, as ``cudaStreamWaitEvent`` does.
+* ``PER_THREAD_STREAM`` names the calling thread's own stream: the same handle is a different
+  stream on every thread. ``LEGACY_STREAM`` (and ``0``) is one stream per device.
+* The current device is per thread; ``malloc`` allocates on it; an event and the stream it is
+  recorded on must belong to the same device.
+* An error inside queued work (for example an out-of-bounds kernel write) is sticky, as CUDA's
+  are: every later call on that device raises it.
+
+Not modelled: the implicit synchronization of the legacy stream with blocking streams (the
+service creates only non-blocking streams, and leaving it out only makes races easier to see),
+and stream priorities (accepted and reported, not scheduled).
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import logging
+import mmap
+import threading
+import time
+import uuid
+from collections import deque
+from typing import Any, Callable
+
+from ..errors import CudaError
+from .backend import (
+    DEFAULT_STREAM,
+    LEGACY_STREAM,
+    PER_THREAD_STREAM,
+    DeviceAllocationFailed,
+    DeviceBackend,
+    host_view,
+)
+
+log = logging.getLogger(__name__)
+
+_ERR_INVALID_VALUE = (1, "cudaErrorInvalidValue")
+_ERR_INVALID_DEVICE = (101, "cudaErrorInvalidDevice")
+_ERR_INVALID_HANDLE = (400, "cudaErrorInvalidResourceHandle")
+_ERR_ILLEGAL_ADDRESS = (700, "cudaErrorIllegalAddress")
+
+# Fake address spaces: each device gets its own 1 TiB window, chunks are separated by a gap.
+_ADDRESS_BASE = 0x7F00_0000_0000
+_DEVICE_WINDOW = 1 << 40
+_ALLOC_GRANULE = 1 << 21  # cudaMalloc rounds to 2 MiB pages; keep one page of gap too
+
+
+def _fail(call: str, err: tuple[int, str], detail: str = "") -> CudaError:
+    return CudaError(call, err[0], err[1], detail)
+
+
+class _EmuStream:
+    """An ordered queue of host callables, run by one worker thread."""
+
+    __slots__ = ("device", "handle", "priority", "_queue", "_cond", "_enqueued", "_completed",
+                 "_worker", "_closed", "kind")
+
+    def __init__(self, device: "_EmuDevice", handle: int, priority: int, kind: str) -> None:
+        self.device = device
+        self.handle = handle
+        self.priority = priority
+        self.kind = kind
+        self._queue: deque[Callable[[], None]] = deque()
+        self._cond = threading.Condition(threading.Lock())
+        self._enqueued = 0
+        self._completed = 0
+        self._closed = False
+        self._worker = threading.Thread(
+            target=self._run, name=f"emulated-gpu{device.ordinal}-stream-{kind}-{handle:#x}", daemon=True
+        )
+        self._worker.start()
+
+    def enqueue(self, op: Callable[[], None]) -> int:
+        """Queue ``op``; returns its sequence number (1-based)."""
+        with self._cond:
+            if self._closed:
+                raise _fail("stream", _ERR_INVALID_HANDLE, f"stream {self.handle:#x} was destroyed")
+            self._enqueued += 1
+            self._queue.append(op)
+            self._cond.notify_all()
+            return self._enqueued
+
+    def marker(self) -> int:
+        """The sequence number that the next completion check must reach (an event record)."""
+        return self.enqueue(_noop)
+
+    def completed(self, seq: int) -> bool:
+        return self._completed >= seq
+
+    def wait_for(self, seq: int) -> None:
+        with self._cond:
+            self._cond.wait_for(lambda: self._completed >= seq or self._closed)
+
+    def idle(self) -> bool:
+        return self._completed >= self._enqueued
+
+    def synchronize(self) -> None:
+        with self._cond:
+            target = self._enqueued
+            self._cond.wait_for(lambda: self._completed >= target)
+
+    def close(self) -> None:
+        self.synchronize()
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        if threading.current_thread() is not self._worker:
+            self._worker.join(timeout=5)
+
+    def _run(self) -> None:
+        cond = self._cond
+        while True:
+            with cond:
+                while not self._queue and not self._closed:
+                    cond.wait()
+                if not self._queue:
+                    return
+                op = self._queue.popleft()
+            try:
+                op()
+            except CudaError as exc:
+                self.device.set_sticky(exc)
+            except Exception as exc:  # a host callable standing in for a kernel went wrong
+                self.device.set_sticky(_fail("kernel", _ERR_ILLEGAL_ADDRESS, repr(exc)))
+            with cond:
+                self._completed += 1
+                cond.notify_all()
+
+
+def _noop() -> None:
+    return None
+
+
+class _EmuEvent:
+    __slots__ = ("device", "stream", "seq")
+
+    def __init__(self, device: "_EmuDevice") -> None:
+        self.device = device
+        self.stream: _EmuStream | None = None
+        self.seq = 0
+
+    def done(self) -> bool:
+        stream = self.stream
+        return stream is None or stream.completed(self.seq)
+
+
+class _EmuDevice:
+    def __init__(self, ordinal: int, memory_bytes: int) -> None:
+        self.ordinal = ordinal
+        self.total = memory_bytes
+        self.used = 0
+        self.uuid = "GPU-" + str(uuid.uuid5(uuid.NAMESPACE_OID, f"cudabridge-emulated-{ordinal}"))
+        self._lock = threading.Lock()
+        self._bases: list[int] = []          # sorted
+        self._chunks: dict[int, mmap.mmap] = {}
+        self._next = _ADDRESS_BASE + ordinal * _DEVICE_WINDOW
+        self.sticky: CudaError | None = None
+        self.context_created = False
+        self.legacy: _EmuStream | None = None
+
+    def set_sticky(self, exc: CudaError) -> None:
+        if self.sticky is None:
+            log.error("emulated GPU %d: sticky error %s", self.ordinal, exc)
+            self.sticky = exc
+
+    def malloc(self, nbytes: int) -> int:
+        span = -(-nbytes // _ALLOC_GRANULE) * _ALLOC_GRANULE
+        with self._lock:
+            if self.used + span > self.total:
+                raise DeviceAllocationFailed(nbytes, f"emulated GPU {self.ordinal} has "
+                                             f"{self.total - self.used} of {self.total} bytes free")
+            base = self._next
+            self._next += span + _ALLOC_GRANULE
+            self._chunks[base] = mmap.mmap(-1, span)
+            bisect.insort(self._bases, base)
+            self.used += span
+        return base
+
+    def free(self, ptr: int) -> None:
+        with self._lock:
+            chunk = self._chunks.pop(ptr, None)
+            if chunk is None:
+                raise _fail("cudaFree", _ERR_INVALID_VALUE, f"{ptr:#x} is not an allocation of GPU {self.ordinal}")
+            del self._bases[bisect.bisect_left(self._bases, ptr)]
+            self.used -= len(chunk)
+        try:
+            chunk.close()
+        except BufferError:
+            pass  # a view of it is still referenced (a finished op's closure); GC unmaps it
+
+    def view(self, call: str, ptr: int, nbytes: int) -> memoryview:
+        """The host memory behind [ptr, ptr+nbytes), which must lie inside one allocation."""
+        bases = self._bases
+        i = bisect.bisect_right(bases, ptr) - 1
+        if i >= 0:
+            base = bases[i]
+            chunk = self._chunks.get(base)
+            if chunk is not None and ptr + nbytes <= base + len(chunk):
+                off = ptr - base
+                return memoryview(chunk)[off:off + nbytes]
+        raise _fail(call, _ERR_INVALID_VALUE,
+                    f"[{ptr:#x}, +{nbytes}) is not inside one allocation of GPU {self.ordinal}")
+
+
+class EmulatedBackend(DeviceBackend):
+    """See the module docstring. ``devices`` emulated GPUs of ``memory_bytes`` each."""
+
+    name = "emulated"
+
+    def __init__(self, devices: int = 1, memory_bytes: int = 16 << 30) -> None:
+        if devices < 1:
+            raise ValueError(f"an emulated backend needs at least one device, got {devices}")
+        self._devices = [_EmuDevice(i, memory_bytes) for i in range(devices)]
+        self._handles = itertools.count(0x1000, 0x10)
+        self._streams: dict[int, _EmuStream] = {}
+        self._events: dict[int, _EmuEvent] = {}
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._ptds: list[_EmuStream] = []
+        self._closed = False
+
+    # helpers -------------------------------------------------------------------------------
+    def _current(self) -> _EmuDevice:
+        dev = self._devices[getattr(self._local, "device", 0)]
+        if dev.sticky is not None:
+            raise dev.sticky
+        dev.context_created = True
+        return dev
+
+    def _stream(self, call: str, handle: int) -> _EmuStream:
+        if handle == PER_THREAD_STREAM:
+            dev = self._current()
+            per_thread = getattr(self._local, "ptds", None)
+            if per_thread is None:
+                per_thread = self._local.ptds = _PerThreadStreams(self)
+            stream = per_thread.get(dev)
+        elif handle in (LEGACY_STREAM, DEFAULT_STREAM):
+            dev = self._current()
+            with self._lock:
+                if dev.legacy is None:
+                    dev.legacy = _EmuStream(dev, next(self._handles), 0, "legacy")
+                stream = dev.legacy
+        else:
+            stream = self._streams.get(handle)
+            if stream is None:
+                raise _fail(call, _ERR_INVALID_HANDLE, f"no stream {handle:#x}")
+        if stream.device.sticky is not None:
+            raise stream.device.sticky
+        return stream
+
+    def _event(self, call: str, handle: int) -> _EmuEvent:
+        ev = self._events.get(handle)
+        if ev is None:
+            raise _fail(call, _ERR_INVALID_HANDLE, f"no event {handle:#x}")
+        return ev
+
+    # devices -------------------------------------------------------------------------------
+    def device_count(self) -> int:
+        return len(self._devices)
+
+    def set_device(self, ordinal: int) -> None:
+        if not 0 <= ordinal < len(self._devices):
+            raise _fail("cudaSetDevice", _ERR_INVALID_DEVICE, f"ordinal {ordinal} of {len(self._devices)} devices")
+        self._local.device = ordinal
+
+    def get_device(self) -> int:
+        return getattr(self._local, "device", 0)
+
+    def device_uuid(self, ordinal: int) -> str:
+        if not 0 <= ordinal < len(self._devices):
+            raise _fail("cudaGetDeviceProperties", _ERR_INVALID_DEVICE, f"ordinal {ordinal}")
+        return self._devices[ordinal].uuid
+
+    def mem_get_info(self) -> tuple[int, int]:
+        dev = self._current()
+        return dev.total - dev.used, dev.total
+
+    def context_active(self, ordinal: int) -> bool:
+        return self._devices[ordinal].context_created
+
+    def device_synchronize(self) -> None:
+        dev = self._current()
+        for stream in list(self._streams.values()) + list(self._ptds) + [dev.legacy]:
+            if stream is not None and stream.device is dev:
+                stream.synchronize()
+        if dev.sticky is not None:
+            raise dev.sticky
+
+    # memory --------------------------------------------------------------------------------
+    def malloc(self, nbytes: int) -> int:
+        if nbytes <= 0:
+            raise _fail("cudaMalloc", _ERR_INVALID_VALUE, f"size {nbytes}")
+        return self._current().malloc(nbytes)
+
+    def free(self, ptr: int) -> None:
+        self._current().free(ptr)
+
+    # streams -------------------------------------------------------------------------------
+    def stream_priority_range(self) -> tuple[int, int]:
+        return 0, -5  # what an H100/H200 reports
+
+    def stream_create(self, priority: int = 0) -> int:
+        dev = self._current()
+        handle = next(self._handles)
+        stream = _EmuStream(dev, handle, max(-5, min(0, priority)), "pool")
+        self._streams[handle] = stream
+        return handle
+
+    def stream_destroy(self, stream: int) -> None:
+        s = self._streams.pop(stream, None)
+        if s is None:
+            raise _fail("cudaStreamDestroy", _ERR_INVALID_HANDLE, f"no stream {stream:#x}")
+        s.close()
+
+    def stream_query(self, stream: int) -> bool:
+        return self._stream("cudaStreamQuery", stream).idle()
+
+    def stream_synchronize(self, stream: int) -> None:
+        s = self._stream("cudaStreamSynchronize", stream)
+        s.synchronize()
+        if s.device.sticky is not None:
+            raise s.device.sticky
+
+    def stream_wait_event(self, stream: int, event: int) -> None:
+        s = self._stream("cudaStreamWaitEvent", stream)
+        ev = self._event("cudaStreamWaitEvent", event)
+        source, seq = ev.stream, ev.seq  # the record that is latest now, not at run time
+        if source is None:
+            return
+        s.enqueue(lambda: source.wait_for(seq))
+
+    # events --------------------------------------------------------------------------------
+    def event_create(self) -> int:
+        dev = self._current()
+        handle = next(self._handles)
+        self._events[handle] = _EmuEvent(dev)
+        return handle
+
+    def event_destroy(self, event: int) -> None:
+        if self._events.pop(event, None) is None:
+            raise _fail("cudaEventDestroy", _ERR_INVALID_HANDLE, f"no event {event:#x}")
+
+    def event_record(self, event: int, stream: int) -> None:
+        ev = self._event("cudaEventRecord", event)
+        s = self._stream("cudaEventRecord", stream)
+        if s.device is not ev.device:
+            raise _fail("cudaEventRecord", _ERR_INVALID_HANDLE,
+                        f"event of GPU {ev.device.ordinal} recorded on a stream of GPU {s.device.ordinal}")
+        seq = s.marker()
+        ev.stream, ev.seq = s, seq
+
+    def event_query(self, event: int) -> bool:
+        ev = self._event("cudaEventQuery", event)
+        if ev.device.sticky is not None:
+            raise ev.device.sticky
+        return ev.done()
+
+    def event_synchronize(self, event: int) -> None:
+        ev = self._event("cudaEventSynchronize", event)
+        stream, seq = ev.stream, ev.seq
+        if stream is not None:
+            stream.wait_for(seq)
+        if ev.device.sticky is not None:
+            raise ev.device.sticky
+
+    # copies --------------------------------------------------------------------------------
+    def memcpy_async(self, dst: int, src: int, nbytes: int, stream: int) -> None:
+        s = self._stream("cudaMemcpyAsync", stream)
+        if nbytes == 0:
+            return
+        d = self._device_of(dst).view("cudaMemcpyAsync", dst, nbytes)
+        sv = self._device_of(src).view("cudaMemcpyAsync", src, nbytes)
+
+        def copy() -> None:
+            d[:] = sv
+        s.enqueue(copy)
+
+    def copy_to_device_async(self, dst: int, host: Any, stream: int) -> None:
+        view = host_view(host, writable=False)
+        s = self._stream("cudaMemcpyAsync", stream)
+        d = s.device.view("cudaMemcpyAsync", dst, len(view))
+
+        def copy() -> None:
+            d[:] = view
+        s.enqueue(copy)
+
+    def copy_from_device_async(self, host: Any, src: int, stream: int) -> None:
+        view = host_view(host, writable=True)
+        s = self._stream("cudaMemcpyAsync", stream)
+        sv = s.device.view("cudaMemcpyAsync", src, len(view))
+
+        def copy() -> None:
+            view[:] = sv
+        s.enqueue(copy)
+
+    def memset_async(self, ptr: int, value: int, nbytes: int, stream: int) -> None:
+        s = self._stream("cudaMemsetAsync", stream)
+        if not 0 <= value <= 255:
+            value &= 0xFF
+        d = s.device.view("cudaMemsetAsync", ptr, nbytes)
+        fill = bytes([value])
+
+        def memset() -> None:
+            d[:] = fill * len(d)
+        s.enqueue(memset)
+
+    def _device_of(self, ptr: int) -> _EmuDevice:
+        index = (ptr - _ADDRESS_BASE) // _DEVICE_WINDOW
+        if 0 <= index < len(self._devices):
+            return self._devices[index]
+        raise _fail("cudaMemcpyAsync", _ERR_INVALID_VALUE, f"{ptr:#x} is not a device address")
+
+    # kernels -------------------------------------------------------------------------------
+    def fill_u32_async(self, ptr: int, count: int, value: int, stream: int, delay_s: float = 0.0) -> None:
+        s = self._stream("cudaLaunchKernel(fill_u32)", stream)
+        d = s.device.view("cudaLaunchKernel(fill_u32)", ptr, 4 * count)
+        word = (value & 0xFFFFFFFF).to_bytes(4, "little")
+
+        def kernel() -> None:
+            if delay_s > 0:
+                time.sleep(delay_s)
+            d[:] = word * count
+        s.enqueue(kernel)
+
+    def spin_async(self, stream: int, seconds: float) -> None:
+        s = self._stream("cudaLaunchKernel(spin)", stream)
+        s.enqueue(lambda: time.sleep(seconds))
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for s in list(self._streams.values()):
+            s.close()
+        self._streams.clear()
+        for dev in self._devices:
+            if dev.legacy is not None:
+                dev.legacy.close()
+        for s in list(self._ptds):
+            s.close()
+
+
+class _PerThreadStreams:
+    """The calling thread's per-thread default streams, one per device, closed with the thread."""
+
+    def __init__(self, backend: EmulatedBackend) -> None:
+        self._backend = backend
+        self._streams: dict[int, _EmuStream] = {}
+
+    def get(self, dev: _EmuDevice) -> _EmuStream:
+        stream = self._streams.get(dev.ordinal)
+        if stream is None:
+            stream = _EmuStream(dev, next(self._backend._handles), 0, "per-thread")
+            self._streams[dev.ordinal] = stream
+            with self._backend._lock:
+                self._backend._ptds.append(stream)
+        return stream
+
+    def __del__(self) -> None:  # the owning thread ended: its default streams go with it
+        for stream in self._streams.values():
+            try:
+                with self._backend._lock:
+                    self._backend._ptds.remove(stream)
+                stream.close()
+            except Exception:  # interpreter shutdown
+                pass

@@ -1,0 +1,67 @@
+"""What ``allocate`` hands out: a device pointer with an identity.
+
+The identity is the object itself plus ``id``, a number never reused within a pool (the
+pointer plus a generation). The pool keeps the set of live allocations; freeing claims the
+object out of that set in one atomic step, so a stale handle, a double free or a handle from
+another pool can never free a block that has since gone to another owner.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Hashable
+
+if TYPE_CHECKING:
+    from .block import Block
+    from .stream_arena import StreamArena
+    from .stream_ordered_pool import StreamOrderedMemoryPool
+
+# Why an allocation is no longer live, for error messages.
+ALIVE = 0
+FREED = 1
+RELEASED = 2  # freed by the pool when its owner (task) was released
+CLOSED = 3
+
+
+class Allocation:
+    __slots__ = ("ptr", "size", "id", "stream", "owner", "_block", "_arena", "_pool", "_extra", "_state")
+
+    def __init__(self, ptr: int, size: int, id_: int, stream: int, owner: Hashable | None,
+                 block: "Block", arena: "StreamArena", pool: "StreamOrderedMemoryPool") -> None:
+        self.ptr = ptr
+        self.size = size
+        self.id = id_
+        self.stream = stream
+        self.owner = owner
+        self._block = block
+        self._arena = arena
+        self._pool = pool
+        self._extra: "list[StreamArena] | None" = None
+        self._state = ALIVE
+
+    @property
+    def device(self) -> int:
+        return self._pool.device
+
+    @property
+    def alive(self) -> bool:
+        return self._state == ALIVE
+
+    def free(self, stream: int | None = None) -> None:
+        """Free asynchronously; ``stream`` is where the last work using it was queued
+        (default: the stream it was allocated on)."""
+        self._pool.free(self, stream)
+
+    def record_stream(self, stream: int) -> None:
+        """Declare that work on ``stream`` uses this buffer too; its free then waits for both."""
+        self._pool.record_stream(self, stream)
+
+    def __enter__(self) -> "Allocation":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._state == ALIVE:
+            self._pool.free(self)
+
+    def __repr__(self) -> str:
+        state = {ALIVE: "live", FREED: "freed", RELEASED: "released", CLOSED: "closed"}[self._state]
+        return f"Allocation(#{self.id}, ptr={self.ptr:#x}, size={self.size}, stream={self.stream:#x}, {state})"

@@ -1,0 +1,92 @@
+"""Per-stream free lists with event-deferred cross-stream reuse (the ``EventDeferredFreeList``).
+
+A block freed on stream S goes into S's arena. S may take it back at once: stream order makes
+that safe. Any other stream may take it only once the work queued on S before the free has
+completed, known on the host (an event or a stream query says so) or enforced on the device
+(the taker waits on the event).
+
+Epochs make that cheap. A free does not record an event: it stamps the block with S's current
+epoch. When another stream wants S's blocks, the pool *covers* the current epoch: it advances
+the epoch first and then records one event on S (or sees S idle with one stream query), so a
+single record vouches for every free stamped so far. Advancing before recording is what makes
+it safe: a free that read the old epoch had its work queued before the advance, hence before
+the record. Events on one stream complete in order, so ``fences`` is polled from its head.
+
+The per-thread default stream is the exception: ``cudaStreamPerThread`` names the *calling*
+thread's stream, so only the owning thread can record on it. Its arena is ``eager``: the owner
+records at every free. A free by another thread (or a ``record_stream`` from one) only stamps,
+and is covered by the owner's next record, or by a device synchronize as the last resort.
+
+Fast-path operations (``bins`` pop/append, ``recent`` append, epoch reads) are single built-in
+container operations, atomic under the GIL and under free-threaded CPython's per-object locks;
+everything else runs under the pool's lock.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections import deque
+
+from .block import Block
+
+
+class StreamArena:
+    __slots__ = ("name", "handle", "kind", "eager", "bins", "recent", "epoch", "completed", "fences",
+                 "_owner", "__weakref__")
+
+    def __init__(self, name: str, handle: int, kind: str, eager: bool = False) -> None:
+        self.name = name
+        self.handle = handle
+        self.kind = kind  # "pool", "legacy", "external", "per-thread"
+        self.eager = eager
+        self.bins: dict[int, list[Block]] = {}
+        self.recent: deque[Block] = deque()  # frees in order, possibly stale entries
+        self.epoch = 1
+        self.completed = 0                    # every stamp <= completed is known complete
+        self.fences: deque[tuple[int, int]] = deque()  # (covered stamp, event), oldest first
+        self._owner = weakref.ref(threading.current_thread()) if eager else None
+
+    def owned_by_caller(self) -> bool:
+        """For per-thread arenas: whether the calling thread is the one whose stream this is."""
+        return self._owner is not None and self._owner() is threading.current_thread()
+
+    def owner_alive(self) -> bool:
+        if self._owner is None:
+            return True
+        t = self._owner()
+        return t is not None and t.is_alive()
+
+    def can_record(self) -> bool:
+        return not self.eager or self.owned_by_caller()
+
+    def push(self, blk: Block) -> None:
+        """Put a freed block (already stamped) into this arena. Fast path: two atomic appends."""
+        blk.state = self
+        lst = self.bins.get(blk.size)
+        if lst is None:
+            lst = self.bins.setdefault(blk.size, [])
+        lst.append(blk)
+        self.recent.append(blk)
+
+    def take(self, blk: Block) -> bool:
+        """Claim a specific block from the bins; False if another thread took it first."""
+        if blk.state is not self:
+            return False
+        lst = self.bins.get(blk.size)
+        if lst is None:
+            return False
+        try:
+            lst.remove(blk)  # one atomic operation: exactly one claimant succeeds
+        except ValueError:
+            return False
+        return True
+
+    def free_blocks(self) -> list[Block]:
+        out: list[Block] = []
+        for lst in list(self.bins.values()):
+            out.extend(b for b in list(lst) if b.state is self)
+        return out
+
+    def __repr__(self) -> str:
+        return f"StreamArena({self.name}, handle={self.handle:#x}, epoch={self.epoch}, completed={self.completed})"

@@ -1,0 +1,157 @@
+"""The executor's GPU service: one stream pool and one memory pool per GPU, and the task registry.
+
+One instance lives in each Spark executor process. It sets ``CUDA_DEVICE_MAX_CONNECTIONS``
+before the CUDA context exists, opens the backend, maps Spark's GPU addresses to ordinals,
+builds each GPU's pools, and on ``close()`` releases every task, drains the streams, returns
+memory and destroys events and streams.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from .config import ServiceConfig, parse_bytes
+from .device import DeviceBackend, open_backend
+from .errors import PoolClosed
+from .gpu_addresses import parse_address_map, resolve_gpu_addresses
+from .memory import Allocation, PoolStatistics, StreamOrderedMemoryPool
+from .stream_pool import StreamPool, ensure_hardware_queues
+from .task_registry import GpuResources, ReleaseReport, TaskBinding, TaskRegistry
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ServiceStatistics:
+    backend: str
+    gpus: int
+    streams: int
+    streams_in_use: int
+    tasks_bound: int
+    tasks_bound_total: int
+    memory: dict[int, PoolStatistics]
+
+    def totals(self) -> dict[str, int]:
+        """Executor-level numbers: the per-GPU pool statistics summed (peaks too)."""
+        out: dict[str, int] = {"gpus": self.gpus, "streams": self.streams, "streams_in_use": self.streams_in_use,
+                               "tasks_bound": self.tasks_bound, "tasks_bound_total": self.tasks_bound_total}
+        for stats in self.memory.values():
+            for key, value in stats.as_dict().items():
+                if key != "device":
+                    out[key] = out.get(key, 0) + value
+        return out
+
+    def as_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["totals"] = self.totals()
+        return d
+
+
+class CudaBridgeService:
+    def __init__(self, config: ServiceConfig | None = None, backend: DeviceBackend | None = None) -> None:
+        self.config = config = config or ServiceConfig()
+        logging.getLogger("cudabridge").setLevel(config.log_level.upper())
+        self._owns_backend = backend is None
+        if backend is None:
+            ensure_hardware_queues(config.streams_per_gpu + config.high_priority_streams)
+            backend = open_backend(config.backend, emulated_devices=config.emulated_devices,
+                                   emulated_memory_bytes=parse_bytes(config.emulated_memory))
+        self.backend = backend
+        addresses = config.gpu_addresses.split(",") if config.gpu_addresses else None
+        mapping = resolve_gpu_addresses(addresses, backend,
+                                        address_map=parse_address_map(config.gpu_address_map or ""))
+        self.addresses = mapping
+        limit_bytes, fraction = config.limit()
+        initial = parse_bytes(config.pool_initial, "pool_initial")
+        gpus: dict[int, GpuResources] = {}
+        try:
+            for address, ordinal in mapping.items():
+                streams = StreamPool(backend, ordinal, config.streams_per_gpu, config.high_priority_streams,
+                                     config.stream_policy)
+                try:
+                    memory = StreamOrderedMemoryPool(backend, ordinal, streams.handles, limit_bytes=limit_bytes,
+                                                     limit_fraction=fraction, initial_bytes=initial)
+                except BaseException:
+                    streams.close()
+                    raise
+                gpus[ordinal] = GpuResources(ordinal, address, streams, memory)
+        except BaseException:
+            for res in gpus.values():
+                res.memory.close()
+                res.streams.close()
+            if self._owns_backend:
+                backend.close()
+            raise
+        self.gpus = gpus
+        self.registry = TaskRegistry(gpus)
+        self._by_address = {res.address: res.ordinal for res in gpus.values()}
+        self._closed = False
+        self._lock = threading.Lock()
+        log.info("cudabridge service up: backend %s, GPUs %s, %d+%d streams each",
+                 backend.name, {a: o for a, o in mapping.items()}, config.streams_per_gpu, config.high_priority_streams)
+
+    # tasks -----------------------------------------------------------------------------------
+    def ordinal_of(self, address: str) -> int:
+        ordinal = self._by_address.get(str(address))
+        if ordinal is None:
+            from .errors import InvalidArgument
+
+            raise InvalidArgument(f"GPU address {address!r} is not owned by this executor "
+                                  f"(owned: {sorted(self._by_address)})")
+        return ordinal
+
+    def bind_task(self, task_id: int, gpu_address: str | None = None, priority: str = "normal") -> TaskBinding:
+        self._check_open("bind_task")
+        ordinal = None if gpu_address is None else self.ordinal_of(gpu_address)
+        return self.registry.bind(task_id, ordinal, priority)
+
+    def release_task(self, task_id: int) -> ReleaseReport:
+        return self.registry.unbind(task_id)
+
+    def allocate(self, task_id: int, size: int) -> Allocation:
+        return self.registry.allocate(task_id, size)
+
+    def memory_pool(self, ordinal: int = 0) -> StreamOrderedMemoryPool:
+        return self.registry.gpu(ordinal).memory
+
+    def stream_pool(self, ordinal: int = 0) -> StreamPool:
+        return self.registry.gpu(ordinal).streams
+
+    # statistics and lifetime -----------------------------------------------------------------
+    def statistics(self) -> ServiceStatistics:
+        return ServiceStatistics(
+            backend=self.backend.name,
+            gpus=len(self.gpus),
+            streams=sum(len(r.streams.handles) for r in self.gpus.values()),
+            streams_in_use=self.registry.streams_in_use,
+            tasks_bound=self.registry.tasks_bound,
+            tasks_bound_total=self.registry.tasks_bound_total,
+            memory={o: r.memory.statistics() for o, r in self.gpus.items()},
+        )
+
+    def _check_open(self, call: str) -> None:
+        if self._closed:
+            raise PoolClosed(f"{call} after the cudabridge service was closed")
+
+    def close(self) -> list[ReleaseReport]:
+        """Release every task, drain the streams, return memory, destroy events and streams."""
+        with self._lock:
+            if self._closed:
+                return []
+            self._closed = True
+        reports = self.registry.close()
+        for res in self.gpus.values():
+            res.memory.close()
+            res.streams.close()
+        if self._owns_backend:
+            self.backend.close()
+        return reports
+
+    def __enter__(self) -> "CudaBridgeService":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

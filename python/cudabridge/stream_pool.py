@@ -1,0 +1,158 @@
+"""One pool of CUDA streams per GPU: created once, handed out, never returned, destroyed with the pool.
+
+Anchors: RMM's ``cuda_stream_pool`` (16 streams, round-robin, all created up front) and
+PyTorch's per-device pools (32 per priority, round-robin). A Spark executor runs many short
+tasks, so creating a stream per task is wasted work (about 6 us each on an H200) and unbounded;
+a fixed pool is neither.
+
+Handles are plain integers. Other libraries wrap them as external streams:
+``cupy.cuda.ExternalStream(handle)``, ``torch.cuda.ExternalStream(handle)``,
+``numba.cuda.external_stream(handle)``, ``cuda.core``'s ``Stream.from_handle(handle)``.
+
+Hardware queues: a GPU runs at most ``CUDA_DEVICE_MAX_CONNECTIONS`` streams truly in parallel
+(default 8); more streams alias onto those queues and false dependencies serialize unrelated
+tasks. :func:`ensure_hardware_queues` raises it to the pool size before the CUDA context
+exists, unless the user set it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import threading
+
+from .device import DeviceBackend
+from .errors import InvalidArgument, PoolClosed
+
+log = logging.getLogger(__name__)
+
+MAX_CONNECTIONS_ENV = "CUDA_DEVICE_MAX_CONNECTIONS"
+HARDWARE_QUEUE_LIMIT = 32
+PRIORITIES = ("normal", "high")
+POLICIES = ("round-robin", "idle-first")
+
+
+def ensure_hardware_queues(streams: int) -> str:
+    """Set ``CUDA_DEVICE_MAX_CONNECTIONS`` to ``min(streams, 32)`` unless already set; returns
+    the value in force. Only takes effect if no CUDA context exists yet in this process."""
+    current = os.environ.get(MAX_CONNECTIONS_ENV)
+    if current is not None:
+        log.info("%s=%s set by the user; left as it is", MAX_CONNECTIONS_ENV, current)
+        return current
+    value = str(max(1, min(streams, HARDWARE_QUEUE_LIMIT)))
+    os.environ[MAX_CONNECTIONS_ENV] = value
+    log.info("set %s=%s so that %d pool streams get their own hardware queues", MAX_CONNECTIONS_ENV, value, streams)
+    return value
+
+
+class StreamPool:
+    """``size`` non-blocking streams of normal priority and ``high_priority_size`` of the
+    device's greatest priority, all created here on GPU ``device``."""
+
+    def __init__(self, backend: DeviceBackend, device: int = 0, size: int = 32,
+                 high_priority_size: int = 4, policy: str = "round-robin") -> None:
+        for name, value, low in (("size", size, 1), ("high_priority_size", high_priority_size, 0)):
+            if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= 1024:
+                raise InvalidArgument(f"stream pool {name} must be an int in [{low}, 1024], got {value!r}")
+        if policy not in POLICIES:
+            raise InvalidArgument(f"unknown stream policy {policy!r}; expected one of {POLICIES}")
+        self.backend = backend
+        self.device = device
+        self.policy = policy
+        if backend.context_active(device) and os.environ.get(MAX_CONNECTIONS_ENV) in (None, "8"):
+            log.warning("GPU %d: the CUDA context existed before the stream pool; %s=%s cannot take "
+                        "effect, so %d streams share %s hardware queues", device, MAX_CONNECTIONS_ENV,
+                        os.environ.get(MAX_CONNECTIONS_ENV, "unset (8)"), size + high_priority_size,
+                        os.environ.get(MAX_CONNECTIONS_ENV, "8"))
+        prev = backend.get_device()
+        backend.set_device(device)
+        self._streams: dict[str, list[int]] = {p: [] for p in PRIORITIES}
+        try:
+            least, greatest = backend.stream_priority_range()
+            self.priority_values = {"normal": least, "high": greatest}
+            for prio, count in (("normal", size), ("high", high_priority_size)):
+                for _ in range(count):
+                    self._streams[prio].append(backend.stream_create(self.priority_values[prio]))
+        except BaseException:
+            for handles in self._streams.values():
+                for h in handles:
+                    backend.stream_destroy(h)
+            raise
+        finally:
+            if prev != device:
+                backend.set_device(prev)
+        self._cycles = {p: itertools.cycle(h) for p, h in self._streams.items() if h}
+        self._lock = threading.Lock()
+        self._closed = False
+        self.idle_queries = 0
+
+    @property
+    def handles(self) -> list[int]:
+        return [h for p in PRIORITIES for h in self._streams[p]]
+
+    def streams(self, priority: str = "normal") -> list[int]:
+        self._check_priority(priority)
+        return list(self._streams[priority])
+
+    def owns(self, handle: int) -> bool:
+        return any(handle in hs for hs in self._streams.values())
+
+    def acquire(self, priority: str = "normal", policy: str | None = None) -> int:
+        """A stream of the pool; nothing to return. ``round-robin`` costs one atomic step;
+        ``idle-first`` queries streams from the round-robin position and takes the first with no
+        pending work (falling back to round-robin when all are busy)."""
+        cycle = self._cycles.get(priority)
+        if cycle is None:
+            if self._closed:
+                raise PoolClosed(f"acquire on the stream pool of GPU {self.device} after close()")
+            self._check_priority(priority)
+            raise InvalidArgument(f"GPU {self.device}'s stream pool has no {priority!r} streams")
+        if (policy or self.policy) == "round-robin":
+            return next(cycle)
+        if policy not in (None, "idle-first"):
+            raise InvalidArgument(f"unknown stream policy {policy!r}; expected one of {POLICIES}")
+        first = next(cycle)
+        candidate = first
+        for _ in range(len(self._streams[priority])):
+            self.idle_queries += 1
+            if self.backend.stream_query(candidate):
+                return candidate
+            candidate = next(cycle)
+        return first
+
+    def _check_priority(self, priority: str) -> None:
+        if priority not in PRIORITIES:
+            raise InvalidArgument(f"unknown stream priority {priority!r}; expected one of {PRIORITIES}")
+
+    def synchronize(self) -> None:
+        for h in self.handles:
+            self.backend.stream_synchronize(h)
+
+    def close(self) -> None:
+        """Synchronize and destroy every stream. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._cycles = {}
+        prev = self.backend.get_device()
+        self.backend.set_device(self.device)
+        try:
+            for h in self.handles:
+                self.backend.stream_synchronize(h)
+                self.backend.stream_destroy(h)
+        finally:
+            if prev != self.device:
+                self.backend.set_device(prev)
+        self._streams = {p: [] for p in PRIORITIES}
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __enter__(self) -> "StreamPool":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
