@@ -126,8 +126,10 @@ class StreamOrderedMemoryPool:
         self.counters = dict.fromkeys(PoolStatistics.COUNTERS, 0)
         if initial_bytes:
             with self._lock, self._on_device():
-                if self._grow(initial_bytes, small=False) is None:
+                blk = self._grow(initial_bytes, small=False, exact=True)
+                if blk is None:
                     raise InvalidArgument(f"could not reserve initial_bytes={initial_bytes} on GPU {device}")
+                self._to_safe(blk)
 
     # streams ---------------------------------------------------------------------------------
     def _add_arena(self, handle: int, kind: str) -> StreamArena:
@@ -264,12 +266,15 @@ class StreamOrderedMemoryPool:
         blk = self._take_in_flight(r, arena, small)
         if blk is not None:
             return blk
-        # 6. block the host, once.
+        # 6. block the host, once; then any size class will do (the split into small and large
+        # chunks limits fragmentation, it must not cause an out-of-memory by itself).
         self._host_sync()
         self._reclaim_all()
-        blk = index.take_best_fit(r) or self._own_best_fit(arena, r, small) or self._take_in_flight(r, arena, small)
-        if blk is not None:
-            return blk
+        for cls in (small, not small):
+            blk = ((self._small if cls else self._large).take_best_fit(r) or self._own_best_fit(arena, r, cls)
+                   or self._take_in_flight(r, arena, cls))
+            if blk is not None:
+                return blk
         self.counters["oom"] += 1
         self._ledger.fold()
         raise OutOfDeviceMemory(
@@ -315,8 +320,10 @@ class StreamOrderedMemoryPool:
             lst.append(blk)
         return None
 
-    def _grow(self, r: int, small: bool) -> Block | None:
-        if small:
+    def _grow(self, r: int, small: bool, exact: bool = False) -> Block | None:
+        if exact:
+            size = -(-r // ALIGNMENT) * ALIGNMENT
+        elif small:
             size = SMALL_CHUNK
         elif r <= LARGE_EXACT:
             size = LARGE_CHUNK
@@ -545,11 +552,20 @@ class StreamOrderedMemoryPool:
         if self._pending:
             still = []
             for blk in self._pending:
-                if all(stamp <= user.completed for user, stamp in blk.extra.items()):
+                if all(self._fence_done(user, stamp) for user, stamp in blk.extra.items()):
                     self._to_safe(blk)
                 else:
                     still.append(blk)
             self._pending = still
+
+    def _fence_done(self, user: StreamArena, stamp: int) -> bool:
+        """Whether ``user``'s work up to ``stamp`` is known complete, covering it if need be."""
+        if stamp <= user.completed:
+            return True
+        self._poll(user)
+        if stamp > user.completed and stamp >= user.epoch and user.can_record():
+            self._cover(user)
+        return stamp <= user.completed
 
     def _take_in_flight(self, r: int, arena: StreamArena, small: bool) -> Block | None:
         """Best-fit block (or run of adjacent free blocks) still in flight elsewhere; the

@@ -1,0 +1,283 @@
+"""Unit tests of the stream-ordered memory pool on the emulated device."""
+
+import threading
+
+import pytest
+
+from cudabridge.device import LEGACY_STREAM, PER_THREAD_STREAM
+from cudabridge.errors import InvalidArgument, InvalidFree, OutOfDeviceMemory, PoolClosed, UnknownStream
+from cudabridge.memory import ALIGNMENT, StreamOrderedMemoryPool
+
+
+@pytest.fixture
+def streams(emulated):
+    return [emulated.stream_create() for _ in range(3)]
+
+
+@pytest.fixture
+def pool(emulated, streams):
+    p = StreamOrderedMemoryPool(emulated, 0, streams, limit_bytes=64 << 20)
+    yield p
+    p.close()
+
+
+def snapshot(pool):
+    s = pool.statistics().as_dict()
+    for volatile in ("event_polls", "stream_polls", "events_recorded", "waiting_on_events_bytes"):
+        s.pop(volatile)
+    return s
+
+
+def test_alignment_and_distinct_blocks(pool, streams):
+    allocs = [pool.allocate(n, streams[0]) for n in (1, 255, 256, 257, 5000, 1 << 20, 3 << 20)]
+    for a in allocs:
+        assert a.ptr % ALIGNMENT == 0
+    spans = sorted((a.ptr, a.ptr + a.size) for a in allocs)
+    assert all(hi <= lo2 for (_, hi), (lo2, _) in zip(spans, spans[1:]))
+    assert len({a.id for a in allocs}) == len(allocs)
+    for a in allocs:
+        a.free()
+
+
+def test_same_stream_reuse_is_immediate(pool, streams, emulated):
+    a = pool.allocate(4096, streams[0])
+    emulated.spin_async(streams[0], 0.2)  # the stream is busy: reuse on it is still safe
+    ptr = a.ptr
+    a.free()
+    b = pool.allocate(4096, streams[0])
+    assert b.ptr == ptr
+    assert pool.statistics().host_syncs == 0
+    b.free()
+
+
+def test_other_stream_does_not_get_busy_block(pool, streams, emulated):
+    a = pool.allocate(4096, streams[0])
+    emulated.spin_async(streams[0], 0.3)
+    ptr = a.ptr
+    a.free()
+    b = pool.allocate(4096, streams[1])
+    assert b.ptr != ptr
+    b.free()
+
+
+def test_other_stream_gets_block_once_complete(pool, streams, emulated):
+    a = pool.allocate(1 << 20, streams[0])
+    ptr = a.ptr
+    a.free()
+    emulated.stream_synchronize(streams[0])
+    # fill the safe index's smaller pieces so that only the freed block fits
+    b = pool.allocate(1 << 20, streams[1])
+    c = pool.allocate(1 << 20, streams[1])
+    assert ptr in (b.ptr, c.ptr)
+    assert pool.statistics().gpu_waits == 0
+    b.free(); c.free()
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, "8", None, True, (64 << 20) + 1])
+def test_bad_sizes_change_nothing(pool, streams, bad):
+    before = snapshot(pool)
+    with pytest.raises(InvalidArgument):
+        pool.allocate(bad, streams[0])
+    assert snapshot(pool) == before
+
+
+def test_unknown_stream_refused(pool, emulated):
+    foreign = emulated.stream_create()
+    before = snapshot(pool)
+    with pytest.raises(UnknownStream):
+        pool.allocate(100, foreign)
+    with pytest.raises(InvalidArgument):
+        pool.allocate(100, "stream")
+    assert snapshot(pool) == before
+
+
+def test_double_free_and_foreign_handles(pool, streams, emulated):
+    a = pool.allocate(100, streams[0])
+    a.free()
+    before = snapshot(pool)
+    with pytest.raises(InvalidFree, match="double free"):
+        pool.free(a)
+    with pytest.raises(InvalidFree):
+        pool.free(object())
+    with pytest.raises(InvalidFree):
+        pool.free(a.ptr)  # a bare pointer is not an allocation
+    other = StreamOrderedMemoryPool(emulated, 0, [], limit_bytes=8 << 20)
+    try:
+        x = other.allocate(100, LEGACY_STREAM)
+        with pytest.raises(InvalidFree, match="belongs to the pool"):
+            pool.free(x)
+        assert x.alive
+        x.free()
+    finally:
+        other.close()
+    assert snapshot(pool) == before
+
+
+def test_free_on_unknown_stream_changes_nothing(pool, streams, emulated):
+    a = pool.allocate(100, streams[0])
+    before = snapshot(pool)
+    with pytest.raises(UnknownStream):
+        a.free(emulated.stream_create())
+    assert a.alive and snapshot(pool) == before
+    a.free()
+
+
+def test_stale_handle_after_release_never_frees_new_owner(pool, streams):
+    a = pool.allocate(4096, streams[0], owner=1)
+    assert pool.release_owner(1) == (1, 4096)
+    assert not a.alive
+    b = pool.allocate(4096, streams[0], owner=2)   # same stream: gets the very same block
+    assert b.ptr == a.ptr
+    with pytest.raises(InvalidFree, match="stale handle"):
+        a.free()
+    assert b.alive
+    b.free()
+    s = pool.statistics()
+    assert s.leaks_reclaimed == 1 and s.leaked_bytes_reclaimed == 4096 and s.live_allocations == 0
+
+
+def test_release_owner_counts_only_what_is_left(pool, streams):
+    keep = [pool.allocate(1000, streams[1], owner="t") for _ in range(5)]
+    for a in keep[:3]:
+        a.free()
+    assert pool.release_owner("t") == (2, 2000)
+    assert pool.release_owner("t") == (0, 0)
+    assert pool.owned_by("t") == []
+
+
+def test_out_of_memory_reports_numbers_and_keeps_working(emulated, streams):
+    pool = StreamOrderedMemoryPool(emulated, 0, streams, limit_bytes=4 << 20)
+    try:
+        held = [pool.allocate(1 << 20, streams[0]) for _ in range(3)]
+        with pytest.raises(OutOfDeviceMemory) as info:
+            pool.allocate(2 << 20, streams[0])
+        e = info.value
+        assert e.requested == 2 << 20 and e.in_use == 3 << 20 and e.reserved <= 4 << 20
+        assert e.limit == 4 << 20 and e.largest_free < 2 << 20
+        s = pool.statistics()
+        assert s.oom == 1 and s.host_syncs == 1
+        for a in held:
+            a.free()
+        pool.allocate(2 << 20, streams[1]).free()  # coalesced after the frees complete
+    finally:
+        pool.close()
+
+
+def test_coalescing_gives_back_whole_chunks(pool, streams, emulated):
+    allocs = [pool.allocate(256 << 10, streams[i % 3]) for i in range(8)]  # one 2 MiB small chunk
+    reserved = pool.statistics().reserved_bytes
+    for a in allocs:
+        a.free()
+    for s in streams:
+        emulated.stream_synchronize(s)
+    big = pool.allocate(2 << 20, streams[0])  # large class: needs its own chunk
+    big.free()
+    whole = pool.allocate(1 << 20, streams[2])  # small class: served from the coalesced chunk
+    s = pool.statistics()
+    assert s.reserved_bytes <= reserved + (20 << 20)
+    whole.free()
+    # after everything is reclaimed, the small chunk is one free block again
+    pool._reclaim_all()
+    sizes = sorted(b.size for b in pool._small.blocks())
+    assert sizes == [2 << 20]
+
+
+def test_record_stream_orders_free_behind_both(pool, streams, emulated):
+    a = pool.allocate(1 << 20, streams[0])
+    a.record_stream(streams[1])
+    emulated.spin_async(streams[1], 0.3)   # the second user is still busy
+    ptr = a.ptr
+    a.free()
+    b = pool.allocate(1 << 20, streams[0])  # even the allocating stream must not get it yet
+    c = pool.allocate(1 << 20, streams[2])
+    assert ptr not in (b.ptr, c.ptr)
+    b.free(); c.free()
+    emulated.stream_synchronize(streams[1])
+    got = [pool.allocate(1 << 20, streams[2]) for _ in range(4)]
+    assert ptr in [g.ptr for g in got]
+    for g in got:
+        g.free()
+
+
+def test_per_thread_streams_keyed_by_thread(emulated):
+    pool = StreamOrderedMemoryPool(emulated, 0, [], limit_bytes=64 << 20)
+    try:
+        a = pool.allocate(4096, PER_THREAD_STREAM)
+        emulated.spin_async(PER_THREAD_STREAM, 0.3)
+        ptr = a.ptr
+        a.free()
+        seen = []
+        t = threading.Thread(target=lambda: seen.append(pool.allocate(4096, PER_THREAD_STREAM)))
+        t.start(); t.join()
+        assert seen[0].ptr != ptr     # another thread's default stream is another stream
+        again = pool.allocate(4096, PER_THREAD_STREAM)
+        assert again.ptr == ptr       # this thread's own stream: immediate reuse
+        again.free(); seen[0].free()
+    finally:
+        pool.close()
+
+
+def test_register_and_unregister_external_stream(pool, emulated):
+    ext = emulated.stream_create()
+    with pytest.raises(UnknownStream):
+        pool.allocate(10, ext)
+    pool.register_stream(ext)
+    with pytest.raises(InvalidArgument):
+        pool.register_stream(ext)
+    a = pool.allocate(10, ext)
+    with pytest.raises(InvalidArgument, match="live allocation"):
+        pool.unregister_stream(ext)
+    a.free()
+    pool.unregister_stream(ext)
+    with pytest.raises(UnknownStream):
+        pool.allocate(10, ext)
+
+
+def test_calls_after_close_refused(emulated, streams):
+    pool = StreamOrderedMemoryPool(emulated, 0, streams, limit_bytes=8 << 20)
+    a = pool.allocate(100, streams[0])
+    assert pool.close() == 1
+    assert pool.close() == 0
+    for call in (lambda: pool.allocate(100, streams[0]), lambda: pool.allocate(100, PER_THREAD_STREAM),
+                 lambda: a.free(), lambda: pool.register_stream(12345)):
+        with pytest.raises(PoolClosed):
+            call()
+
+
+def test_bad_construction(emulated):
+    for kw in ({"limit_bytes": 0}, {"limit_bytes": -5}, {"limit_fraction": 0.0}, {"limit_fraction": 1.5},
+               {"initial_bytes": -1}, {"reuse_policy": "yolo"}, {"limit_bytes": 1 << 20, "initial_bytes": 2 << 20}):
+        with pytest.raises(InvalidArgument):
+            StreamOrderedMemoryPool(emulated, 0, [], **kw)
+    with pytest.raises(InvalidArgument):
+        StreamOrderedMemoryPool(emulated, 0, [PER_THREAD_STREAM])
+
+
+def test_initial_bytes_and_fraction_limit(emulated):
+    free, _ = emulated.mem_get_info()
+    pool = StreamOrderedMemoryPool(emulated, 0, [], limit_fraction=0.5, initial_bytes=8 << 20)
+    try:
+        s = pool.statistics()
+        assert s.reserved_bytes == 8 << 20 and abs(s.limit_bytes - free // 2) < 4096
+        a = pool.allocate(4 << 20, LEGACY_STREAM)
+        assert pool.statistics().chunks_allocated == 1   # served from the initial chunk
+        a.free()
+    finally:
+        pool.close()
+
+
+def test_statistics_track_peak_and_counts(pool, streams):
+    allocs = [pool.allocate(1 << 20, streams[0]) for _ in range(4)]
+    for a in allocs:
+        a.free()
+    s = pool.statistics()
+    assert s.peak_in_use_bytes == 4 << 20 and s.in_use_bytes == 0
+    assert s.allocations == 4 and s.live_allocations == 0
+    assert s.free_safe_bytes + s.free_in_streams_bytes == s.reserved_bytes
+
+
+def test_context_manager_frees(pool, streams):
+    with pool.allocate(100, streams[0]) as a:
+        assert a.alive
+    assert not a.alive
+    assert pool.statistics().live_allocations == 0
