@@ -20,22 +20,24 @@ def seven_step(backend, pool, stream_a: int, stream_b: int, nbytes: int, delay: 
     a = pool.allocate(nbytes, stream_a)                               # 1
     backend.fill_u32_async(a.ptr, words, PATTERN_A, stream_a, delay)   # 2
     backend.spin_async(stream_a, delay)
-    host_a = bytearray(nbytes)
+    host_a = backend.alloc_pinned(nbytes)  # pinned: the copies are truly asynchronous
+    host_b = backend.alloc_pinned(nbytes)
     backend.copy_from_device_async(host_a, a.ptr, stream_a)           # 3
     a_ptr = a.ptr
     pool.free(a)                                                       # 4
     b = pool.allocate(nbytes, stream_b)                               # 5
     backend.fill_u32_async(b.ptr, words, PATTERN_B, stream_b)          # 6
     backend.spin_async(stream_b, 3 * delay)
-    host_b = bytearray(nbytes)
     backend.copy_from_device_async(host_b, b.ptr, stream_b)
     backend.stream_synchronize(stream_a)                               # 7
     backend.stream_synchronize(stream_b)
     result = {
-        "a_intact": host_a == PATTERN_A.to_bytes(4, "little") * words,
-        "b_intact": host_b == PATTERN_B.to_bytes(4, "little") * words,
+        "a_intact": bytes(host_a) == PATTERN_A.to_bytes(4, "little") * words,
+        "b_intact": bytes(host_b) == PATTERN_B.to_bytes(4, "little") * words,
         "same_block": b.ptr == a_ptr,
     }
+    backend.free_pinned(host_a)
+    backend.free_pinned(host_b)
     pool.free(b)
     return result
 
@@ -54,13 +56,14 @@ def seven_step_per_thread(backend, pool, nbytes: int, delay: float, device: int 
             a = pool.allocate(nbytes, PER_THREAD_STREAM)
             backend.fill_u32_async(a.ptr, words, PATTERN_A, PER_THREAD_STREAM, delay)
             backend.spin_async(PER_THREAD_STREAM, delay)
-            host_a = bytearray(nbytes)
+            host_a = backend.alloc_pinned(nbytes)
             backend.copy_from_device_async(host_a, a.ptr, PER_THREAD_STREAM)
             out["a_ptr"] = a.ptr
             pool.free(a)
             a_freed.set()
             backend.stream_synchronize(PER_THREAD_STREAM)
-            out["a_intact"] = host_a == PATTERN_A.to_bytes(4, "little") * words
+            out["a_intact"] = bytes(host_a) == PATTERN_A.to_bytes(4, "little") * words
+            backend.free_pinned(host_a)
         except BaseException as exc:  # surfaced below
             errors.append(exc)
             a_freed.set()
@@ -72,11 +75,12 @@ def seven_step_per_thread(backend, pool, nbytes: int, delay: float, device: int 
             b = pool.allocate(nbytes, PER_THREAD_STREAM)
             backend.fill_u32_async(b.ptr, words, PATTERN_B, PER_THREAD_STREAM)
             backend.spin_async(PER_THREAD_STREAM, 3 * delay)
-            host_b = bytearray(nbytes)
+            host_b = backend.alloc_pinned(nbytes)
             backend.copy_from_device_async(host_b, b.ptr, PER_THREAD_STREAM)
             backend.stream_synchronize(PER_THREAD_STREAM)
             out["b_ptr"] = b.ptr
-            out["b_intact"] = host_b == PATTERN_B.to_bytes(4, "little") * words
+            out["b_intact"] = bytes(host_b) == PATTERN_B.to_bytes(4, "little") * words
+            backend.free_pinned(host_b)
             pool.free(b)
         except BaseException as exc:
             errors.append(exc)

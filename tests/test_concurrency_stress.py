@@ -59,7 +59,7 @@ def _worker(service, thread_no, live, failures, errors, limit_hit):
                 value = rng.getrandbits(32)
                 words = size // 4
                 backend.fill_u32_async(a.ptr, words, value, stream, delay_s=rng.choice((0, 0, 0.002)))
-                host = bytearray(4 * words)
+                host = backend.alloc_pinned(4 * words)  # pinned: the copy stays in flight
                 backend.copy_from_device_async(host, a.ptr, stream)
                 expected = value.to_bytes(4, "little") * words
                 if rng.random() < 0.6:
@@ -69,12 +69,10 @@ def _worker(service, thread_no, live, failures, errors, limit_hit):
                 else:
                     held.append((a, host, expected))
             backend.stream_synchronize(stream)
-            for host, expected in pending:
-                if host != expected:
+            for host, expected in pending + [(h, e) for _, h, e in held]:
+                if bytes(host) != expected:
                     failures.append(task)
-            for a, host, expected in held:
-                if host != expected:
-                    failures.append(task)
+                backend.free_pinned(host)
             n_leak = rng.randint(0, len(held))
             for i, (a, _host, _expected) in enumerate(held):
                 live.remove(a)

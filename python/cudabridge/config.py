@@ -68,7 +68,10 @@ class ServiceConfig:
             return parse_bytes(text, "pool_limit"), 1.0
         if 0.0 < value <= 1.0 and ("." in text or value == 1.0):
             return None, value
-        return parse_bytes(text, "pool_limit"), 1.0
+        nbytes = parse_bytes(text, "pool_limit")
+        if nbytes <= 0:
+            raise InvalidArgument(f"spark.cudabridge.pool_limit={text!r}: expected a positive size or a fraction in (0, 1]")
+        return nbytes, 1.0
 
     @classmethod
     def from_mapping(cls, conf: Mapping[str, Any], prefix: str = SPARK_PREFIX) -> "ServiceConfig":

@@ -32,7 +32,7 @@ class InvalidFree(InvalidArgument):
 
 
 class UnknownTask(InvalidArgument):
-    """A Spark task attempt id that is not bound (or is bound already, for ``bind``)."""
+    """A Spark task attempt id that is not bound."""
 
 
 class CudaError(CudaBridgeError):

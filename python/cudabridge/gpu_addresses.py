@@ -20,11 +20,12 @@ def parse_address_map(text: str) -> dict[str, int]:
     out: dict[str, int] = {}
     for part in filter(None, (p.strip() for p in text.split(","))):
         address, sep, ordinal = part.rpartition(":")
-        if not sep or not address or not ordinal.strip().isdigit():
+        address = address.strip()
+        if not sep or not address or not (ordinal.strip().isascii() and ordinal.strip().isdigit()):
             raise InvalidArgument(f"GPU address map entry {part!r} is not 'address:ordinal'")
         if address in out:
             raise InvalidArgument(f"GPU address {address!r} appears twice in the address map")
-        out[address.strip()] = int(ordinal)
+        out[address] = int(ordinal)
     return out
 
 
@@ -62,7 +63,7 @@ def resolve_gpu_addresses(
             if address not in visible:
                 raise InvalidArgument(f"GPU address {address!r} is not among CUDA_VISIBLE_DEVICES={visible_devices}")
             ordinal = visible.index(address)
-        elif address.isdigit():
+        elif address.isascii() and address.isdigit():
             ordinal = int(address)
         else:
             raise InvalidArgument(f"GPU address {address!r} is neither an index nor a GPU UUID")

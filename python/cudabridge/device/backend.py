@@ -108,13 +108,24 @@ class DeviceBackend(abc.ABC):
         """Device to device."""
 
     @abc.abstractmethod
+    def alloc_pinned(self, nbytes: int) -> Any:
+        """Page-locked host memory (a ctypes char array): copies to and from it are truly
+        asynchronous. Freed with :meth:`free_pinned`."""
+
+    @abc.abstractmethod
+    def free_pinned(self, buffer: Any) -> None: ...
+
+    @abc.abstractmethod
     def copy_to_device_async(self, dst: int, host: Any, stream: int) -> None:
-        """Copy a host buffer (buffer protocol, contiguous) to ``dst``. The buffer must stay alive
-        and unchanged until the stream has passed the copy."""
+        """Copy a host buffer (buffer protocol, contiguous) to ``dst``. From pinned memory the
+        copy is asynchronous (keep the buffer unchanged until the stream passes it); from pageable
+        memory CUDA stages the data before returning, so the buffer may be reused at once."""
 
     @abc.abstractmethod
     def copy_from_device_async(self, host: Any, src: int, stream: int) -> None:
-        """Copy into a writable host buffer; valid once the stream has passed the copy."""
+        """Copy into a writable host buffer. Into pinned memory it is asynchronous (valid once the
+        stream passes it); into pageable memory CUDA returns only when the copy is done, which
+        waits for all earlier work on the stream."""
 
     @abc.abstractmethod
     def memset_async(self, ptr: int, value: int, nbytes: int, stream: int) -> None: ...

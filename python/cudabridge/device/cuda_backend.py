@@ -195,6 +195,13 @@ class CudaBackend(DeviceBackend):
                                ctypes.c_void_p).value or 0
         return ctypes.addressof(ctypes.c_char.from_buffer(view))
 
+    def alloc_pinned(self, nbytes: int) -> Any:
+        ptr = self._check("cudaMallocHost", self.rt.cudaMallocHost(nbytes))
+        return (ctypes.c_char * nbytes).from_address(int(ptr))
+
+    def free_pinned(self, buffer: Any) -> None:
+        self._check("cudaFreeHost", self.rt.cudaFreeHost(ctypes.addressof(buffer)))
+
     def copy_to_device_async(self, dst: int, host: Any, stream: int) -> None:
         view = host_view(host, writable=False)
         if view.readonly and not (isinstance(view.obj, bytes) and len(view) == len(view.obj)):

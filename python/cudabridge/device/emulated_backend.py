@@ -202,6 +202,8 @@ class _EmuDevice:
 
     def view(self, call: str, ptr: int, nbytes: int) -> memoryview:
         """The host memory behind [ptr, ptr+nbytes), which must lie inside one allocation."""
+        if nbytes < 0:
+            raise _fail(call, _ERR_INVALID_VALUE, f"negative size {nbytes}")
         bases = self._bases
         i = bisect.bisect_right(bases, ptr) - 1
         if i >= 0:
@@ -229,6 +231,7 @@ class EmulatedBackend(DeviceBackend):
         self._local = threading.local()
         self._lock = threading.Lock()
         self._ptds: list[_EmuStream] = []
+        self._pinned: dict[int, Any] = {}
         self._closed = False
 
     # helpers -------------------------------------------------------------------------------
@@ -288,6 +291,8 @@ class EmulatedBackend(DeviceBackend):
         return dev.total - dev.used, dev.total
 
     def context_active(self, ordinal: int) -> bool:
+        if not 0 <= ordinal < len(self._devices):
+            raise _fail("cuDevicePrimaryCtxGetState", _ERR_INVALID_DEVICE, f"ordinal {ordinal}")
         return self._devices[ordinal].context_created
 
     def device_synchronize(self) -> None:
@@ -387,10 +392,27 @@ class EmulatedBackend(DeviceBackend):
             d[:] = sv
         s.enqueue(copy)
 
+    def alloc_pinned(self, nbytes: int) -> Any:
+        import ctypes
+
+        buf = (ctypes.c_char * nbytes)()
+        self._pinned[id(buf)] = buf
+        return buf
+
+    def free_pinned(self, buffer: Any) -> None:
+        if self._pinned.get(id(buffer)) is not buffer:
+            raise _fail("cudaFreeHost", _ERR_INVALID_VALUE, "not a pinned buffer of this backend")
+        del self._pinned[id(buffer)]
+
+    def _is_pinned(self, view: memoryview) -> bool:
+        return self._pinned.get(id(view.obj)) is view.obj
+
     def copy_to_device_async(self, dst: int, host: Any, stream: int) -> None:
         view = host_view(host, writable=False)
         s = self._stream("cudaMemcpyAsync", stream)
         d = s.device.view("cudaMemcpyAsync", dst, len(view))
+        if not self._is_pinned(view):
+            view = memoryview(bytes(view))  # pageable: CUDA stages the data before returning
 
         def copy() -> None:
             d[:] = view
@@ -403,7 +425,11 @@ class EmulatedBackend(DeviceBackend):
 
         def copy() -> None:
             view[:] = sv
-        s.enqueue(copy)
+        seq = s.enqueue(copy)
+        if not self._is_pinned(view):
+            s.wait_for(seq)  # pageable: CUDA returns only once the copy (and all before it) is done
+            if s.device.sticky is not None:
+                raise s.device.sticky
 
     def memset_async(self, ptr: int, value: int, nbytes: int, stream: int) -> None:
         s = self._stream("cudaMemsetAsync", stream)
