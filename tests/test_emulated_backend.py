@@ -628,7 +628,7 @@ def test_priority_range_is_greatest_numerically_lowest(be):
     assert greatest < least
 
 
-# known bugs (strict xfail: they fail loudly once fixed, so the marker can go) -------------------
+# regressions of bugs found in review ------------------------------------------------------------
 
 def test_negative_memset_size_is_refused(be):
     s = be.stream_create()
