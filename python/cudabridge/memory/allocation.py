@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Hashable
 
+from .native import load as load_native
+
 if TYPE_CHECKING:
     from .block import Block
     from .stream_arena import StreamArena
@@ -22,8 +24,19 @@ RELEASED = 2  # freed by the pool when its owner (task) was released
 CLOSED = 3
 
 
-class Allocation:
+class _AllocationSlots:
+    """The fields of an allocation; replaced by the C extension's identical ``AllocationBase``
+    when it is built, so that its fast path can fill them without running ``__init__``."""
+
     __slots__ = ("ptr", "size", "id", "stream", "owner", "_block", "_arena", "_pool", "_extra", "_state")
+
+
+_native = load_native()
+_Base: type = _native.AllocationBase if _native is not None else _AllocationSlots
+
+
+class Allocation(_Base):  # type: ignore[misc, valid-type]
+    __slots__ = ()
 
     def __init__(self, ptr: int, size: int, id_: int, stream: int, owner: Hashable | None,
                  block: "Block", arena: "StreamArena", pool: "StreamOrderedMemoryPool") -> None:

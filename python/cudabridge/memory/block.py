@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from .native import load as load_native
+
 if TYPE_CHECKING:
     from .stream_arena import StreamArena
 
@@ -29,14 +31,24 @@ class Chunk:
         self.head: "Block | None" = None
 
 
-class Block:
+class _BlockSlots:
+    """A block's fields; the C extension's identical ``BlockBase`` replaces it when built, so
+    that the pool's C fast paths read them without an attribute lookup."""
+
+    __slots__ = ("ptr", "size", "chunk", "prev", "next", "state", "epoch", "extra")
+
+
+_native = load_native()
+
+
+class Block(_native.BlockBase if _native is not None else _BlockSlots):  # type: ignore[misc]
     """A contiguous piece of a chunk.
 
     ``state`` is LIVE, PENDING, SAFE, or the :class:`StreamArena` whose bins hold it. ``epoch`` is
     the freeing arena's epoch stamp; ``extra`` maps further arenas to stamps for blocks that must
     also wait for other streams (``record_stream``, coalesced runs)."""
 
-    __slots__ = ("ptr", "size", "chunk", "prev", "next", "state", "epoch", "extra")
+    __slots__ = ()
 
     def __init__(self, ptr: int, size: int, chunk: Chunk, prev: "Block | None", next_: "Block | None") -> None:
         self.ptr = ptr

@@ -29,11 +29,20 @@ import weakref
 from collections import deque
 
 from .block import Block
+from .native import load as load_native
 
 
-class StreamArena:
-    __slots__ = ("name", "handle", "kind", "eager", "bins", "recent", "epoch", "completed", "fences",
-                 "_owner", "__weakref__")
+class _ArenaSlots:
+    """An arena's fields; the C extension's identical ``ArenaBase`` replaces it when built."""
+
+    __slots__ = ("name", "handle", "kind", "eager", "bins", "recent", "epoch", "completed", "fences", "_owner")
+
+
+_native = load_native()
+
+
+class StreamArena(_native.ArenaBase if _native is not None else _ArenaSlots):  # type: ignore[misc]
+    __slots__ = ("__weakref__",)
 
     def __init__(self, name: str, handle: int, kind: str, eager: bool = False) -> None:
         self.name = name

@@ -40,6 +40,8 @@ from ..errors import InvalidArgument, InvalidFree, OutOfDeviceMemory, PoolClosed
 from .allocation import ALIVE, CLOSED, FREED, RELEASED, Allocation
 from .block import LIVE, PENDING, SAFE, Block, Chunk
 from .event_pool import EventPool
+from .native import load as load_native
+from .native import supported as native_supported
 from .safe_free_index import SafeFreeIndex
 from .statistics import PoolStatistics, UsageLedger
 from .stream_arena import StreamArena
@@ -54,6 +56,7 @@ LARGE_EXACT = 10 << 20           # above this, a chunk is the request rounded to
 CHUNK_GRANULE = 2 << 20
 
 REUSE_POLICIES = ("event-deferred", "naive")
+FAST_PATHS = ("auto", "native", "python")
 
 
 class StreamOrderedMemoryPool:
@@ -77,7 +80,10 @@ class StreamOrderedMemoryPool:
         limit_fraction: float = 0.9,
         initial_bytes: int = 0,
         reuse_policy: str = "event-deferred",
+        fast_path: str = "auto",
     ) -> None:
+        if fast_path not in FAST_PATHS:
+            raise InvalidArgument(f"unknown fast_path {fast_path!r}; expected one of {FAST_PATHS}")
         if reuse_policy not in REUSE_POLICIES:
             raise InvalidArgument(f"unknown reuse_policy {reuse_policy!r}; expected one of {REUSE_POLICIES}")
         if limit_bytes is not None and (not isinstance(limit_bytes, int) or limit_bytes <= 0):
@@ -124,12 +130,44 @@ class StreamOrderedMemoryPool:
         self.reserved = 0
         self.peak_reserved = 0
         self.counters = dict.fromkeys(PoolStatistics.COUNTERS, 0)
+        self._fast = self._native_fast_path(fast_path)
         if initial_bytes:
             with self._lock, self._on_device():
                 blk = self._grow(initial_bytes, small=False, exact=True)
                 if blk is None:
                     raise InvalidArgument(f"could not reserve initial_bytes={initial_bytes} on GPU {device}")
                 self._to_safe(blk)
+
+    def _native_fast_path(self, choice: str):
+        """Install the C fast paths (``_fastpath.c``) as this pool's ``allocate`` / ``free``."""
+        if choice == "python":
+            return None
+        module = load_native()
+        if module is None:
+            if choice == "native":
+                ok, why = native_supported()
+                raise InvalidArgument("fast_path='native' but the C extension is unavailable: "
+                                      + (why or "not built (python -m cudabridge.memory.native)"))
+            return None
+        if not (issubclass(Allocation, module.AllocationBase) and issubclass(Block, module.BlockBase)
+                and issubclass(StreamArena, module.ArenaBase)):
+            if choice == "native":
+                raise InvalidArgument("fast_path='native': the pool's classes were defined before the extension was built")
+            return None
+        fast = module.FastPath(
+            pool=self, arenas=self._arenas, live=self._live, owners=self._owners,
+            ledger_add=self._ledger_add, fold=self._ledger.fold, alloc_type=Allocation,
+            live_state=LIVE, alive=ALIVE, freed=FREED, max_request=self._max_request,
+            naive=self._naive, first_id=1,
+        )
+        self.allocate = fast.allocate  # type: ignore[method-assign]
+        self.free = fast.free  # type: ignore[method-assign]
+        return fast
+
+    @property
+    def fast_path(self) -> str:
+        """"native" (the C extension) or "python"."""
+        return "native" if self._fast is not None else "python"
 
     # streams ---------------------------------------------------------------------------------
     def _add_arena(self, handle: int, kind: str) -> StreamArena:
@@ -176,6 +214,8 @@ class StreamOrderedMemoryPool:
         return stream in self._arenas or stream == PER_THREAD_STREAM
 
     def _arena_of(self, stream: int, call: str) -> StreamArena:
+        if isinstance(stream, bool) or not isinstance(stream, int):
+            raise InvalidArgument(f"{call}: stream must be an int handle, got {type(stream).__name__}")
         arena = self._arenas.get(stream)
         if arena is not None:
             return arena
@@ -199,7 +239,10 @@ class StreamOrderedMemoryPool:
     def allocate(self, size: int, stream: int, owner: Hashable | None = None) -> Allocation:
         """``size`` bytes, 256-byte aligned, usable in stream order on ``stream``. ``owner`` (a
         task attempt id, say) lets :meth:`release_owner` reclaim whatever it leaks."""
-        arena = self._arenas.get(stream)
+        try:
+            arena = self._arenas.get(stream)
+        except TypeError:  # unhashable: _arena_of says what is wrong
+            arena = None
         if arena is None:
             arena = self._arena_of(stream, "allocate")
         if size.__class__ is not int or size <= 0 or size > self._max_request:
@@ -357,7 +400,10 @@ class StreamOrderedMemoryPool:
         if stream is None:
             arena = a._arena if a.__class__ is Allocation else None
         else:
-            arena = self._arenas.get(stream)
+            try:
+                arena = self._arenas.get(stream)
+            except TypeError:
+                arena = None
             if arena is None:
                 arena = self._arena_of(stream, "free")
         try:
@@ -439,7 +485,7 @@ class StreamOrderedMemoryPool:
     def record_stream(self, a: Allocation, stream: int) -> None:
         """Like PyTorch's ``Tensor.record_stream``: work on ``stream`` uses the buffer too, so its
         free is ordered behind that stream as well."""
-        arena = self._arenas.get(stream) or self._arena_of(stream, "record_stream")
+        arena = self._arena_of(stream, "record_stream")
         if a not in self._live:
             self._bad_free(a)
         if arena is a._arena:
@@ -735,6 +781,8 @@ class StreamOrderedMemoryPool:
             )
 
     def _ids_issued(self) -> int:
+        if self._fast is not None:
+            return self._fast.issued
         # itertools.count has no peek; its repr carries the next value.
         return int(repr(self._ids)[6:-1]) - 1
 

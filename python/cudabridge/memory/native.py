@@ -1,0 +1,75 @@
+"""The pool's C fast paths (``_fastpath.c``): build and load.
+
+The extension is optional: without it (no compiler, a free-threaded build, or
+``CUDABRIDGE_NATIVE_FASTPATH=0``) the pool runs its pure-Python fast paths, which are the
+reference the C code follows line by line. It is built with the interpreter's own headers
+(paths from ``sysconfig``), so it needs neither setuptools nor network, and it can be built on a
+machine that only has gcc and a Python (the GPU machine): ``python -m cudabridge.memory.native``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import shlex
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+from types import ModuleType
+
+log = logging.getLogger(__name__)
+
+HERE = Path(__file__).resolve().parent
+SOURCE = HERE / "_fastpath.c"
+ENV_SWITCH = "CUDABRIDGE_NATIVE_FASTPATH"
+
+
+def target() -> Path:
+    return HERE / ("_fastpath" + sysconfig.get_config_var("EXT_SUFFIX"))
+
+
+def supported() -> tuple[bool, str]:
+    if sysconfig.get_config_var("Py_GIL_DISABLED"):
+        return False, "free-threaded CPython: the C fast path relies on the GIL"
+    if os.environ.get(ENV_SWITCH, "1").strip().lower() in ("0", "false", "no", "off"):
+        return False, f"{ENV_SWITCH} switches it off"
+    return True, ""
+
+
+def build(force: bool = False, cc: str | None = None) -> Path:
+    """Compile the extension next to its source (if older than the source, or ``force``)."""
+    out = target()
+    if not force and out.exists() and out.stat().st_mtime >= SOURCE.stat().st_mtime:
+        return out
+    cc = cc or os.environ.get("CC") or "gcc"
+    include = sysconfig.get_paths()["include"]
+    cmd = [*shlex.split(cc), "-O2", "-fPIC", "-shared", "-Wall", "-Werror=implicit-function-declaration",
+           f"-I{include}", str(SOURCE), "-o", str(out) + ".tmp"]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+    except FileNotFoundError as exc:
+        raise RuntimeError(f"cannot build the pool's C fast path: compiler {cc!r} not found") from exc
+    if proc.returncode != 0:
+        raise RuntimeError(f"building the pool's C fast path failed ({' '.join(cmd)}):\n{proc.stderr}")
+    os.replace(str(out) + ".tmp", out)
+    return out
+
+
+def load() -> ModuleType | None:
+    """The extension module, or None (and why, logged once at debug level)."""
+    ok, why = supported()
+    if not ok:
+        log.debug("pool fast path in Python: %s", why)
+        return None
+    try:
+        return importlib.import_module("cudabridge.memory._fastpath")
+    except ImportError as exc:
+        log.debug("pool fast path in Python: the C extension is not built (%s)", exc)
+        return None
+
+
+if __name__ == "__main__":
+    path = build(force="--force" in sys.argv)
+    print(path)

@@ -1,0 +1,194 @@
+"""The pool's C fast path (memory/_fastpath.c) against its Python reference.
+
+The rest of the suite runs on whichever path is active (native where built, as dev/setup does);
+here the two are run side by side on the same operations, the native path's error handling is
+checked call by call, and the pool suites are re-run with the C path switched off.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cudabridge.device import EmulatedBackend
+from cudabridge.errors import InvalidArgument, InvalidFree, PoolClosed, UnknownStream
+from cudabridge.memory import StreamOrderedMemoryPool
+from cudabridge.memory import native
+
+ROOT = Path(__file__).resolve().parents[1]
+NATIVE_OFF = not native.supported()[0]
+needs_native = pytest.mark.skipif(native.load() is None, reason="the C fast path is not built or is switched off")
+MiB = 1 << 20
+
+
+@pytest.fixture
+def backend():
+    b = EmulatedBackend(devices=1, memory_bytes=256 * MiB)
+    yield b
+    b.close()
+
+
+def make_pool(backend, fast_path, streams, **kw):
+    return StreamOrderedMemoryPool(backend, 0, streams, limit_bytes=64 * MiB, fast_path=fast_path, **kw)
+
+
+def test_dev_setup_builds_the_native_path():
+    """Guards against the whole suite silently running the Python path only."""
+    if NATIVE_OFF:
+        pytest.skip(f"{native.ENV_SWITCH} switches the C fast path off")
+    assert native.load() is not None, "dev/setup should have built memory/_fastpath (python -m cudabridge.memory.native)"
+
+
+def test_unknown_fast_path_is_refused(backend):
+    with pytest.raises(InvalidArgument, match="fast_path"):
+        StreamOrderedMemoryPool(backend, 0, [], limit_bytes=MiB, fast_path="turbo")
+
+
+def _replay(fast_path, seed):
+    """A random single-threaded workload on a fresh device; returns everything observable."""
+    backend = EmulatedBackend(devices=1, memory_bytes=256 * MiB)
+    streams = [backend.stream_create() for _ in range(3)]
+    pool = make_pool(backend, fast_path, streams)
+    rng = random.Random(seed)
+    live = []
+    trace = []
+    for step in range(3000):
+        op = rng.random()
+        if op < 0.55 or not live:
+            size = rng.choice([1, 255, 256, 4096, 100_000, MiB, 3 * MiB])
+            # No per-thread stream here: its frees record events that the emulated device
+            # completes on a worker thread, which would make the replay timing-dependent (both
+            # paths hand those frees to the same Python code anyway).
+            s = rng.choice(streams)
+            a = pool.allocate(size, s, owner=rng.choice([None, 1, 2]))
+            live.append(a)
+            trace.append(("a", a.ptr, a.size, a.id))
+        elif op < 0.9:
+            a = live.pop(rng.randrange(len(live)))
+            if rng.random() < 0.2:
+                a.record_stream(rng.choice(streams))
+            pool.free(a, stream=rng.choice([None, a.stream]))
+            trace.append(("f", a.ptr))
+        else:
+            owner = rng.choice([1, 2])
+            n, nbytes = pool.release_owner(owner)
+            live = [a for a in live if a.alive]
+            trace.append(("r", n, nbytes))
+        if step % 500 == 0:
+            for s in streams:
+                backend.stream_synchronize(s)
+    for a in live:
+        a.free()
+    st = pool.statistics().as_dict()
+    pool.close()
+    for s in streams:
+        backend.stream_destroy(s)
+    backend.close()
+    return trace, st
+
+
+@needs_native
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_native_and_python_paths_agree(seed):
+    trace_py, st_py = _replay("python", seed)
+    trace_c, st_c = _replay("native", seed)
+    assert trace_c == trace_py
+    for key in ("in_use_bytes", "peak_in_use_bytes", "allocations", "live_allocations", "leaks_reclaimed",
+                "leaked_bytes_reclaimed"):
+        assert st_c[key] == st_py[key], key
+    assert st_c["in_use_bytes"] == 0 and st_c["live_allocations"] == 0
+
+
+@needs_native
+def test_native_bad_input_is_refused_and_changes_nothing(backend):
+    s = backend.stream_create()
+    pool = make_pool(backend, "native", [s])
+    assert pool.fast_path == "native"
+    a = pool.allocate(1000, s, owner=7)
+    before = pool.statistics()
+    with pytest.raises(InvalidArgument, match="must be an int"):
+        pool.allocate("1000", s)
+    with pytest.raises(InvalidArgument, match="must be an int"):
+        pool.allocate(True, s)
+    with pytest.raises(InvalidArgument, match="positive"):
+        pool.allocate(0, s)
+    with pytest.raises(InvalidArgument, match="exceeds"):
+        pool.allocate(1 << 80, s)
+    with pytest.raises(UnknownStream):
+        pool.allocate(10, 0xDEAD)
+    with pytest.raises(InvalidArgument, match="int handle"):
+        pool.allocate(10, [1])
+    with pytest.raises(TypeError):
+        pool.allocate(10)
+    with pytest.raises(TypeError):
+        pool.allocate(10, s, 7, 8)
+    with pytest.raises(TypeError):
+        pool.allocate(10, s, colour=1)
+    with pytest.raises(InvalidFree, match="expects an Allocation"):
+        pool.free(object())
+    with pytest.raises(InvalidFree, match="expects an Allocation"):
+        pool.free([1])
+    with pytest.raises(UnknownStream):
+        pool.free(a, 0xBEEF)
+    with pytest.raises(TypeError):
+        pool.free(a, s, s)
+    with pytest.raises(TypeError):
+        pool.free(a, strem=s)
+    after = pool.statistics()
+    assert after.in_use_bytes == before.in_use_bytes and after.live_allocations == 1
+    pool.free(a, stream=s)
+    with pytest.raises(InvalidFree, match="double free"):
+        pool.free(a)
+    b = pool.allocate(1000, s, owner=7)
+    assert b.ptr == a.ptr and b.id != a.id      # the same block, a new identity
+    assert pool.release_owner(7) == (1, 1000)
+    with pytest.raises(InvalidFree, match="stale handle"):
+        pool.free(b)
+    other = make_pool(backend, "native", [s])
+    c = other.allocate(10, s)
+    with pytest.raises(InvalidFree, match="belongs to the pool"):
+        pool.free(c)
+    other.free(c)
+    other.close()
+    pool.close()
+    with pytest.raises(PoolClosed):
+        pool.allocate(10, s)
+    backend.stream_destroy(s)
+
+
+@needs_native
+def test_native_path_leaks_no_objects(backend):
+    s = backend.stream_create()
+    pool = make_pool(backend, "native", [s])
+    alloc, free = pool.allocate, pool.free
+
+    def cycle(n):
+        for i in range(n):
+            free(alloc(MiB, s, owner=i & 3))
+            pool.release_owner(i & 3)
+
+    cycle(2000)
+    gc.collect()
+    before = len(gc.get_objects())
+    cycle(20000)
+    gc.collect()
+    assert len(gc.get_objects()) - before < 100
+    pool.close()
+    backend.stream_destroy(s)
+
+
+@needs_native
+def test_pool_suites_pass_on_the_python_path_too():
+    """The Python fast path is the fallback (no compiler, free-threaded builds): keep it green."""
+    env = dict(os.environ, **{native.ENV_SWITCH: "0"})
+    suites = ["tests/test_memory_pool.py", "tests/test_seven_step_race.py", "tests/test_concurrency_stress.py"]
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *suites],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert " passed" in proc.stdout
