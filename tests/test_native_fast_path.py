@@ -192,3 +192,46 @@ def test_pool_suites_pass_on_the_python_path_too():
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     assert " passed" in proc.stdout
+
+
+@pytest.mark.parametrize("fast_path", ["native", "python"])
+def test_recent_frees_stay_bounded(backend, fast_path):
+    """Every free leaves an entry in its arena's ``recent`` deque; fast-path reuse never pops it,
+    so without trimming a long-running executor would grow it without limit."""
+    if fast_path == "native" and native.load() is None:
+        pytest.skip("the C fast path is not built")
+    s = backend.stream_create()
+    pool = make_pool(backend, fast_path, [s])
+    for _ in range(50_000):
+        pool.free(pool.allocate(4096, s))
+    arena = pool._arenas[s]
+    assert len(arena.recent) <= 512
+    pool.close()
+    backend.stream_destroy(s)
+
+
+@pytest.mark.parametrize("fast_path", ["native", "python"])
+def test_cross_stream_reuse_takes_a_passed_block_without_the_slow_path(backend, fast_path):
+    if fast_path == "native" and native.load() is None:
+        pytest.skip("the C fast path is not built")
+    a, b = backend.stream_create(), backend.stream_create()
+    pool = make_pool(backend, fast_path, [a, b])
+    x = pool.allocate(MiB, a)
+    ptr = x.ptr
+    pool.free(x)
+    slow = pool.statistics().slow_allocations
+    y = pool.allocate(MiB, b)       # a is idle: one stream query proves the free passed
+    st = pool.statistics()
+    assert y.ptr == ptr and st.fast_steals == 1 and st.slow_allocations == slow and st.host_syncs == 0
+    pool.free(y)
+    # b busy with slow work: its block must not be handed to a on the host's word.
+    backend.spin_async(b, 0.3)
+    z = pool.allocate(MiB, a)
+    assert pool.statistics().fast_steals == 1
+    if z.ptr == ptr:                 # then a waits for b on the device, never on the host
+        assert pool.statistics().gpu_waits >= 1
+    pool.free(z)
+    backend.stream_synchronize(b)
+    pool.close()
+    backend.stream_destroy(a)
+    backend.stream_destroy(b)

@@ -78,7 +78,7 @@ typedef struct {
 
 typedef struct {
     PyObject_HEAD
-    PyObject *name, *handle, *kind, *eager, *bins, *recent, *epoch, *completed, *fences, *owner;
+    PyObject *name, *handle, *kind, *eager, *bins, *recent, *epoch, *completed, *fences, *owner, *trim_at;
 } ArenaBase;
 
 /* Every field of these structs after the header is a PyObject *. */
@@ -118,6 +118,7 @@ static PyMemberDef arena_members[] = {
     AMEMBER("name", name), AMEMBER("handle", handle), AMEMBER("kind", kind), AMEMBER("eager", eager),
     AMEMBER("bins", bins), AMEMBER("recent", recent), AMEMBER("epoch", epoch),
     AMEMBER("completed", completed), AMEMBER("fences", fences), AMEMBER("_owner", owner),
+    AMEMBER("trim_at", trim_at),
     {NULL, 0, 0, 0, NULL},
 };
 
@@ -166,19 +167,23 @@ typedef struct {
     PyObject *pool;
     PyObject *slow, *arena_of, *bad_size, *bad_free, *free_fenced;  /* pool's Python methods */
     PyObject *live_state, *alive, *freed;  /* LIVE (block state), ALIVE / FREED (allocation) */
+    PyObject *all_arenas;  /* list of every StreamArena, the pool's own */
+    PyObject *stream_query;  /* backend.stream_query, or None: no cross-stream step */
     long long next_id;
+    long long steals, stream_polls;
     Py_ssize_t max_request;
     int naive;
 } FastPath;
 
 static PyObject *s_bins, *s_eager, *s_epoch, *s_state, *s_recent, *s_size, *s_ptr, *s_append,
-    *s_allocate, *s_free;
+    *s_allocate, *s_free, *s_trim_recent;
 
 static int fp_traverse(FastPath *self, visitproc visit, void *arg) {
     Py_VISIT(self->arenas); Py_VISIT(self->live); Py_VISIT(self->owners); Py_VISIT(self->ledger_add);
     Py_VISIT(self->fold); Py_VISIT(self->alloc_type); Py_VISIT(self->pool); Py_VISIT(self->slow);
     Py_VISIT(self->arena_of); Py_VISIT(self->bad_size); Py_VISIT(self->bad_free);
     Py_VISIT(self->free_fenced); Py_VISIT(self->live_state); Py_VISIT(self->alive); Py_VISIT(self->freed);
+    Py_VISIT(self->all_arenas); Py_VISIT(self->stream_query);
     return 0;
 }
 
@@ -187,6 +192,7 @@ static int fp_clear(FastPath *self) {
     Py_CLEAR(self->fold); Py_CLEAR(self->alloc_type); Py_CLEAR(self->pool); Py_CLEAR(self->slow);
     Py_CLEAR(self->arena_of); Py_CLEAR(self->bad_size); Py_CLEAR(self->bad_free);
     Py_CLEAR(self->free_fenced); Py_CLEAR(self->live_state); Py_CLEAR(self->alive); Py_CLEAR(self->freed);
+    Py_CLEAR(self->all_arenas); Py_CLEAR(self->stream_query);
     return 0;
 }
 
@@ -198,15 +204,18 @@ static void fp_dealloc(FastPath *self) {
 
 static int fp_init(FastPath *self, PyObject *args, PyObject *kwds) {
     static char *kw[] = {"pool", "arenas", "live", "owners", "ledger_add", "fold", "alloc_type",
-                         "live_state", "alive", "freed", "max_request", "naive", "first_id", NULL};
+                         "live_state", "alive", "freed", "max_request", "naive", "first_id", "all_arenas",
+                         "stream_query", NULL};
     PyObject *pool, *arenas, *live, *owners, *ledger_add, *fold, *alloc_type, *live_state, *alive, *freed;
+    PyObject *all_arenas, *stream_query;
     Py_ssize_t max_request;
     int naive;
     long long first_id;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO!O!O!OOO!OOOnpL", kw, &pool, &PyDict_Type, &arenas,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO!O!O!OOO!OOOnpLO!O", kw, &pool, &PyDict_Type, &arenas,
                                      &PySet_Type, &live, &PyDict_Type, &owners, &ledger_add, &fold,
                                      &PyType_Type, &alloc_type, &live_state, &alive, &freed,
-                                     &max_request, &naive, &first_id))
+                                     &max_request, &naive, &first_id, &PyList_Type, &all_arenas,
+                                     &stream_query))
         return -1;
     if (!PyType_IsSubtype((PyTypeObject *)alloc_type, &AllocationBaseType)) {
         PyErr_SetString(PyExc_TypeError, "alloc_type must derive from AllocationBase");
@@ -235,8 +244,11 @@ static int fp_init(FastPath *self, PyObject *args, PyObject *kwds) {
     Py_INCREF(freed); self->freed = freed;
     self->slow = slow; self->arena_of = arena_of; self->bad_size = bad_size;
     self->bad_free = bad_free; self->free_fenced = free_fenced;
+    Py_INCREF(all_arenas); self->all_arenas = all_arenas;
+    Py_INCREF(stream_query); self->stream_query = stream_query;
     self->max_request = max_request;
     self->naive = naive;
+    self->steals = self->stream_polls = 0;
     self->next_id = first_id;
     return 0;
 }
@@ -267,7 +279,7 @@ static PyObject *resolve_arena(FastPath *self, PyObject *stream, PyObject *call)
     return PyObject_Vectorcall(self->arena_of, args, 2, NULL);
 }
 
-static int push_to_bin(ArenaBase *arena, PyObject *blk, PyObject *size) {
+static int push_to_bin(PyObject *pool, ArenaBase *arena, PyObject *blk, PyObject *size) {
     /* bins.setdefault(size, []).append(blk); recent.append(blk) */
     if (arena->bins == NULL || !PyDict_Check(arena->bins) || arena->recent == NULL) {
         PyErr_SetString(PyExc_SystemError, "stream arena without bins");
@@ -291,6 +303,17 @@ static int push_to_bin(ArenaBase *arena, PyObject *blk, PyObject *size) {
     if (r == NULL)
         return -1;
     Py_DECREF(r);
+    /* Bound `recent` (see StreamArena.trim_recent): amortized, so rarely taken. */
+    Py_ssize_t len = PyObject_Length(arena->recent);
+    Py_ssize_t limit = arena->trim_at ? PyLong_AsSsize_t(arena->trim_at) : 0;
+    if (len < 0 || (limit == -1 && PyErr_Occurred()))
+        return -1;
+    if (len > limit) {
+        r = PyObject_CallMethodOneArg(pool, s_trim_recent, (PyObject *)arena);
+        if (r == NULL)
+            return -1;
+        Py_DECREF(r);
+    }
     return 0;
 }
 
@@ -323,6 +346,111 @@ static int parse_allocate(PyObject *const *args, Py_ssize_t nargs, PyObject *kwn
         return -1;
     }
     return 0;
+}
+
+
+/* Whether a Python int stamp <= another (both are small ints in practice); -1 on error. */
+static int stamp_le(PyObject *a, PyObject *b) {
+    if (a == NULL || b == NULL) {
+        PyErr_SetString(PyExc_SystemError, "cudabridge fast path: missing epoch stamp");
+        return -1;
+    }
+    return PyObject_RichCompareBool(a, b, Py_LE);
+}
+
+/* Take the last block of `lst` whose state is `o` and stamp <= `limit`; new reference or NULL. */
+static PyObject *take_passed(PyObject *lst, ArenaBase *o, PyObject *limit, int last_only) {
+    Py_ssize_t n = PyList_GET_SIZE(lst);
+    for (Py_ssize_t i = n - 1; i >= 0 && (!last_only || i == n - 1); i--) {
+        BlockBase *b = (BlockBase *)PyList_GET_ITEM(lst, i);
+        if (!PyObject_TypeCheck((PyObject *)b, &BlockBaseType) || b->state != (PyObject *)o)
+            continue;
+        int le = stamp_le(b->epoch, limit);
+        if (le < 0)
+            return NULL;
+        if (!le)
+            continue;
+        Py_INCREF(b);
+        if (PyList_SetSlice(lst, i, i + 1, NULL) < 0) {
+            Py_DECREF(b);
+            return NULL;
+        }
+        return (PyObject *)b;
+    }
+    return NULL;
+}
+
+/* The twin of StreamOrderedMemoryPool._steal (see there): a block of exactly `rkey` bytes that
+ * another stream has passed, known or seen with at most one stream query. Returns a new
+ * reference, or NULL with no error set when there is none. */
+static PyObject *steal(FastPath *self, PyObject *req, PyObject *rkey) {
+    if (self->stream_query == Py_None)
+        return NULL;
+    ArenaBase *candidate = NULL;
+    PyObject *blk = NULL;
+    Py_ssize_t n = PyList_GET_SIZE(self->all_arenas);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        ArenaBase *o = (ArenaBase *)PyList_GET_ITEM(self->all_arenas, i);
+        if ((PyObject *)o == req || !PyObject_TypeCheck((PyObject *)o, &ArenaBaseType) || o->bins == NULL ||
+            !PyDict_CheckExact(o->bins) || PyDict_GET_SIZE(o->bins) == 0)
+            continue;
+        PyObject *lst = PyDict_GetItemWithError(o->bins, rkey);
+        if (lst == NULL) {
+            if (PyErr_Occurred())
+                return NULL;
+            continue;
+        }
+        if (!PyList_CheckExact(lst) || PyList_GET_SIZE(lst) == 0)
+            continue;
+        BlockBase *last = (BlockBase *)PyList_GET_ITEM(lst, PyList_GET_SIZE(lst) - 1);
+        int le = last->state == (PyObject *)o ? stamp_le(last->epoch, o->completed) : 0;
+        if (le < 0)
+            return NULL;
+        if (le) {
+            blk = take_passed(lst, o, o->completed, 1);
+            if (blk != NULL || PyErr_Occurred()) {
+                if (blk != NULL)
+                    self->steals++;
+                return blk;
+            }
+        } else if (candidate == NULL && o->eager != Py_True) {
+            candidate = o;
+        }
+    }
+    if (candidate == NULL)
+        return NULL;
+    Py_INCREF(candidate);
+    /* Advance, then query: every free stamped with `cur` was queued before the advance. */
+    PyObject *cur = candidate->epoch, *one = NULL, *next = NULL, *res = NULL;
+    Py_XINCREF(cur);
+    if (cur == NULL || (one = PyLong_FromLong(1)) == NULL || (next = PyNumber_Add(cur, one)) == NULL)
+        goto done;
+    Py_XSETREF(candidate->epoch, next);
+    next = NULL;
+    self->stream_polls++;
+    res = PyObject_CallOneArg(self->stream_query, candidate->handle);  /* may release the GIL */
+    if (res == NULL)
+        goto done;
+    int idle = PyObject_IsTrue(res);
+    if (idle <= 0)
+        goto done;
+    int known = stamp_le(cur, candidate->completed);
+    if (known < 0)
+        goto done;
+    if (!known)
+        set_slot(&candidate->completed, cur);
+    PyObject *lst = candidate->bins ? PyDict_GetItemWithError(candidate->bins, rkey) : NULL;
+    if (lst != NULL && PyList_CheckExact(lst)) {
+        blk = take_passed(lst, candidate, cur, 0);
+        if (blk != NULL)
+            self->steals++;
+    }
+done:
+    Py_XDECREF(res);
+    Py_XDECREF(one);
+    Py_XDECREF(cur);
+    Py_DECREF(candidate);
+    return blk;
 }
 
 static PyObject *fp_allocate(FastPath *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
@@ -363,6 +491,11 @@ static PyObject *fp_allocate(FastPath *self, PyObject *const *args, Py_ssize_t n
             goto fail_blk;
     } else if (PyErr_Occurred()) {
         goto fail;
+    }
+    if (blk == NULL && !self->naive) {
+        blk = steal(self, arena, rkey);
+        if (blk == NULL && PyErr_Occurred())
+            goto fail;
     }
     if (blk == NULL) {
         PyObject *sargs[2] = {rkey, arena};
@@ -438,7 +571,7 @@ fail_alloc:
         BlockBase *b = (BlockBase *)a->block;
         set_slot(&b->epoch, ar->epoch);
         set_slot(&b->state, (PyObject *)ar);
-        if (push_to_bin(ar, (PyObject *)b, rkey) < 0)
+        if (push_to_bin(self->pool, ar, (PyObject *)b, rkey) < 0)
             PyErr_Clear();
         PyErr_Restore(exc_type, exc_value, exc_tb);
     }
@@ -535,7 +668,7 @@ static PyObject *fp_free(FastPath *self, PyObject *const *args, Py_ssize_t nargs
         }
         set_slot(&blk->epoch, ar->epoch);
         set_slot(&blk->state, arena);
-        if (push_to_bin(ar, (PyObject *)blk, size) < 0)
+        if (push_to_bin(self->pool, ar, (PyObject *)blk, size) < 0)
             goto fail_blk;
     }
     PyObject *neg = PyNumber_Negative(size);
@@ -560,6 +693,14 @@ fail:
 
 static PyObject *fp_get_issued(FastPath *self, void *closure) {
     return PyLong_FromLongLong(self->next_id - 1);
+}
+
+static PyObject *fp_get_steals(FastPath *self, void *closure) {
+    return PyLong_FromLongLong(self->steals);
+}
+
+static PyObject *fp_get_stream_polls(FastPath *self, void *closure) {
+    return PyLong_FromLongLong(self->stream_polls);
 }
 
 static PyObject *fp_get_max_request(FastPath *self, void *closure) {
@@ -588,6 +729,8 @@ static PyMethodDef fp_methods[] = {
 
 static PyGetSetDef fp_getset[] = {
     {"issued", (getter)fp_get_issued, NULL, "allocation ids handed out so far", NULL},
+    {"steals", (getter)fp_get_steals, NULL, "cross-stream reuses served by the fast path", NULL},
+    {"stream_polls", (getter)fp_get_stream_polls, NULL, "stream queries made by the fast path", NULL},
     {"max_request", (getter)fp_get_max_request, (setter)fp_set_max_request, "largest request", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
@@ -617,6 +760,7 @@ PyMODINIT_FUNC PyInit__fastpath(void) {
     INTERN(s_bins, "bins"); INTERN(s_eager, "eager"); INTERN(s_epoch, "epoch"); INTERN(s_state, "state");
     INTERN(s_recent, "recent"); INTERN(s_size, "size"); INTERN(s_ptr, "ptr"); INTERN(s_append, "append");
     INTERN(s_allocate, "allocate"); INTERN(s_free, "free");
+    INTERN(s_trim_recent, "_trim_recent");
 #undef INTERN
     if (PyType_Ready(&AllocationBaseType) < 0 || PyType_Ready(&FastPathType) < 0 ||
         PyType_Ready(&BlockBaseType) < 0 || PyType_Ready(&ArenaBaseType) < 0)

@@ -47,6 +47,8 @@ class PoolStatistics:
         "slow_allocations", "chunks_allocated", "event_polls", "stream_polls", "events_recorded",
         "gpu_waits", "host_syncs", "oom", "leaks_reclaimed", "leaked_bytes_reclaimed", "runs_joined",
     )
+    # fast_steals: cross-stream reuses served outside the lock (an exact-size block another
+    # stream had passed); not in COUNTERS because the fast paths count them on their own.
 
     device: int
     in_use_bytes: int
@@ -73,6 +75,7 @@ class PoolStatistics:
     leaks_reclaimed: int
     leaked_bytes_reclaimed: int
     runs_joined: int
+    fast_steals: int
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)

@@ -32,10 +32,14 @@ from .block import Block
 from .native import load as load_native
 
 
+TRIM_MIN = 256
+
+
 class _ArenaSlots:
     """An arena's fields; the C extension's identical ``ArenaBase`` replaces it when built."""
 
-    __slots__ = ("name", "handle", "kind", "eager", "bins", "recent", "epoch", "completed", "fences", "_owner")
+    __slots__ = ("name", "handle", "kind", "eager", "bins", "recent", "epoch", "completed", "fences", "_owner",
+                 "trim_at")
 
 
 _native = load_native()
@@ -55,6 +59,9 @@ class StreamArena(_native.ArenaBase if _native is not None else _ArenaSlots):  #
         self.completed = 0                    # every stamp <= completed is known complete
         self.fences: deque[tuple[int, int]] = deque()  # (covered stamp, event), oldest first
         self._owner = weakref.ref(threading.current_thread()) if eager else None
+        # ``recent`` gains an entry per free, and a block taken back by the fast path leaves its
+        # entry behind; past this length the pool drops stale entries (see trim_recent).
+        self.trim_at = TRIM_MIN
 
     def owned_by_caller(self) -> bool:
         """For per-thread arenas: whether the calling thread is the one whose stream this is."""
@@ -77,6 +84,22 @@ class StreamArena(_native.ArenaBase if _native is not None else _ArenaSlots):  #
             lst = self.bins.setdefault(blk.size, [])
         lst.append(blk)
         self.recent.append(blk)
+
+    def trim_recent(self) -> None:
+        """Drop entries of blocks that are no longer in this arena, and repeats, keeping order.
+        Amortized O(1) per free: the next trim waits until the deque has doubled again. Call
+        with the pool's lock held (``_reclaim`` reads the head, then pops it)."""
+        recent = self.recent
+        seen: set[int] = set()
+        for _ in range(len(recent)):
+            try:
+                blk = recent.popleft()
+            except IndexError:
+                break
+            if blk.state is self and id(blk) not in seen:
+                seen.add(id(blk))
+                recent.append(blk)   # concurrent frees append too: nothing is lost
+        self.trim_at = max(TRIM_MIN, 2 * len(recent))
 
     def take(self, blk: Block) -> bool:
         """Claim a specific block from the bins; False if another thread took it first."""

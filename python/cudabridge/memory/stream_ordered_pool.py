@@ -130,6 +130,11 @@ class StreamOrderedMemoryPool:
         self.reserved = 0
         self.peak_reserved = 0
         self.counters = dict.fromkeys(PoolStatistics.COUNTERS, 0)
+        self._fast_steals = 0   # _steal's counters (the C twin keeps its own)
+        self._fast_polls = 0
+        # _steal queries streams outside the slow path's device scope: only where there is
+        # one device, so that the current device cannot be another GPU's.
+        self._steal_ok = not self._naive and backend.device_count() == 1
         self._fast = self._native_fast_path(fast_path)
         if initial_bytes:
             with self._lock, self._on_device():
@@ -158,7 +163,8 @@ class StreamOrderedMemoryPool:
             pool=self, arenas=self._arenas, live=self._live, owners=self._owners,
             ledger_add=self._ledger_add, fold=self._ledger.fold, alloc_type=Allocation,
             live_state=LIVE, alive=ALIVE, freed=FREED, max_request=self._max_request,
-            naive=self._naive, first_id=1,
+            naive=self._naive, first_id=1, all_arenas=self._all_arenas,
+            stream_query=self.backend.stream_query if self._steal_ok else None,
         )
         self.allocate = fast.allocate  # type: ignore[method-assign]
         self.free = fast.free  # type: ignore[method-assign]
@@ -256,7 +262,9 @@ class StreamOrderedMemoryPool:
             except IndexError:
                 pass
         if blk is None:
-            blk = self._allocate_slow(r, arena)
+            blk = self._steal(r, arena) if self._steal_ok else None
+            if blk is None:
+                blk = self._allocate_slow(r, arena)
         blk.state = LIVE
         aid = next(self._ids)
         a = Allocation(blk.ptr, size, aid, stream, owner, blk, arena, self)
@@ -278,6 +286,45 @@ class StreamOrderedMemoryPool:
             raise InvalidArgument(f"allocation size must be positive, got {size}")
         raise InvalidArgument(f"allocation of {size} bytes exceeds the pool limit of {self._max_request} "
                               f"bytes on GPU {self.device}")
+
+    def _trim_recent(self, arena: StreamArena) -> None:
+        with self._lock:
+            arena.trim_recent()
+
+    def _steal(self, r: int, arena: StreamArena) -> Block | None:
+        """Cross-stream reuse without the lock: a block of exactly ``r`` bytes in another
+        stream's bin whose free that stream is known to have passed, or is seen to have passed
+        by one stream query (advance-then-query, as ``_cover``; per-thread streams are never
+        queried: only their owner can name them). At most one query per call. The C fast path
+        has the same step; both must stay identical."""
+        candidate = None
+        for other in self._all_arenas:
+            if other is arena:
+                continue
+            lst = other.bins.get(r)
+            if not lst:
+                continue
+            blk = lst[-1]
+            if blk.state is other and blk.epoch <= other.completed:
+                if other.take(blk):
+                    self._fast_steals += 1
+                    return blk
+            elif candidate is None and not other.eager:
+                candidate = other
+        if candidate is None:
+            return None
+        cur = candidate.epoch
+        candidate.epoch = cur + 1
+        self._fast_polls += 1
+        if not self.backend.stream_query(candidate.handle):
+            return None
+        if cur > candidate.completed:
+            candidate.completed = cur
+        for blk in reversed(list(candidate.bins.get(r) or ())):
+            if blk.state is candidate and blk.epoch <= cur and candidate.take(blk):
+                self._fast_steals += 1
+                return blk
+        return None
 
     def _allocate_slow(self, r: int, arena: StreamArena) -> Block:
         with self._lock:
@@ -426,6 +473,8 @@ class StreamOrderedMemoryPool:
                 lst = arena.bins.setdefault(blk.size, [])
             lst.append(blk)
             arena.recent.append(blk)
+            if len(arena.recent) > arena.trim_at:
+                self._trim_recent(arena)
         self._ledger_add(-blk.size)
 
     def _bad_free(self, a: object) -> None:
@@ -777,8 +826,15 @@ class StreamOrderedMemoryPool:
                 live_allocations=len(self._live),
                 events_created=self._events.created,
                 streams_accepted=len(self._all_arenas),
-                **self.counters,
+                **self._counters_now(),
             )
+
+    def _counters_now(self) -> dict[str, int]:
+        out = dict(self.counters)
+        steals, polls = (self._fast.steals, self._fast.stream_polls) if self._fast is not None else (0, 0)
+        out["fast_steals"] = steals + self._fast_steals
+        out["stream_polls"] += polls + self._fast_polls
+        return out
 
     def _ids_issued(self) -> int:
         if self._fast is not None:
