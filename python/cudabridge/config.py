@@ -24,6 +24,7 @@ class ServiceConfig:
     stream_policy: str = "round-robin"    # round-robin | idle-first
     pool_limit: str = "0.9"               # bytes ("8g", "512m", "1073741824") or a fraction of free memory
     pool_initial: str = "0"               # bytes reserved up front
+    pool_growth: str = "auto"             # auto | segment | chunks
     gpu_addresses: str | None = None      # Spark resource addresses, comma-separated; None: all visible
     gpu_address_map: str | None = None    # explicit "address:ordinal,..." override
     emulated_devices: int = 1             # GPUs the emulated backend shows
@@ -39,6 +40,8 @@ class ServiceConfig:
         "stream_policy": "how a task's stream is picked: round-robin, or idle-first (queries streams)",
         "pool_limit": "most device memory a GPU's pool reserves: bytes (8g, 512m) or a fraction of free memory (0.9)",
         "pool_initial": "device memory reserved when the pool starts (bytes, 0 for none)",
+        "pool_growth": "how blocks above 1 MiB get memory: segment (one expandable virtual-memory segment, "
+                       "physical pieces moved out of free holes), chunks (cudaMalloc chunks), auto (segment where supported)",
         "gpu_addresses": "Spark GPU addresses this executor owns; unset: every visible GPU",
         "gpu_address_map": "explicit address:ordinal pairs, for when addresses are not visible ordinals",
         "emulated_devices": "number of GPUs the emulated backend shows",
@@ -55,6 +58,8 @@ class ServiceConfig:
                 raise InvalidArgument(f"spark.cudabridge.{name}={value!r}: expected a positive integer")
         if self.stream_policy not in ("round-robin", "idle-first"):
             raise InvalidArgument(f"spark.cudabridge.stream_policy={self.stream_policy!r}: expected round-robin or idle-first")
+        if self.pool_growth not in ("auto", "segment", "chunks"):
+            raise InvalidArgument(f"spark.cudabridge.pool_growth={self.pool_growth!r}: expected auto, segment or chunks")
         self.limit()  # validate
         parse_bytes(self.pool_initial, "pool_initial")
         parse_bytes(self.emulated_memory, "emulated_memory")

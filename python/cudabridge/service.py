@@ -73,7 +73,8 @@ class CudaBridgeService:
                                      config.stream_policy)
                 try:
                     memory = StreamOrderedMemoryPool(backend, ordinal, streams.handles, limit_bytes=limit_bytes,
-                                                     limit_fraction=fraction, initial_bytes=initial)
+                                                     limit_fraction=fraction, initial_bytes=initial,
+                                                     growth=config.pool_growth)
                 except BaseException:
                     streams.close()
                     raise

@@ -61,6 +61,38 @@ class DeviceBackend(abc.ABC):
     @abc.abstractmethod
     def free(self, ptr: int) -> None: ...
 
+    # virtual memory (cuMemAddressReserve / cuMemCreate / cuMemMap) ----------------------------
+    # The pool grows its large-block arena as one contiguous range of address space mapped in
+    # pieces, so that memory added later coalesces with free memory already there (separate
+    # cudaMalloc chunks never can). A backend without it returns 0 and the pool uses chunks.
+    def vmm_granularity(self) -> int:
+        """Mapping granularity in bytes on the current device; 0 if virtual memory management
+        is unsupported there."""
+        return 0
+
+    def va_reserve(self, nbytes: int) -> int:
+        """Reserve ``nbytes`` (a multiple of the granularity) of device address space."""
+        raise NotImplementedError(f"{self.name}: no virtual memory management")
+
+    def va_release(self, ptr: int, nbytes: int) -> None:
+        """Return a reservation; every mapping in it must be unmapped first."""
+        raise NotImplementedError(f"{self.name}: no virtual memory management")
+
+    def phys_create(self, nbytes: int) -> int:
+        """Physical memory on the current device (a handle); raises DeviceAllocationFailed."""
+        raise NotImplementedError(f"{self.name}: no virtual memory management")
+
+    def phys_release(self, handle: int) -> None:
+        raise NotImplementedError(f"{self.name}: no virtual memory management")
+
+    def mem_map(self, ptr: int, nbytes: int, handle: int) -> None:
+        """Map all of ``handle`` at ``ptr`` (inside a reservation) and make it readable and
+        writable from the current device."""
+        raise NotImplementedError(f"{self.name}: no virtual memory management")
+
+    def mem_unmap(self, ptr: int, nbytes: int) -> None:
+        raise NotImplementedError(f"{self.name}: no virtual memory management")
+
     # streams -------------------------------------------------------------------------------
     @abc.abstractmethod
     def stream_priority_range(self) -> tuple[int, int]:

@@ -129,6 +129,59 @@ class CudaBackend(DeviceBackend):
     def free(self, ptr: int) -> None:
         self._check("cudaFree", self.rt.cudaFree(ptr))
 
+    # virtual memory --------------------------------------------------------------------------
+    def _vmm_prop(self) -> Any:
+        drv = self.drv
+        prop = drv.CUmemAllocationProp()
+        prop.type = drv.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+        prop.location.type = drv.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+        prop.location.id = self.get_device()
+        return prop
+
+    def vmm_granularity(self) -> int:
+        drv = self.drv
+        dev = self._check("cuDeviceGet", drv.cuDeviceGet(self.get_device()))
+        attr = drv.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED
+        if not self._check("cuDeviceGetAttribute", drv.cuDeviceGetAttribute(attr, dev)):
+            return 0
+        flag = drv.CUmemAllocationGranularity_flags.CU_MEM_ALLOC_GRANULARITY_MINIMUM
+        return int(self._check("cuMemGetAllocationGranularity",
+                               drv.cuMemGetAllocationGranularity(self._vmm_prop(), flag)))
+
+    def va_reserve(self, nbytes: int) -> int:
+        return int(self._check("cuMemAddressReserve", self.drv.cuMemAddressReserve(nbytes, 0, 0, 0)))
+
+    def va_release(self, ptr: int, nbytes: int) -> None:
+        self._check("cuMemAddressFree", self.drv.cuMemAddressFree(ptr, nbytes))
+
+    def phys_create(self, nbytes: int) -> int:
+        drv = self.drv
+        err, handle = drv.cuMemCreate(nbytes, self._vmm_prop(), 0)
+        if err == drv.CUresult.CUDA_ERROR_OUT_OF_MEMORY:
+            raise DeviceAllocationFailed(nbytes, "cuMemCreate: CUDA_ERROR_OUT_OF_MEMORY")
+        if err != drv.CUresult.CUDA_SUCCESS:
+            raise self._error("cuMemCreate", err)
+        return int(handle)
+
+    def phys_release(self, handle: int) -> None:
+        self._check("cuMemRelease", self.drv.cuMemRelease(handle))
+
+    def mem_map(self, ptr: int, nbytes: int, handle: int) -> None:
+        drv = self.drv
+        self._check("cuMemMap", drv.cuMemMap(ptr, nbytes, 0, handle, 0))
+        desc = drv.CUmemAccessDesc()
+        desc.location.type = drv.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+        desc.location.id = self.get_device()
+        desc.flags = drv.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+        try:
+            self._check("cuMemSetAccess", drv.cuMemSetAccess(ptr, nbytes, [desc], 1))
+        except BaseException:
+            self.drv.cuMemUnmap(ptr, nbytes)
+            raise
+
+    def mem_unmap(self, ptr: int, nbytes: int) -> None:
+        self._check("cuMemUnmap", self.drv.cuMemUnmap(ptr, nbytes))
+
     # streams -------------------------------------------------------------------------------
     def stream_priority_range(self) -> tuple[int, int]:
         least, greatest = self._check("cudaDeviceGetStreamPriorityRange", self.rt.cudaDeviceGetStreamPriorityRange())

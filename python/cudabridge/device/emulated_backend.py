@@ -14,6 +14,10 @@ What is modelled, because the service's correctness depends on it:
   stream on every thread. ``LEGACY_STREAM`` (and ``0``) is one stream per device.
 * The current device is per thread; ``malloc`` allocates on it; an event and the stream it is
   recorded on must belong to the same device.
+* Virtual memory (``va_reserve`` / ``phys_create`` / ``mem_map`` / ``mem_unmap``): a reservation
+  costs no memory, physical handles count against the device's memory, and touching a page of a
+  reservation with nothing mapped is an illegal address. Unmapping discards the pages' contents.
+  A handle can be mapped at one place at a time here (CUDA allows several; the pool never does).
 * An error inside queued work (for example an out-of-bounds kernel write) is sticky, as CUDA's
   are: every later call on that device raises it.
 
@@ -156,6 +160,34 @@ class _EmuEvent:
         return stream is None or stream.completed(self.seq)
 
 
+_MAP_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000)  # Linux's value; Python 3.11 lacks the name
+_PHYS_HANDLES = itertools.count(0x5000_0001)
+
+
+class _Reservation:
+    __slots__ = ("base", "size", "pages", "mappings")
+
+    def __init__(self, base: int, size: int) -> None:
+        self.base = base
+        self.size = size
+        self.pages = bytearray(size // _ALLOC_GRANULE)   # 1 where a handle is mapped
+        self.mappings: dict[int, tuple[int, int]] = {}   # start -> (size, handle)
+
+    def accessible(self, ptr: int, nbytes: int) -> bool:
+        p0 = (ptr - self.base) // _ALLOC_GRANULE
+        p1 = -(-(ptr - self.base + max(nbytes, 1)) // _ALLOC_GRANULE)
+        return self.pages.find(0, p0, p1) == -1
+
+
+class _Physical:
+    __slots__ = ("size", "mapped_at", "released")
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.mapped_at: int | None = None
+        self.released = False
+
+
 class _EmuDevice:
     def __init__(self, ordinal: int, memory_bytes: int) -> None:
         self.ordinal = ordinal
@@ -165,6 +197,8 @@ class _EmuDevice:
         self._lock = threading.Lock()
         self._bases: list[int] = []          # sorted
         self._chunks: dict[int, mmap.mmap] = {}
+        self._reservations: dict[int, _Reservation] = {}
+        self._phys: dict[int, _Physical] = {}
         self._next = _ADDRESS_BASE + ordinal * _DEVICE_WINDOW
         self.sticky: CudaError | None = None
         self.context_created = False
@@ -188,7 +222,111 @@ class _EmuDevice:
             self.used += span
         return base
 
+    # virtual memory: a reservation is one lazily committed host mapping; its pages are
+    # accessible only while a physical handle is mapped over them (else: illegal address).
+    def va_reserve(self, nbytes: int) -> int:
+        if nbytes <= 0 or nbytes % _ALLOC_GRANULE:
+            raise _fail("cuMemAddressReserve", _ERR_INVALID_VALUE,
+                        f"size {nbytes} is not a positive multiple of {_ALLOC_GRANULE}")
+        with self._lock:
+            base = self._next
+            self._next += nbytes + _ALLOC_GRANULE
+            self._chunks[base] = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_NORESERVE)
+            bisect.insort(self._bases, base)
+            self._reservations[base] = _Reservation(base, nbytes)
+        return base
+
+    def _reservation_of(self, call: str, ptr: int, nbytes: int) -> "_Reservation":
+        i = bisect.bisect_right(self._bases, ptr) - 1
+        res = self._reservations.get(self._bases[i]) if i >= 0 else None
+        if res is None or ptr + nbytes > res.base + res.size or nbytes <= 0:
+            raise _fail(call, _ERR_INVALID_VALUE, f"[{ptr:#x}, +{nbytes}) is not inside one reservation "
+                                                  f"of GPU {self.ordinal}")
+        if (ptr - res.base) % _ALLOC_GRANULE or nbytes % _ALLOC_GRANULE:
+            raise _fail(call, _ERR_INVALID_VALUE, f"[{ptr:#x}, +{nbytes}) is not aligned to {_ALLOC_GRANULE}")
+        return res
+
+    def va_release(self, ptr: int, nbytes: int) -> None:
+        with self._lock:
+            res = self._reservations.get(ptr)
+            if res is None or res.size != nbytes:
+                raise _fail("cuMemAddressFree", _ERR_INVALID_VALUE, f"{ptr:#x}+{nbytes} is not a reservation")
+            if res.mappings:
+                raise _fail("cuMemAddressFree", _ERR_INVALID_VALUE,
+                            f"reservation {ptr:#x} still has {len(res.mappings)} mapping(s)")
+            del self._reservations[ptr]
+            chunk = self._chunks.pop(ptr)
+            del self._bases[bisect.bisect_left(self._bases, ptr)]
+        try:
+            chunk.close()
+        except BufferError:
+            pass
+
+    def phys_create(self, nbytes: int) -> int:
+        if nbytes <= 0 or nbytes % _ALLOC_GRANULE:
+            raise _fail("cuMemCreate", _ERR_INVALID_VALUE, f"size {nbytes} is not a positive multiple of {_ALLOC_GRANULE}")
+        with self._lock:
+            if self.used + nbytes > self.total:
+                raise DeviceAllocationFailed(nbytes, f"emulated GPU {self.ordinal} has "
+                                             f"{self.total - self.used} of {self.total} bytes free")
+            self.used += nbytes
+            handle = next(_PHYS_HANDLES)
+            self._phys[handle] = _Physical(nbytes)
+        return handle
+
+    def phys_release(self, handle: int) -> None:
+        with self._lock:
+            phys = self._phys.get(handle)
+            if phys is None or phys.released:
+                raise _fail("cuMemRelease", _ERR_INVALID_VALUE, f"{handle!r} is not a live memory handle")
+            phys.released = True       # as in CUDA: the memory goes once its mapping is gone
+            if phys.mapped_at is None:
+                del self._phys[handle]
+                self.used -= phys.size
+
+    def mem_map(self, ptr: int, nbytes: int, handle: int) -> None:
+        with self._lock:
+            res = self._reservation_of("cuMemMap", ptr, nbytes)
+            phys = self._phys.get(handle)
+            if phys is None or phys.released or phys.size != nbytes:
+                raise _fail("cuMemMap", _ERR_INVALID_VALUE, f"handle {handle!r} is not a live handle of {nbytes} bytes")
+            if phys.mapped_at is not None:
+                raise _fail("cuMemMap", _ERR_INVALID_VALUE, f"handle {handle!r} is mapped already (not modelled twice)")
+            p0, p1 = (ptr - res.base) // _ALLOC_GRANULE, (ptr - res.base + nbytes) // _ALLOC_GRANULE
+            if res.pages.find(1, p0, p1) != -1:
+                raise _fail("cuMemMap", _ERR_INVALID_VALUE, f"[{ptr:#x}, +{nbytes}) overlaps a mapping")
+            res.pages[p0:p1] = b"\x01" * (p1 - p0)
+            res.mappings[ptr] = (nbytes, handle)
+            phys.mapped_at = ptr
+
+    def mem_unmap(self, ptr: int, nbytes: int) -> None:
+        with self._lock:
+            res = self._reservation_of("cuMemUnmap", ptr, nbytes)
+            spans = []
+            at = ptr
+            while at < ptr + nbytes:          # the range must be made of whole mappings
+                m = res.mappings.get(at)
+                if m is None:
+                    raise _fail("cuMemUnmap", _ERR_INVALID_VALUE, f"{at:#x} does not start a mapping")
+                spans.append((at, m))
+                at += m[0]
+            if at != ptr + nbytes:
+                raise _fail("cuMemUnmap", _ERR_INVALID_VALUE, f"[{ptr:#x}, +{nbytes}) cuts a mapping")
+            for start, (size, handle) in spans:
+                del res.mappings[start]
+                phys = self._phys[handle]
+                phys.mapped_at = None
+                if phys.released:
+                    del self._phys[handle]
+                    self.used -= phys.size
+            p0, p1 = (ptr - res.base) // _ALLOC_GRANULE, (ptr - res.base + nbytes) // _ALLOC_GRANULE
+            res.pages[p0:p1] = bytes(p1 - p0)
+            # The physical pages are gone: what a later mapping shows is not what was written.
+            self._chunks[res.base].madvise(mmap.MADV_DONTNEED, ptr - res.base, nbytes)
+
     def free(self, ptr: int) -> None:
+        if ptr in self._reservations:
+            raise _fail("cudaFree", _ERR_INVALID_VALUE, f"{ptr:#x} is a reservation (cuMemAddressFree), not a cudaMalloc")
         with self._lock:
             chunk = self._chunks.pop(ptr, None)
             if chunk is None:
@@ -210,6 +348,10 @@ class _EmuDevice:
             base = bases[i]
             chunk = self._chunks.get(base)
             if chunk is not None and ptr + nbytes <= base + len(chunk):
+                res = self._reservations.get(base)
+                if res is not None and not res.accessible(ptr, nbytes):
+                    raise _fail(call, _ERR_ILLEGAL_ADDRESS,
+                                f"[{ptr:#x}, +{nbytes}) touches unmapped pages of a reservation on GPU {self.ordinal}")
                 off = ptr - base
                 return memoryview(chunk)[off:off + nbytes]
         raise _fail(call, _ERR_INVALID_VALUE,
@@ -285,6 +427,28 @@ class EmulatedBackend(DeviceBackend):
         if not 0 <= ordinal < len(self._devices):
             raise _fail("cudaGetDeviceProperties", _ERR_INVALID_DEVICE, f"ordinal {ordinal}")
         return self._devices[ordinal].uuid
+
+    def vmm_granularity(self) -> int:
+        self._current()
+        return _ALLOC_GRANULE
+
+    def va_reserve(self, nbytes: int) -> int:
+        return self._current().va_reserve(nbytes)
+
+    def va_release(self, ptr: int, nbytes: int) -> None:
+        self._current().va_release(ptr, nbytes)
+
+    def phys_create(self, nbytes: int) -> int:
+        return self._current().phys_create(nbytes)
+
+    def phys_release(self, handle: int) -> None:
+        self._current().phys_release(handle)
+
+    def mem_map(self, ptr: int, nbytes: int, handle: int) -> None:
+        self._current().mem_map(ptr, nbytes, handle)
+
+    def mem_unmap(self, ptr: int, nbytes: int) -> None:
+        self._current().mem_unmap(ptr, nbytes)
 
     def mem_get_info(self) -> tuple[int, int]:
         dev = self._current()

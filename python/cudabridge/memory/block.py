@@ -4,7 +4,8 @@ A chunk is one ``malloc`` from the device; it is cut into blocks that are physic
 (``prev`` / ``next``), so coalescing never crosses a chunk boundary. A block is, at any time,
 in exactly one place, named by ``state``: live (lent out), in one stream arena's bins (freed on
 that stream, maybe still in use by its queued work), pending (freed behind several streams), or
-in the safe index (no queued work can touch it any more).
+in the safe index (no queued work can touch it any more); in a segment, a block may also be
+unmapped address space, which is never handed out.
 """
 
 from __future__ import annotations
@@ -19,16 +20,21 @@ if TYPE_CHECKING:
 LIVE = "live"
 PENDING = "pending"
 SAFE = "safe"
+UNMAPPED = "unmapped"   # address space of a segment with no memory behind it (never free)
 
 
 class Chunk:
-    __slots__ = ("ptr", "size", "small", "head")
+    """One ``malloc`` from the device, or (``segment`` set) the mapped part of an expandable
+    segment, whose size grows."""
 
-    def __init__(self, ptr: int, size: int, small: bool) -> None:
+    __slots__ = ("ptr", "size", "small", "head", "segment")
+
+    def __init__(self, ptr: int, size: int, small: bool, segment: Any = None) -> None:
         self.ptr = ptr
         self.size = size
         self.small = small
         self.head: "Block | None" = None
+        self.segment = segment
 
 
 class _BlockSlots:

@@ -46,6 +46,7 @@ class PoolStatistics:
     COUNTERS: ClassVar[tuple[str, ...]] = (
         "slow_allocations", "chunks_allocated", "event_polls", "stream_polls", "events_recorded",
         "gpu_waits", "host_syncs", "oom", "leaks_reclaimed", "leaked_bytes_reclaimed", "runs_joined",
+        "pieces_moved",
     )
     # fast_steals: cross-stream reuses served outside the lock (an exact-size block another
     # stream had passed); not in COUNTERS because the fast paths count them on their own.
@@ -75,6 +76,7 @@ class PoolStatistics:
     leaks_reclaimed: int
     leaked_bytes_reclaimed: int
     runs_joined: int
+    pieces_moved: int
     fast_steals: int
 
     def as_dict(self) -> dict[str, int]:

@@ -9,12 +9,17 @@ device.
 Where an allocation comes from, cheapest first:
 
 1. the requesting stream's own bin of that exact size (the fast path: no lock, no CUDA call);
+   then, still without the lock, a block of that exact size another stream is known (or seen
+   with one stream query) to have passed;
 2. the safe index: blocks every user stream is known to have passed (best fit, coalesced);
 3. blocks freed on other streams whose events have completed, found by polling
    (``cudaEventQuery`` / ``cudaStreamQuery``), moved to the safe index and coalesced; and any of
    the requesting stream's own blocks of other sizes;
-4. a new chunk from the device, while under the limit (growing is preferred over a device-side
-   wait, because such a wait makes unrelated tasks' streams depend on each other);
+4. more memory from the device, while under the limit (growing is preferred over a device-side
+   wait, because such a wait makes unrelated tasks' streams depend on each other): blocks up to
+   1 MiB from 2 MiB ``cudaMalloc`` chunks; larger ones from an expandable segment (segment.py),
+   which maps only what its free tail lacks and first moves physical pieces out of free holes,
+   so that fragmentation does not turn into growth;
 5. a block still in flight on another stream, taken with ``cudaStreamWaitEvent`` on the
    requesting stream (no host block); adjacent free blocks of any state may be joined into one
    run, whose fences are the union of theirs;
@@ -38,11 +43,12 @@ from typing import Hashable, Iterable
 from ..device import LEGACY_STREAM, PER_THREAD_STREAM, DeviceAllocationFailed, DeviceBackend
 from ..errors import InvalidArgument, InvalidFree, OutOfDeviceMemory, PoolClosed, UnknownStream
 from .allocation import ALIVE, CLOSED, FREED, RELEASED, Allocation
-from .block import LIVE, PENDING, SAFE, Block, Chunk
+from .block import LIVE, PENDING, SAFE, UNMAPPED, Block, Chunk
 from .event_pool import EventPool
 from .native import load as load_native
 from .native import supported as native_supported
 from .safe_free_index import SafeFreeIndex
+from .segment import PhysicalPieces, Segment
 from .statistics import PoolStatistics, UsageLedger
 from .stream_arena import StreamArena
 
@@ -57,6 +63,7 @@ CHUNK_GRANULE = 2 << 20
 
 REUSE_POLICIES = ("event-deferred", "naive")
 FAST_PATHS = ("auto", "native", "python")
+GROWTHS = ("auto", "segment", "chunks")   # how blocks above SMALL_REQUEST get memory
 
 
 class StreamOrderedMemoryPool:
@@ -81,7 +88,10 @@ class StreamOrderedMemoryPool:
         initial_bytes: int = 0,
         reuse_policy: str = "event-deferred",
         fast_path: str = "auto",
+        growth: str = "auto",
     ) -> None:
+        if growth not in GROWTHS:
+            raise InvalidArgument(f"unknown growth {growth!r}; expected one of {GROWTHS}")
         if fast_path not in FAST_PATHS:
             raise InvalidArgument(f"unknown fast_path {fast_path!r}; expected one of {FAST_PATHS}")
         if reuse_policy not in REUSE_POLICIES:
@@ -127,6 +137,13 @@ class StreamOrderedMemoryPool:
         self._large = SafeFreeIndex()
         self._pending: list[Block] = []
         self._chunks: list[Chunk] = []
+        self._segment_chunk: Chunk | None = None   # the segment that grows; made on first use
+        self._spares = PhysicalPieces(backend)
+        with self._on_device():
+            granularity = backend.vmm_granularity() if growth != "chunks" else 0
+        if growth == "segment" and not granularity:
+            raise InvalidArgument(f"growth='segment': GPU {device} has no virtual memory management")
+        self._granularity = granularity
         self.reserved = 0
         self.peak_reserved = 0
         self.counters = dict.fromkeys(PoolStatistics.COUNTERS, 0)
@@ -410,7 +427,99 @@ class StreamOrderedMemoryPool:
             lst.append(blk)
         return None
 
+    @property
+    def growth(self) -> str:
+        """"segment" (large blocks from one expandable segment) or "chunks"."""
+        return "segment" if self._granularity else "chunks"
+
+    def _grow_segment(self, r: int) -> Block | None:
+        """Memory for a large request at the end of the current segment: only what its free
+        tail lacks, from spare physical pieces first, then pieces moved out of holes, then new
+        memory under the limit (lock held)."""
+        chunk = self._segment_chunk
+        if chunk is None or chunk.segment.room() < r:
+            chunk = self._new_segment(r)
+        seg = chunk.segment
+        tail = chunk.head
+        while tail is not None and tail.next is not None:
+            tail = tail.next
+        free_tail = tail if tail is not None and tail.state is SAFE else None
+        need = seg.round_up(r - (free_tail.size if free_tail is not None else 0))
+        if need > seg.room():
+            chunk = self._new_segment(r)
+            seg, tail, free_tail = chunk.segment, None, None
+            need = seg.round_up(r)
+        if self._spares.bytes < need:
+            self._release_holes(need - self._spares.bytes, free_tail)
+        if self.reserved + max(0, need - self._spares.bytes) > self.limit:
+            return None
+        try:
+            start, mapped, created = seg.extend(need, self._spares)
+        except DeviceAllocationFailed as exc:
+            log.info("GPU %d: segment growth by %d bytes failed (%s)", self.device, need, exc)
+            return None
+        self.reserved += created
+        self.peak_reserved = max(self.peak_reserved, self.reserved)
+        self.counters["chunks_allocated"] += 1
+        chunk.size = seg.end - seg.ptr
+        blk = Block(start, mapped, chunk, tail, None)
+        if tail is None:
+            chunk.head = blk
+        else:
+            tail.next = blk
+        if free_tail is not None and self._large.take(free_tail):
+            free_tail.size += mapped
+            free_tail.next = None
+            blk = free_tail
+        blk.state = SAFE
+        if blk.size < r:      # the device ran out part way: keep what was mapped, report none
+            self._to_safe(blk)
+            return None
+        return blk
+
+    def _new_segment(self, r: int) -> Chunk:
+        seg = Segment(self.backend, max(2 * self.limit, r), self._granularity)
+        chunk = Chunk(seg.ptr, 0, False, seg)
+        self._chunks.append(chunk)
+        self._segment_chunk = chunk
+        return chunk
+
+    def _release_holes(self, want: int, keep: Block | None) -> int:
+        """Unmap physical pieces that lie wholly inside free safe blocks of the segments, largest
+        blocks first, until ``want`` bytes are spare; the holes become unmapped address space."""
+        got = 0
+        for blk in sorted((b for b in self._large.blocks() if b.chunk.segment is not None and b is not keep),
+                          key=lambda b: -b.size):
+            if got >= want:
+                break
+            if blk.size < self._granularity or not self._large.take(blk):
+                continue
+            blk.state = LIVE   # claimed while cut, so that nothing merges into it
+            ranges = blk.chunk.segment.release_within(blk.ptr, blk.ptr + blk.size, self._spares)
+            keep_parts: list[Block] = []
+            cur: Block | None = blk
+            for start, size in ranges:
+                got += size
+                if start > cur.ptr:
+                    keep_parts.append(cur)
+                    cur = cur.split(start - cur.ptr)
+                rest = cur.split(size) if cur.size > size else None
+                cur.state = UNMAPPED
+                cur.extra = None
+                cur = rest
+                if cur is None:
+                    break
+            if cur is not None:
+                keep_parts.append(cur)
+            for part in keep_parts:
+                self._to_safe(part)
+            if ranges:
+                self.counters["pieces_moved"] += len(ranges)
+        return got
+
     def _grow(self, r: int, small: bool, exact: bool = False) -> Block | None:
+        if not small and self._granularity:
+            return self._grow_segment(r)
         if exact:
             size = -(-r // ALIGNMENT) * ALIGNMENT
         elif small:
@@ -738,7 +847,7 @@ class StreamOrderedMemoryPool:
             total = 0
             blk = chunk.head
             while blk is not None:
-                if blk.state is not LIVE and self._waitable(self._fences_of(blk), consumer):
+                if blk.state is not LIVE and blk.state is not UNMAPPED and self._waitable(self._fences_of(blk), consumer):
                     run.append(blk)
                     total += blk.size
                     if total >= r:
@@ -872,7 +981,12 @@ class StreamOrderedMemoryPool:
         with self._lock, self._on_device():
             self.backend.device_synchronize()
             for chunk in self._chunks:
-                self.backend.free(chunk.ptr)
+                if chunk.segment is not None:
+                    chunk.segment.close()
+                else:
+                    self.backend.free(chunk.ptr)
+            self._segment_chunk = None
+            self._spares.close()
             self._chunks.clear()
             self.reserved = 0
             for arena in self._all_arenas:
