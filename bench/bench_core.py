@@ -44,18 +44,18 @@ def per_call(fn, n: int, batches: int) -> float:
     return statistics.median(samples)
 
 
-def bench_pool_fast_path(backend, n, batches):
+def bench_pool_fast_path(backend, n, batches, fast_path="auto"):
     from cudabridge.memory import StreamOrderedMemoryPool
 
     s = backend.stream_create()
-    pool = StreamOrderedMemoryPool(backend, 0, [s], limit_bytes=1 << 30)
+    pool = StreamOrderedMemoryPool(backend, 0, [s], limit_bytes=1 << 30, fast_path=fast_path)
     alloc, free = pool.allocate, pool.free
 
     def loop(k):
         for _ in range(k):
             free(alloc(MiB, s))
     us = per_call(loop, n, batches)
-    row("pool alloc+free 1MiB, one stream", us, "us")
+    row(f"pool alloc+free 1MiB, one stream ({pool.fast_path} fast path)", us, "us")
     pool.close()
     backend.stream_destroy(s)
     return us
@@ -217,7 +217,7 @@ def bench_cupy_torch(n, batches):
         rows.append(("torch caching", "n/a", repr(exc)[:60]))
 
 
-def bench_fragmentation(backend):
+def bench_fragmentation(backend, growth="auto"):
     import spark_trace as tr
 
     from cudabridge.memory import StreamOrderedMemoryPool
@@ -225,7 +225,8 @@ def bench_fragmentation(backend):
     events = tr.generate()
     peak = tr.peak_requested(events)
     streams = [backend.stream_create() for _ in range(tr.STREAMS)]
-    pool = StreamOrderedMemoryPool(backend, 0, streams)
+    pool = StreamOrderedMemoryPool(backend, 0, streams, growth=growth)
+    label = pool.growth
     live = {}
     t0 = time.perf_counter()
     for ev in events:
@@ -239,8 +240,8 @@ def bench_fragmentation(backend):
     for s in streams:
         backend.stream_destroy(s)
     ratio = st.peak_reserved_bytes / peak
-    row("trace: cudabridge peak reserved / peak requested", ratio, "x",
-        f"peak req {peak / 2**30:.2f} GiB, {len(events)} events, {took:.2f} s")
+    row(f"trace: cudabridge ({label}) peak reserved / peak requested", ratio, "x",
+        f"peak req {peak / 2**30:.2f} GiB, {len(events)} events, {took:.2f} s, pieces moved {st.pieces_moved}")
     return ratio, peak, events
 
 
@@ -354,6 +355,8 @@ def main() -> None:
     per_thread = 2000 if args.quick else 20000
 
     ours = bench_pool_fast_path(backend, n, batches)
+    if gpu:
+        bench_pool_fast_path(backend, n, batches, fast_path="python")
     cross = bench_cross_stream(backend, max(1, n // 4), batches)
     rr_us, create_us = bench_streams(backend, n, batches)
     row("stream create+destroy / round-robin acquire", create_us / rr_us, "x", "target >= 20x")
@@ -374,6 +377,7 @@ def main() -> None:
         if "torch caching alloc+free 1MiB" in results:
             row("torch pair / cudabridge pair", results["torch caching alloc+free 1MiB"] / ours, "x")
         ratio, peak, events = bench_fragmentation(backend)
+        bench_fragmentation(backend, growth="chunks")
         bench_fragmentation_anchors(events, peak)
         bench_hardware_queues()
     backend.close()

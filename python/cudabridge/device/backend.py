@@ -61,6 +61,11 @@ class DeviceBackend(abc.ABC):
     @abc.abstractmethod
     def free(self, ptr: int) -> None: ...
 
+    def native_stream_query(self) -> int:
+        """Address of a C function ``int f(void *stream)`` with ``cuStreamQuery``'s contract
+        (0 done, 600 not ready), for the pool's C fast path; 0 where there is none."""
+        return 0
+
     # virtual memory (cuMemAddressReserve / cuMemCreate / cuMemMap) ----------------------------
     # The pool grows its large-block arena as one contiguous range of address space mapped in
     # pieces, so that memory added later coalesces with free memory already there (separate

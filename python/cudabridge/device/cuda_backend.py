@@ -129,6 +129,15 @@ class CudaBackend(DeviceBackend):
     def free(self, ptr: int) -> None:
         self._check("cudaFree", self.rt.cudaFree(ptr))
 
+    def native_stream_query(self) -> int:
+        # The same libcuda the bindings loaded (dlopen returns the loaded handle). Runtime stream
+        # handles are driver CUstreams, so the driver's query answers for them.
+        try:
+            lib = ctypes.CDLL("libcuda.so.1")
+            return int(ctypes.cast(lib.cuStreamQuery, ctypes.c_void_p).value or 0)
+        except (OSError, AttributeError):
+            return 0
+
     # virtual memory --------------------------------------------------------------------------
     def _vmm_prop(self) -> Any:
         drv = self.drv

@@ -178,11 +178,15 @@ class StreamOrderedMemoryPool:
             return None
         fast = module.FastPath(
             pool=self, arenas=self._arenas, live=self._live, owners=self._owners,
-            ledger_add=self._ledger_add, fold=self._ledger.fold, alloc_type=Allocation,
+            alloc_type=Allocation,
             live_state=LIVE, alive=ALIVE, freed=FREED, max_request=self._max_request,
             naive=self._naive, first_id=1, all_arenas=self._all_arenas,
             stream_query=self.backend.stream_query if self._steal_ok else None,
+            cu_stream_query=self.backend.native_stream_query() if self._steal_ok else 0,
         )
+        # Bytes in use are counted in C from now on, exactly, in the UsageLedger's place.
+        self._ledger = fast  # type: ignore[assignment]
+        self._ledger_add = fast.add
         self.allocate = fast.allocate  # type: ignore[method-assign]
         self.free = fast.free  # type: ignore[method-assign]
         return fast
