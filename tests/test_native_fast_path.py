@@ -42,7 +42,7 @@ def test_dev_setup_builds_the_native_path():
     """Guards against the whole suite silently running the Python path only."""
     if NATIVE_OFF:
         pytest.skip(f"{native.ENV_SWITCH} switches the C fast path off")
-    assert native.load() is not None, "dev/setup should have built memory/_fastpath (python -m cudabridge.memory.native)"
+    assert native.load() is not None, "dev/setup should have built memory/_fastpath (python -m cudabridge.memory.build_fastpath)"
 
 
 def test_unknown_fast_path_is_refused(backend):

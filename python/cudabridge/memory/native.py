@@ -4,7 +4,8 @@ The extension is optional: without it (no compiler, a free-threaded build, or
 ``CUDABRIDGE_NATIVE_FASTPATH=0``) the pool runs its pure-Python fast paths, which are the
 reference the C code follows line by line. It is built with the interpreter's own headers
 (paths from ``sysconfig``), so it needs neither setuptools nor network, and it can be built on a
-machine that only has gcc and a Python (the GPU machine): ``python -m cudabridge.memory.native``.
+machine that only has gcc and a Python (the GPU machine):
+``python -m cudabridge.memory.build_fastpath``.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ import logging
 import os
 import shlex
 import subprocess
-import sys
 import sysconfig
 from pathlib import Path
 from types import ModuleType
@@ -69,7 +69,3 @@ def load() -> ModuleType | None:
         log.debug("pool fast path in Python: the C extension is not built (%s)", exc)
         return None
 
-
-if __name__ == "__main__":
-    path = build(force="--force" in sys.argv)
-    print(path)

@@ -169,7 +169,7 @@ class StreamOrderedMemoryPool:
             if choice == "native":
                 ok, why = native_supported()
                 raise InvalidArgument("fast_path='native' but the C extension is unavailable: "
-                                      + (why or "not built (python -m cudabridge.memory.native)"))
+                                      + (why or "not built (python -m cudabridge.memory.build_fastpath)"))
             return None
         if not (issubclass(Allocation, module.AllocationBase) and issubclass(Block, module.BlockBase)
                 and issubclass(StreamArena, module.ArenaBase)):
