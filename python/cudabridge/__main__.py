@@ -1,5 +1,7 @@
 """``python -m cudabridge``: ``demo`` (many concurrent simulated tasks through the service),
-``info`` (backend and devices), ``config`` (every configuration key with its default)."""
+``info`` (backend and devices), ``config`` (every configuration key with its default), and for the
+JVM bridge ``build`` (the JNI library and the jar), ``jar`` and ``classpath`` (what spark-submit
+needs)."""
 
 from __future__ import annotations
 
@@ -21,7 +23,15 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--json", action="store_true", help="print the statistics as JSON")
     sub.add_parser("info", help="say which backend 'auto' picks and what devices it sees")
     sub.add_parser("config", help="list every configuration key with its default")
+    build = sub.add_parser("build", help="build the JVM bridge: the JNI library (gcc) and the jar (javac)")
+    build.add_argument("--native-only", action="store_true",
+                       help="only the library (where there is a Java runtime with include/jni.h but no javac)")
+    build.add_argument("--force", action="store_true", help="rebuild even if up to date")
+    sub.add_parser("jar", help="print the path of cudabridge.jar")
+    sub.add_parser("classpath", help="print the class path for spark.{driver,executor}.extraClassPath")
     args = parser.parse_args(argv)
+    if args.command in ("build", "jar", "classpath"):
+        return _jvm_command(args)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
 
     if args.command == "config":
@@ -57,6 +67,25 @@ def main(argv: list[str] | None = None) -> int:
         for key, value in result.items():
             print(f"{key:32} {value}")
     return 0 if result["verify_failures"] == 0 and result["live_allocations_after"] == 0 else 1
+
+
+def _jvm_command(args: argparse.Namespace) -> int:
+    from .jvm import build as jvm_build
+
+    try:
+        if args.command == "build":
+            logging.getLogger().setLevel(logging.WARNING)
+            for kind, path in jvm_build.build(native_only=args.native_only, force=args.force).items():
+                print(f"{kind:8} {path}")
+            return 0
+        path = jvm_build.jar_path()
+        if not path.is_file():
+            raise jvm_build.BuildError(f"{path} is not built: run python -m cudabridge build")
+        print(path if args.command == "jar" else jvm_build.classpath())
+        return 0
+    except jvm_build.BuildError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

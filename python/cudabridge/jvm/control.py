@@ -1,0 +1,172 @@
+"""The control path: task binding, release, lookups, statistics, tools, shutdown.
+
+The state lives in :class:`BridgeControl`, a plain Python object; the JPype proxy made by
+:func:`make_proxy` is a thin front that converts arguments (JPype hands ``long`` over as
+``JLong``, an ``int`` subclass that the pool's ``size.__class__ is int`` fast-path check refuses),
+calls the plain object and turns every Python exception into a Java one
+(:func:`cudabridge.jvm.errors.java_exception`): a ``@JImplements`` class is a poor home for state
+(its ``__init__`` runs twice per instance, attribute access is slower) and a Python exception
+reaching Java through JPype loses its message.
+
+Java threads that call this proxy keep a Python thread state of their own (the Java side calls
+``NativeBridge.ensureThreadState()`` first): JPype makes and drops one per call otherwise, about
+30 us per call and a leaked ``_JAlloc`` type each time (FIELD-NOTES).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from typing import TYPE_CHECKING, Any, Callable
+
+from ..errors import InvalidArgument, PoolClosed
+
+if TYPE_CHECKING:
+    from ..service import CudaBridgeService
+    from .hot_path import JavaHotPath
+
+log = logging.getLogger(__name__)
+
+PRIORITIES = ("normal", "high")
+
+
+class BridgeControl:
+    def __init__(self, service: "CudaBridgeService", hot: "JavaHotPath", info: dict[str, Any]) -> None:
+        self.service = service
+        self.hot = hot
+        self.info = dict(info)
+        self._lock = threading.Lock()
+        self.closed = False
+        self.releases = 0
+        self.leaks_released = 0
+
+    def bind_task(self, task: int, gpu_address: str | None, priority: str) -> tuple[int, int]:
+        if priority not in PRIORITIES:
+            raise InvalidArgument(f"task {task}: priority must be one of {PRIORITIES}, got {priority!r}")
+        b = self.service.bind_task(task, gpu_address, priority)
+        return b.stream, b.gpu
+
+    def lookup_task(self, task: int) -> tuple[int, int]:
+        return self.hot.stream(task)
+
+    def release_task(self, task: int) -> tuple[int, int]:
+        """Release the task; its buffers die in Java (the Java side marked them) and in Python
+        (their handles are dropped here) before the registry frees them on the task's stream."""
+        self.hot.forget_task(task)
+        report = self.service.release_task(task)
+        self.releases += 1
+        self.leaks_released += report.leaked_allocations
+        return report.leaked_allocations, report.leaked_bytes
+
+    def statistics(self) -> dict[str, int]:
+        self.hot.sweep()
+        stats = self.service.statistics()
+        out = {k: int(v) for k, v in stats.totals().items()}
+        for key, value in self.hot.counters.items():
+            out["bridge_" + key] = int(value)
+        out["bridge_live_handles"] = self.hot.live_handles
+        out["bridge_pinned_buffers"] = len(self.hot._pinned)
+        out["bridge_releases"] = self.releases
+        return out
+
+    def describe(self) -> str:
+        info = dict(self.info)
+        info["backend"] = self.service.backend.name
+        info["gpus"] = {str(o): r.address for o, r in self.service.gpus.items()}
+        return json.dumps(info, sort_keys=True)
+
+    def call_tool(self, name: str, args_json: str) -> str:
+        """Run ``cudabridge.jvm.tools.<name>(control, **args)`` and return its result as JSON:
+        test kernels, pool statistics, in-process Python timings for the benchmark. Only the
+        functions of that module are reachable; this is no general eval."""
+        from . import tools
+
+        fn = tools.TOOLS.get(name)
+        if fn is None:
+            raise InvalidArgument(f"unknown tool {name!r}; known: {sorted(tools.TOOLS)}")
+        args = json.loads(args_json) if args_json else {}
+        if not isinstance(args, dict):
+            raise InvalidArgument(f"tool {name}: arguments must be a JSON object, got {args_json!r}")
+        return json.dumps(fn(self, **args))
+
+    def shutdown(self) -> int:
+        """Close the service: releases every task, drains the streams, returns memory. Python
+        itself stays up (it is never finalized inside a JVM). Returns the tasks released."""
+        with self._lock:
+            if self.closed:
+                return 0
+            self.closed = True
+        reports = self.service.close()
+        self.hot._live.clear()
+        return len(reports)
+
+    def check_open(self, call: str) -> None:
+        if self.closed:
+            raise PoolClosed(f"{call} after the cudabridge bridge was shut down")
+
+
+def make_proxy(control: BridgeControl) -> Any:
+    """The ``org.cudabridge.ControlPlane`` implementation (the JVM must be bound already)."""
+    from jpype import JArray, JClass, JImplements, JLong, JOverride
+
+    from .errors import java_exception
+
+    HashMap = JClass("java.util.HashMap")
+    Long = JClass("java.lang.Long")
+    LongArray = JArray(JLong)
+
+    def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapper(self: Any, *args: Any) -> Any:
+            try:
+                return fn(*args)
+            except Exception as exc:  # every error becomes a Java exception with its message
+                log.debug("control call %s failed", fn.__name__, exc_info=True)
+                raise java_exception(exc) from None
+        wrapper.__name__ = fn.__name__
+        return wrapper
+
+    c = control
+
+    def j_bind_task(task: Any, gpu: Any, priority: Any) -> Any:
+        c.check_open("bindTask")
+        stream, ordinal = c.bind_task(int(task), None if gpu is None else str(gpu), str(priority))
+        return LongArray([stream, ordinal])
+
+    def j_lookup_task(task: Any) -> Any:
+        c.check_open("attach")
+        stream, ordinal = c.lookup_task(int(task))
+        return LongArray([stream, ordinal])
+
+    def j_release_task(task: Any) -> Any:
+        c.check_open("releaseTask")
+        count, nbytes = c.release_task(int(task))
+        return LongArray([count, nbytes])
+
+    def j_statistics() -> Any:
+        c.check_open("statistics")
+        m = HashMap()
+        for key, value in c.statistics().items():
+            m.put(key, Long(value))
+        return m
+
+    def j_describe() -> Any:
+        return c.describe()
+
+    def j_call_tool(name: Any, args: Any) -> Any:
+        return c.call_tool(str(name), None if args is None else str(args))
+
+    def j_shutdown() -> Any:
+        return c.shutdown()
+
+    @JImplements("org.cudabridge.ControlPlane")
+    class ControlProxy:
+        bindTask = JOverride(guarded(j_bind_task))
+        lookupTask = JOverride(guarded(j_lookup_task))
+        releaseTask = JOverride(guarded(j_release_task))
+        statistics = JOverride(guarded(j_statistics))
+        describe = JOverride(guarded(j_describe))
+        callTool = JOverride(guarded(j_call_tool))
+        shutdown = JOverride(guarded(j_shutdown))
+
+    return ControlProxy()

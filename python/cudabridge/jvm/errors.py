@@ -1,0 +1,44 @@
+"""How a Python exception is described to Java, for the JNI hot path and the JPype control path alike.
+
+A Python exception that escapes into Java through JPype arrives as ``org.jpype.PyExceptionProxy``
+with a null message (FIELD-NOTES), so nothing may escape: the control path catches and raises a
+Java exception built from :func:`error_info`, and the C library calls :func:`error_info` (with
+the GIL held) and throws after it has released the GIL.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from ..errors import OutOfDeviceMemory
+
+OomFields = tuple[int, int, int, int, int, int, int]
+
+
+def error_info(exc: BaseException) -> tuple[str, str, Optional[OomFields]]:
+    """(message, Python type, out-of-memory fields or None).
+
+    The message is ``"<TypeName>: <str(exc)>"``, ASCII with backslash escapes (JNI's
+    ``NewStringUTF`` takes modified UTF-8; ASCII is valid in both). The out-of-memory fields are
+    (requested, in_use, reserved, largest_free, waiting_on_events, limit, device)."""
+    t = type(exc)
+    text = str(exc)
+    message = f"{t.__name__}: {text}" if text else t.__name__
+    message = message.encode("ascii", "backslashreplace").decode("ascii")
+    module = t.__module__
+    pytype = t.__qualname__ if module == "builtins" else f"{module}.{t.__qualname__}"
+    oom = None
+    if isinstance(exc, OutOfDeviceMemory):
+        oom = (int(exc.requested), int(exc.in_use), int(exc.reserved), int(exc.largest_free),
+               int(exc.waiting_on_events), int(exc.limit), int(exc.device))
+    return message, pytype, oom
+
+
+def java_exception(exc: BaseException):
+    """The Java exception (a JPype object, raisable from Python) that stands for ``exc``."""
+    from jpype import JClass
+
+    message, pytype, oom = error_info(exc)
+    if oom is not None:
+        return JClass("org.cudabridge.GpuOutOfMemoryException")(message, pytype, *oom)
+    return JClass("org.cudabridge.CudaBridgeException")(message, pytype)

@@ -1,0 +1,152 @@
+"""Functions Java reaches through ``CudaBridge.callTool(name, json)``: the emulated device's test
+kernels (to drive the seven-step race from Java threads), pool and interpreter introspection for
+the tests, and in-process Python timings for the benchmark (so that Java and Python numbers come
+from the same process in the same run). Each takes the :class:`BridgeControl` first and keyword
+arguments decoded from JSON, and returns something JSON can carry."""
+
+from __future__ import annotations
+
+import gc
+import sys
+import threading
+import time
+from typing import TYPE_CHECKING, Any, Callable
+
+from ..errors import InvalidArgument
+
+if TYPE_CHECKING:
+    from .control import BridgeControl
+
+
+def _alloc(c: "BridgeControl", handle: int):
+    a = c.hot._live.get(int(handle))
+    if a is None:
+        raise InvalidArgument(f"device buffer handle {handle:#x} is not live")
+    return a
+
+
+def fill_u32(c: "BridgeControl", handle: int, value: int, delay_s: float = 0.0, offset: int = 0,
+             count: int | None = None) -> None:
+    """The test kernel: on the buffer's stream, spin ``delay_s`` then write 32-bit ``value``s."""
+    a = _alloc(c, handle)
+    words = (a.size - offset) // 4 if count is None else int(count)
+    if offset < 0 or words < 0 or offset + 4 * words > a.size:
+        raise InvalidArgument(f"fill_u32: {words} words at offset {offset} do not fit {a.size} bytes")
+    c.service.backend.fill_u32_async(a.ptr + offset, words, int(value), a.stream, float(delay_s))
+
+
+def spin(c: "BridgeControl", task: int, seconds: float) -> None:
+    """A kernel that only spins, on the task's stream."""
+    stream, _gpu = c.hot.stream(int(task))
+    c.service.backend.spin_async(stream, float(seconds))
+
+
+def set_reuse_policy(c: "BridgeControl", policy: str) -> str:
+    """Test-only: switch every GPU pool between its event-deferred policy and the deliberately
+    naive one (``naive`` hands freed blocks to any stream at once), so that the Java-driven
+    seven-step race test can show it is able to fail. Returns the previous policy."""
+    if policy not in ("event-deferred", "naive"):
+        raise InvalidArgument(f"unknown reuse policy {policy!r}")
+    previous = None
+    for res in c.service.gpus.values():
+        pool = res.memory
+        previous = pool.reuse_policy
+        pool.reuse_policy = policy
+        pool._naive = policy == "naive"  # read by free(); see StreamOrderedMemoryPool
+    return previous or policy
+
+
+def pool_statistics(c: "BridgeControl", gpu: int = 0) -> dict[str, int]:
+    return c.service.memory_pool(int(gpu)).statistics().as_dict()
+
+
+def interpreter(c: "BridgeControl") -> dict[str, Any]:
+    """Threads Python knows of, and where it runs from (sys.prefix: the venv)."""
+    return {
+        "threading_active": len(threading._active),  # type: ignore[attr-defined]
+        "dummy_threads_dropped": c.hot._dummy_threads,
+        "prefix": sys.prefix,
+        "executable": sys.executable,
+        "version": list(sys.version_info[:3]),
+        "gc_objects": len(gc.get_objects()),
+    }
+
+
+def raise_error(c: "BridgeControl", kind: str = "ValueError", message: str = "raised on purpose") -> None:
+    """Raise a Python exception of a builtin type, for the error-propagation tests."""
+    exc = {"ValueError": ValueError, "ZeroDivisionError": ZeroDivisionError, "KeyError": KeyError,
+           "RuntimeError": RuntimeError}.get(kind)
+    if exc is None:
+        raise InvalidArgument(f"raise_error: unsupported kind {kind!r}")
+    raise exc(message)
+
+
+def _percentiles(samples: list[int]) -> dict[str, float]:
+    samples.sort()
+    n = len(samples)
+    return {"p50_ns": samples[n // 2], "p99_ns": samples[min(n - 1, (n * 99) // 100)], "n": n}
+
+
+def python_bench(c: "BridgeControl", n: int = 20000, size: int = 4096, copy_bytes: int = 1 << 20,
+                 copies: int = 300, task: int = (1 << 62) + 7) -> dict[str, Any]:
+    """The Java benchmark's operations, called from Python in this process: per-call p50/p99
+    (perf_counter_ns around each call) and the mean from one timed loop, in nanoseconds.
+
+    * ``stream``: ``registry.stream(task)`` (Java's ``stream()`` is a cached field);
+    * ``alloc_free``: ``service.allocate(task, size)`` then ``allocation.free()``: the service's
+      own pair, what Python task code would call;
+    * ``alloc_free_hot``: the hot-path object's pair (what the JNI natives call), from Python;
+    * ``ping``: the empty hot-path method;
+    * ``copy_in`` / ``copy_out``: ``copy_bytes`` between a bytearray and the device.
+    """
+    service, hot = c.service, c.hot
+    service.bind_task(task)
+    out: dict[str, Any] = {}
+    try:
+        clock = time.perf_counter_ns
+        registry_stream = service.registry.stream
+        allocate = service.allocate
+
+        def timed(name: str, body: Callable[[], None], count: int) -> None:
+            for _ in range(min(count, 2000)):  # warm up
+                body()
+            samples = []
+            append = samples.append
+            for _ in range(count):
+                t0 = clock()
+                body()
+                append(clock() - t0)
+            t0 = clock()
+            for _ in range(count):
+                body()
+            mean = (clock() - t0) / count
+            out[name] = dict(_percentiles(samples), mean_ns=mean)
+
+        timed("stream", lambda: registry_stream(task), n)
+
+        def pair() -> None:
+            allocate(task, size).free()
+        timed("alloc_free", pair, n)
+
+        hot_alloc, hot_free = hot.allocate, hot.free
+
+        def hot_pair() -> None:
+            hot_free(hot_alloc(task, size)[0])
+        timed("alloc_free_hot", hot_pair, n)
+        timed("ping", hot.ping, n)
+
+        a = service.allocate(task, copy_bytes)
+        host = bytearray(copy_bytes)
+        backend = service.backend
+        stream = a.stream
+        timed("copy_in", lambda: backend.copy_to_device_async(a.ptr, host, stream), copies)
+        timed("copy_out", lambda: backend.copy_from_device_async(host, a.ptr, stream), copies)
+        a.free()
+    finally:
+        service.release_task(task)
+    return out
+
+
+TOOLS: dict[str, Callable[..., Any]] = {
+    f.__name__: f for f in (fill_u32, spin, set_reuse_policy, pool_statistics, interpreter, raise_error, python_bench)
+}

@@ -1,0 +1,651 @@
+package org.cudabridge.harness;
+
+import java.io.IOException;
+import java.nio.ByteBuffer;
+import java.nio.ByteOrder;
+import java.nio.file.Files;
+import java.nio.file.Paths;
+import java.util.ArrayList;
+import java.util.Arrays;
+import java.util.List;
+import java.util.Map;
+import java.util.Random;
+import java.util.concurrent.ConcurrentLinkedQueue;
+import java.util.concurrent.CountDownLatch;
+import java.util.concurrent.atomic.AtomicLong;
+
+import org.cudabridge.CudaBridge;
+import org.cudabridge.CudaBridgeException;
+import org.cudabridge.DeviceBuffer;
+import org.cudabridge.GpuOutOfMemoryException;
+import org.cudabridge.NativeBridge;
+import org.cudabridge.PinnedBuffer;
+import org.cudabridge.ReleaseReport;
+import org.cudabridge.TaskScope;
+
+/**
+ * Java task code for tests/test_jvm_bridge.py, run in a plain {@code java} process (not one JPype
+ * started): {@code java -cp <cudabridge.jar>:<org.jpype.jar>:<classes> org.cudabridge.harness.Harness
+ * <scenario> [args]}. The bridge starts from system properties ({@code -Dcudabridge.python},
+ * {@code -Dspark.cudabridge.*}) and the build's defaults. Each scenario prints {@code RESULT key=value}
+ * lines and exits 0, or prints {@code FAIL ...} and exits 1; a check that does not hold fails.
+ */
+public final class Harness {
+    private static int failures;
+
+    public static void main(String[] args) throws Exception {
+        if (args.length == 0) {
+            System.err.println("usage: Harness <scenario> [args]");
+            System.exit(2);
+        }
+        String scenario = args[0];
+        String[] rest = Arrays.copyOfRange(args, 1, args.length);
+        switch (scenario) {
+            case "smoke": smoke(); break;
+            case "stress": stress(Integer.parseInt(rest[0]), Integer.parseInt(rest[1])); break;
+            case "rss": rss(Long.parseLong(rest[0]), Long.parseLong(rest[1]), Integer.parseInt(rest[2])); break;
+            case "errors": errors(); break;
+            case "badinput": badInput(); break;
+            case "race": race(rest[0]); break;
+            case "threads": threads(Integer.parseInt(rest[0]), Integer.parseInt(rest[1])); break;
+            case "startfail": startFail(rest); break;
+            case "notstarted": notStarted(); break;
+            default:
+                System.err.println("unknown scenario " + scenario);
+                System.exit(2);
+        }
+        System.out.flush();
+        // Exit explicitly: Python's emulated-stream workers are daemon threads, but be certain the
+        // JVM does not wait on anything (FIELD-NOTES: System.exit with Python threads running exits).
+        System.exit(failures == 0 ? 0 : 1);
+    }
+
+    static void result(String key, Object value) {
+        System.out.println("RESULT " + key + "=" + value);
+    }
+
+    static void check(boolean ok, String what) {
+        if (!ok) {
+            failures++;
+            System.out.println("FAIL " + what);
+        }
+    }
+
+    interface Body {
+        void run() throws Exception;
+    }
+
+    /** Runs body, expects an exception of type t whose message contains every fragment. */
+    static <T extends Throwable> T expect(Class<T> t, String what, Body body, String... fragments) {
+        try {
+            body.run();
+        } catch (Throwable e) {
+            if (!t.isInstance(e)) {
+                check(false, what + ": expected " + t.getSimpleName() + ", got " + e);
+                return null;
+            }
+            String m = String.valueOf(e.getMessage());
+            for (String f : fragments) {
+                check(m.contains(f), what + ": message lacks '" + f + "': " + m);
+            }
+            return t.cast(e);
+        }
+        check(false, what + ": expected " + t.getSimpleName() + ", nothing was thrown");
+        return null;
+    }
+
+    static long stat(CudaBridge b, String key) {
+        Long v = b.statistics().get(key);
+        if (v == null) {
+            throw new IllegalStateException("no statistic " + key + " in " + b.statistics().keySet());
+        }
+        return v;
+    }
+
+    static long rssKb() throws IOException {
+        for (String line : Files.readAllLines(Paths.get("/proc/self/status"))) {
+            if (line.startsWith("VmRSS:")) {
+                return Long.parseLong(line.replaceAll("[^0-9]", ""));
+            }
+        }
+        throw new IOException("no VmRSS");
+    }
+
+    static byte[] pattern(Random r, int n) {
+        byte[] a = new byte[n];
+        r.nextBytes(a);
+        return a;
+    }
+
+    // --- scenarios --------------------------------------------------------------------------------
+
+    static void smoke() {
+        CudaBridge b = CudaBridge.start();
+        result("describe", b.describe());
+        try (TaskScope t = b.bindTask(1)) {
+            result("stream", Long.toHexString(b.stream()));
+            check(b.stream() == t.stream(), "stream() is the task's stream");
+            byte[] data = pattern(new Random(1), 100_000);
+            byte[] back = new byte[data.length];
+            try (DeviceBuffer buf = b.allocate(data.length)) {
+                buf.copyFrom(data);
+                buf.copyTo(back);
+                check(Arrays.equals(data, back), "byte[] round trip");
+                int[] ints = {1, -2, 3, Integer.MAX_VALUE};
+                int[] intsBack = new int[4];
+                buf.copyFrom(ints, 0, 64, 4);
+                buf.copyTo(intsBack, 0, 64, 4);
+                check(Arrays.equals(ints, intsBack), "int[] round trip at an offset");
+                long[] longs = {Long.MIN_VALUE, 7, 1L << 40};
+                long[] longsBack = new long[3];
+                buf.copyFrom(longs, 0, 8, 3);
+                buf.copyTo(longsBack, 0, 8, 3);
+                check(Arrays.equals(longs, longsBack), "long[] round trip");
+                double[] ds = {Math.PI, -0.0, Double.MAX_VALUE};
+                double[] dsBack = new double[3];
+                buf.copyFrom(ds);
+                buf.copyTo(dsBack);
+                check(Arrays.equals(ds, dsBack), "double[] round trip");
+                float[] fs = {1.5f, Float.NaN};
+                float[] fsBack = new float[2];
+                buf.copyFrom(fs);
+                buf.copyTo(fsBack);
+                check(Arrays.equals(fs, fsBack), "float[] round trip");
+                buf.memset(0);
+                buf.memset(0x5a, 10, 20);
+                byte[] seg = new byte[40];
+                buf.copyTo(seg, 0, 0, 40);
+                boolean ok = true;
+                for (int i = 0; i < 40; i++) {
+                    ok &= seg[i] == ((i >= 10 && i < 30) ? (byte) 0x5a : 0);
+                }
+                check(ok, "memset of a sub-range");
+                // direct and pinned buffers, device to device
+                ByteBuffer direct = ByteBuffer.allocateDirect(4096);
+                for (int i = 0; i < 4096; i++) direct.put(i, (byte) (i * 7));
+                buf.copyFrom(direct, 0);
+                try (DeviceBuffer other = b.allocate(4096); PinnedBuffer pinned = b.allocatePinned(4096)) {
+                    other.copyFrom(buf, 0, 0, 4096);
+                    other.copyTo(pinned.buffer(), 0);
+                    b.synchronize();
+                    ByteBuffer pb = pinned.buffer();
+                    boolean same = true;
+                    for (int i = 0; i < 4096; i++) same &= pb.get(i) == (byte) (i * 7);
+                    check(same, "direct -> device -> device -> pinned");
+                }
+            }
+            b.free(b.allocate(10), b.allocate(20), b.allocate(30));
+        }
+        Map<String, Long> s = b.statistics();
+        result("live_allocations", s.get("live_allocations"));
+        result("bridge_live_handles", s.get("bridge_live_handles"));
+        check(s.get("live_allocations") == 0, "no live allocations at the end");
+        check(s.get("bridge_batched_frees") == 3, "three batched frees counted");
+    }
+
+    /** (a) threads x cycles of allocate / copy in / copy out / compare / free, one task per thread,
+     *  all on the one shared pool; then every byte is back in the pool. */
+    static void stress(int threads, int cycles) throws Exception {
+        CudaBridge b = CudaBridge.start();
+        AtomicLong verified = new AtomicLong();
+        ConcurrentLinkedQueue<Throwable> errors = new ConcurrentLinkedQueue<>();
+        CountDownLatch go = new CountDownLatch(1);
+        List<Thread> ts = new ArrayList<>();
+        for (int k = 0; k < threads; k++) {
+            final int id = k;
+            Thread t = new Thread(() -> {
+                try {
+                    go.await();
+                    Random r = new Random(id);
+                    try (TaskScope task = b.bindTask(1000 + id)) {
+                        List<DeviceBuffer> pending = new ArrayList<>();
+                        for (int c = 0; c < cycles; c++) {
+                            int n = 1 + r.nextInt(c % 97 == 0 ? 300_000 : 8192);
+                            byte[] data = pattern(r, n);
+                            byte[] back = new byte[n];
+                            DeviceBuffer buf = b.allocate(n);
+                            buf.copyFrom(data);
+                            buf.copyTo(back);
+                            if (!Arrays.equals(data, back)) {
+                                throw new AssertionError("thread " + id + " cycle " + c + ": data differs");
+                            }
+                            verified.incrementAndGet();
+                            if (c % 3 == 0) {
+                                pending.add(buf);
+                                if (pending.size() == 8) {
+                                    b.free(pending);
+                                    pending.clear();
+                                }
+                            } else {
+                                buf.close();
+                            }
+                        }
+                        b.free(pending);
+                    }
+                } catch (Throwable e) {
+                    errors.add(e);
+                }
+            }, "stress-" + k);
+            ts.add(t);
+            t.start();
+        }
+        long t0 = System.nanoTime();
+        go.countDown();
+        for (Thread t : ts) t.join();
+        double secs = (System.nanoTime() - t0) / 1e9;
+        for (Throwable e : errors) {
+            e.printStackTrace(System.out);
+        }
+        check(errors.isEmpty(), errors.size() + " thread(s) failed");
+        result("verified", verified.get());
+        result("seconds", secs);
+        check(verified.get() == (long) threads * cycles, "every cycle verified");
+        String pool = b.callTool("pool_statistics", "{}");
+        result("pool", pool);
+        Map<String, Long> s = b.statistics();
+        result("live_allocations", s.get("live_allocations"));
+        result("in_use_bytes", s.get("in_use_bytes"));
+        result("reserved_bytes", s.get("reserved_bytes"));
+        result("free_bytes", s.get("free_safe_bytes") + s.get("free_in_streams_bytes"));
+        result("leaks_reclaimed", s.get("leaks_reclaimed"));
+        result("bridge_live_handles", s.get("bridge_live_handles"));
+        check(s.get("live_allocations") == 0, "no live allocation");
+        check(s.get("in_use_bytes") == 0, "no bytes in use");
+        check(s.get("free_safe_bytes") + s.get("free_in_streams_bytes") == s.get("reserved_bytes"),
+                "every reserved byte is free in the pool");
+        check(s.get("leaks_reclaimed") == 0, "no leaks");
+        check(s.get("bridge_live_handles") == 0, "no live handles in the bridge");
+    }
+
+    /** (b) process RSS at `first` and at `total` bridge calls, over `threads` threads. */
+    static void rss(long first, long total, int threads) throws Exception {
+        CudaBridge b = CudaBridge.start();
+        AtomicLong calls = new AtomicLong();
+        long[] marks = new long[2];
+        Object lock = new Object();
+        ConcurrentLinkedQueue<Throwable> errors = new ConcurrentLinkedQueue<>();
+        List<Thread> ts = new ArrayList<>();
+        long perThread = total / threads;
+        for (int k = 0; k < threads; k++) {
+            final int id = k;
+            Thread t = new Thread(() -> {
+                try (TaskScope task = b.bindTask(5000 + id)) {
+                    byte[] data = new byte[256];
+                    byte[] back = new byte[256];
+                    DeviceBuffer[] batch = new DeviceBuffer[8];
+                    long mine = 0;
+                    while (mine < perThread) {
+                        // one round: 8 allocate, memset, copy in, copy out (1/8), 1 batched free,
+                        // a ping and a stream(): 8 + 8 + 8 + 1 + 1 + 1 = 27 bridge calls
+                        for (int i = 0; i < 8; i++) {
+                            batch[i] = b.allocate(64 + 64 * i);
+                            batch[i].memset(i);
+                            batch[i].copyFrom(data, 0, 0, 64);
+                        }
+                        batch[0].copyTo(back, 0, 0, 64);
+                        b.free(batch);
+                        NativeBridge.ping();
+                        b.stream();
+                        mine += 27;
+                        long c = calls.addAndGet(27);
+                        if (c >= first && marks[0] == 0) {
+                            synchronized (lock) {
+                                if (marks[0] == 0) {
+                                    marks[0] = rssKb();
+                                }
+                            }
+                        }
+                    }
+                } catch (Throwable e) {
+                    errors.add(e);
+                }
+            }, "rss-" + k);
+            ts.add(t);
+        }
+        long t0 = System.nanoTime();
+        for (Thread t : ts) t.start();
+        for (Thread t : ts) t.join();
+        marks[1] = rssKb();
+        for (Throwable e : errors) e.printStackTrace(System.out);
+        check(errors.isEmpty(), "threads failed");
+        double secs = (System.nanoTime() - t0) / 1e9;
+        result("calls", calls.get());
+        result("seconds", secs);
+        result("rss_first_kb", marks[0]);
+        result("rss_last_kb", marks[1]);
+        double growth = (marks[1] - marks[0]) / (double) marks[0];
+        result("growth", growth);
+        check(growth < 0.05, "RSS grew " + (100 * growth) + "% between " + first + " and " + calls.get() + " calls");
+        check(stat(b, "live_allocations") == 0, "no live allocations");
+    }
+
+    /** (c) Python exceptions and out-of-memory reach Java with their types and messages; the JVM
+     *  and the service keep working. Expects -Dspark.cudabridge.pool_limit=64m. */
+    static void errors() {
+        CudaBridge b = CudaBridge.start();
+        try (TaskScope t = b.bindTask(7)) {
+            // Hot path, Python-side checks (NativeBridge skips the Java ones on purpose).
+            CudaBridgeException e = expect(CudaBridgeException.class, "free of a bogus handle",
+                    () -> NativeBridge.free(0x123456789L), "InvalidFree", "not live");
+            if (e != null) {
+                check("cudabridge.errors.InvalidFree".equals(e.getPythonType()), "python type: " + e.getPythonType());
+            }
+            long[] out = new long[2];
+            e = expect(CudaBridgeException.class, "allocate for an unknown task",
+                    () -> NativeBridge.allocate(424242, 64, out), "UnknownTask", "424242");
+            if (e != null) {
+                check("cudabridge.errors.UnknownTask".equals(e.getPythonType()), "python type: " + e.getPythonType());
+            }
+            // Control path: a plain Python exception.
+            e = expect(CudaBridgeException.class, "a Python ValueError",
+                    () -> b.callTool("raise_error", "{\"kind\": \"ValueError\", \"message\": \"boom from python\"}"),
+                    "ValueError: boom from python");
+            if (e != null) {
+                check("ValueError".equals(e.getPythonType()), "python type: " + e.getPythonType());
+            }
+            expect(CudaBridgeException.class, "a Python ZeroDivisionError",
+                    () -> b.callTool("raise_error", "{\"kind\": \"ZeroDivisionError\", \"message\": \"zero\"}"),
+                    "ZeroDivisionError: zero");
+            expect(CudaBridgeException.class, "bind of a task bound from another thread",
+                    () -> {
+                        Thread[] th = {null};
+                        RuntimeException[] caught = {null};
+                        th[0] = new Thread(() -> {
+                            try {
+                                b.bindTask(7);
+                            } catch (RuntimeException x) {
+                                caught[0] = x;
+                            }
+                        });
+                        th[0].start();
+                        th[0].join();
+                        if (caught[0] != null) throw caught[0];
+                    }, "bound already");
+            // Out of memory: 40 MiB twice under a 64 MiB limit.
+            DeviceBuffer big = b.allocate(40L << 20);
+            GpuOutOfMemoryException oom = expect(GpuOutOfMemoryException.class, "out of memory",
+                    () -> b.allocate(40L << 20), "OutOfDeviceMemory", "out of device memory");
+            if (oom != null) {
+                result("oom_message", oom.getMessage());
+                check(oom.requested() == 40L << 20, "requested " + oom.requested());
+                check(oom.inUse() >= 40L << 20, "in use " + oom.inUse());
+                check(oom.reserved() > 0 && oom.reserved() <= 64L << 20, "reserved " + oom.reserved());
+                check(oom.largestFree() < 40L << 20, "largest free " + oom.largestFree());
+                check(oom.limit() == 64L << 20, "limit " + oom.limit());
+                check("cudabridge.errors.OutOfDeviceMemory".equals(oom.getPythonType()), "oom type " + oom.getPythonType());
+            }
+            big.close();
+            // Still working: allocate, copy, verify, free.
+            byte[] data = pattern(new Random(3), 1 << 20);
+            byte[] back = new byte[data.length];
+            try (DeviceBuffer buf = b.allocate(40L << 20)) {
+                buf.copyFrom(data);
+                buf.copyTo(back);
+            }
+            check(Arrays.equals(data, back), "the service works after the errors");
+        }
+        // Another thread, another task, after all that.
+        Thread th = new Thread(() -> {
+            try (TaskScope t = b.bindTask(8); DeviceBuffer buf = b.allocate(100)) {
+                buf.memset(1);
+            }
+        });
+        th.start();
+        try {
+            th.join();
+        } catch (InterruptedException ie) {
+            throw new RuntimeException(ie);
+        }
+        check(stat(b, "live_allocations") == 0, "no live allocations");
+        result("errors_done", true);
+    }
+
+    /** (e) bad input: a clear Java exception, and nothing changes. */
+    static void badInput() throws Exception {
+        CudaBridge b = CudaBridge.start();
+        expect(IllegalStateException.class, "allocate with no bound task", () -> b.allocate(10), "no task is bound");
+        expect(IllegalStateException.class, "stream() with no bound task", b::stream, "no task is bound");
+        expect(IllegalArgumentException.class, "negative task id", () -> b.bindTask(-1), "non-negative");
+        expect(IllegalArgumentException.class, "bad priority", () -> b.bindTask(3, null, "urgent"), "priority");
+        expect(CudaBridgeException.class, "unknown GPU address", () -> b.bindTask(3, "7"), "not owned");
+        TaskScope t = b.bindTask(3);
+        expect(IllegalStateException.class, "bind twice", () -> b.bindTask(3), "bound already");
+        Map<String, Long> before = b.statistics();
+        DeviceBuffer buf = b.allocate(1000);
+        byte[] data = new byte[1000];
+        Arrays.fill(data, (byte) 9);
+        buf.copyFrom(data);
+        expect(IllegalArgumentException.class, "negative size", () -> b.allocate(-5), "positive");
+        expect(IllegalArgumentException.class, "zero size", () -> b.allocate(0), "positive");
+        expect(CudaBridgeException.class, "absurd size", () -> b.allocate(Long.MAX_VALUE / 2), "exceeds the pool limit");
+        expect(NullPointerException.class, "null array in", () -> buf.copyFrom((byte[]) null));
+        expect(NullPointerException.class, "null array out", () -> buf.copyTo((int[]) null));
+        expect(IndexOutOfBoundsException.class, "copy past the end", () -> buf.copyFrom(new byte[1001]), "outside");
+        expect(IndexOutOfBoundsException.class, "copy at an offset past the end",
+                () -> buf.copyFrom(new byte[10], 0, 995, 10), "outside");
+        expect(IndexOutOfBoundsException.class, "negative device offset", () -> buf.copyTo(new byte[10], 0, -1, 10));
+        expect(IndexOutOfBoundsException.class, "array range", () -> buf.copyFrom(new byte[10], 5, 0, 10));
+        expect(IndexOutOfBoundsException.class, "long[] past the end", () -> buf.copyFrom(new long[126]), "outside");
+        expect(IndexOutOfBoundsException.class, "memset past the end", () -> buf.memset(1, 900, 101), "outside");
+        expect(IllegalArgumentException.class, "memset value", () -> buf.memset(300), "0-255");
+        expect(IllegalArgumentException.class, "heap ByteBuffer", () -> buf.copyFrom(ByteBuffer.allocate(10), 0), "not direct");
+        expect(IndexOutOfBoundsException.class, "direct ByteBuffer too large",
+                () -> buf.copyFrom(ByteBuffer.allocateDirect(2000), 0), "outside");
+        expect(NullPointerException.class, "null ByteBuffer", () -> buf.copyTo((ByteBuffer) null, 0));
+        expect(IllegalArgumentException.class, "pinned size", () -> b.allocatePinned(0), "size");
+        // nothing changed: the buffer still holds its bytes
+        byte[] back = new byte[1000];
+        buf.copyTo(back);
+        check(Arrays.equals(data, back), "buffer intact after the refused calls");
+        buf.close();
+        buf.close(); // second close: no effect
+        expect(IllegalStateException.class, "use after close", () -> buf.copyTo(back), "was closed");
+        expect(IllegalStateException.class, "memset after close", () -> buf.memset(0), "was closed");
+        check(b.free(buf) == 0, "freeing a closed buffer frees nothing");
+        Map<String, Long> mid = b.statistics();
+        check(mid.get("live_allocations").equals(before.get("live_allocations")), "live allocations back to before");
+        check(mid.get("in_use_bytes").equals(before.get("in_use_bytes")), "bytes in use back to before");
+        // a released task's buffers are dead
+        DeviceBuffer leaked = b.allocate(4096);
+        DeviceBuffer leaked2 = b.allocate(4096);
+        ReleaseReport rep = t.release();
+        result("release", rep);
+        check(rep.leakedAllocations() == 2 && rep.leakedBytes() == 8192, "two leaks reclaimed: " + rep);
+        check(!leaked.isAlive(), "a released task's buffer is dead");
+        expect(IllegalStateException.class, "use of a dead buffer", () -> leaked.copyFrom(data, 0, 0, 10), "is dead");
+        expect(IllegalStateException.class, "memset of a dead buffer", () -> leaked.memset(0), "is dead");
+        leaked.close(); // no effect: the release freed it
+        check(b.free(leaked2) == 0, "freeing a dead buffer frees nothing");
+        expect(IllegalStateException.class, "allocate after the release", () -> b.allocate(10), "no task is bound");
+        check(t.release().leakedAllocations() == 2, "a second release returns the first report");
+        // a stale handle straight into the hot path is refused by Python
+        expect(CudaBridgeException.class, "stale handle", () -> NativeBridge.free(leaked.handle()), "not live");
+        expect(CudaBridgeException.class, "batched frees with a stale handle",
+                () -> NativeBridge.freeMany(new long[] {leaked.handle()}, 1), "nothing was freed");
+        expect(IndexOutOfBoundsException.class, "freeMany count", () -> NativeBridge.freeMany(new long[1], 2));
+        expect(IllegalStateException.class, "release an unknown task", () -> b.releaseTask(99), "not bound");
+        // batched free with one bad handle frees nothing
+        try (TaskScope t2 = b.bindTask(4)) {
+            DeviceBuffer x = b.allocate(100);
+            DeviceBuffer y = b.allocate(100);
+            long live = stat(b, "live_allocations");
+            expect(CudaBridgeException.class, "freeMany with a bogus handle",
+                    () -> NativeBridge.freeMany(new long[] {x.handle(), 0x77}, 2), "nothing was freed");
+            expect(CudaBridgeException.class, "freeMany with a duplicate",
+                    () -> NativeBridge.freeMany(new long[] {x.handle(), x.handle()}, 2), "twice");
+            check(stat(b, "live_allocations") == live, "nothing freed by the refused batches");
+            check(b.free(x, y, x) == 2, "free(x, y, x) frees two");
+            // attach from another thread of the same task
+            Thread helper = new Thread(() -> {
+                try (CudaBridge.Attachment a = b.attach(4)) {
+                    check(b.stream() == t2.stream(), "attached thread sees the task's stream");
+                    b.allocate(64).close();
+                }
+                expect(IllegalStateException.class, "after detaching", b::stream, "no task is bound");
+            });
+            helper.start();
+            helper.join();
+            expect(CudaBridgeException.class, "attach to an unknown task", () -> b.attach(12345), "not bound");
+        }
+        check(stat(b, "live_allocations") == 0, "no live allocations at the end");
+        result("badinput_done", true);
+    }
+
+    /** (d) the seven-step race from two Java threads, two tasks on two streams. Expects
+     *  -Dspark.cudabridge.pool_limit=2m (B must reuse A's block). policy: event-deferred | naive. */
+    static void race(String policy) throws Exception {
+        CudaBridge b = CudaBridge.start();
+        b.callTool("set_reuse_policy", "{\"policy\": \"" + policy + "\"}");
+        final int nbytes = 2 << 20;
+        final double delay = 0.15;
+        final int patternA = 0xA5A5A5A5;
+        final int patternB = 0x5B5B5B5B;
+        CountDownLatch aFreed = new CountDownLatch(1);
+        long[] ptrs = new long[2];
+        boolean[] intact = new boolean[2];
+        long[] streams = new long[2];
+        ConcurrentLinkedQueue<Throwable> errors = new ConcurrentLinkedQueue<>();
+        Thread ta = new Thread(() -> {
+            try (TaskScope t = b.bindTask(201); PinnedBuffer host = b.allocatePinned(nbytes)) {
+                streams[0] = t.stream();
+                DeviceBuffer a = b.allocate(nbytes);                                            // 1
+                b.callTool("fill_u32", "{\"handle\": " + a.handle() + ", \"value\": " + (patternA & 0xFFFFFFFFL)
+                        + ", \"delay_s\": " + delay + "}");                                     // 2
+                b.callTool("spin", "{\"task\": 201, \"seconds\": " + delay + "}");
+                a.copyTo(host.buffer(), 0);                                                     // 3 (async: pinned)
+                ptrs[0] = a.address();
+                a.close();                                                                      // 4
+                aFreed.countDown();
+                b.synchronize();                                                                // 7
+                intact[0] = allWords(host.buffer(), patternA);
+            } catch (Throwable e) {
+                errors.add(e);
+                aFreed.countDown();
+            }
+        }, "task-A");
+        Thread tb = new Thread(() -> {
+            try (TaskScope t = b.bindTask(202); PinnedBuffer host = b.allocatePinned(nbytes)) {
+                streams[1] = t.stream();
+                aFreed.await();
+                DeviceBuffer buf = b.allocate(nbytes);                                          // 5
+                ptrs[1] = buf.address();
+                b.callTool("fill_u32", "{\"handle\": " + buf.handle() + ", \"value\": " + patternB + "}"); // 6
+                b.callTool("spin", "{\"task\": 202, \"seconds\": " + (3 * delay) + "}");
+                buf.copyTo(host.buffer(), 0);
+                b.synchronize();
+                intact[1] = allWords(host.buffer(), patternB);
+                buf.close();
+            } catch (Throwable e) {
+                errors.add(e);
+            }
+        }, "task-B");
+        ta.start();
+        tb.start();
+        ta.join();
+        tb.join();
+        for (Throwable e : errors) e.printStackTrace(System.out);
+        check(errors.isEmpty(), "race threads failed");
+        result("different_streams", streams[0] != streams[1]);
+        result("same_block", ptrs[0] == ptrs[1]);
+        result("a_intact", intact[0]);
+        result("b_intact", intact[1]);
+        String pool = b.callTool("pool_statistics", "{}");
+        result("pool", pool);
+    }
+
+    static boolean allWords(ByteBuffer buf, int word) {
+        ByteBuffer b = buf.duplicate().order(ByteOrder.LITTLE_ENDIAN);
+        for (int i = 0; i + 4 <= b.capacity(); i += 4) {
+            if (b.getInt(i) != word) {
+                return false;
+            }
+        }
+        return true;
+    }
+
+    /** (f) many short-lived Java threads call in; the interpreter's thread states stay bounded. */
+    static void threads(int total, int concurrent) throws Exception {
+        CudaBridge b = CudaBridge.start();
+        long[] base = CudaBridge.threadStates();
+        result("states_before", base[0]);
+        ConcurrentLinkedQueue<Throwable> errors = new ConcurrentLinkedQueue<>();
+        long peak = 0;
+        int started = 0;
+        while (started < total) {
+            List<Thread> wave = new ArrayList<>();
+            for (int i = 0; i < concurrent && started < total; i++, started++) {
+                final int id = started;
+                Thread t = new Thread(() -> {
+                    try (TaskScope task = b.bindTask(10_000 + id)) {
+                        for (int k = 0; k < 5; k++) {
+                            b.allocate(128).close();
+                        }
+                        NativeBridge.ping();
+                    } catch (Throwable e) {
+                        errors.add(e);
+                    }
+                }, "short-" + id);
+                wave.add(t);
+                t.start();
+            }
+            for (Thread t : wave) t.join();
+            peak = Math.max(peak, CudaBridge.threadStates()[0]);
+        }
+        for (Throwable e : errors) e.printStackTrace(System.out);
+        check(errors.isEmpty(), errors.size() + " threads failed");
+        // Java's join returns before the OS thread has run its TLS destructors: wait for them.
+        long[] after = CudaBridge.threadStates();
+        for (int i = 0; i < 200 && after[1] - after[2] > base[1] - base[2] + 1; i++) {
+            Thread.sleep(10);
+            after = CudaBridge.threadStates();
+        }
+        result("states_after", after[0]);
+        result("states_peak", peak);
+        result("created", after[1]);
+        result("deleted", after[2]);
+        result("interpreter", b.callTool("interpreter", "{}"));
+        check(after[1] - base[1] >= total, "every thread made its own state (" + (after[1] - base[1]) + ")");
+        check(after[0] <= base[0] + 2, "thread states back near " + base[0] + ": " + after[0]);
+        check(peak <= base[0] + concurrent + 4, "peak " + peak + " bounded by the concurrent threads");
+    }
+
+    /** Start-up failures: args = python [pythonpath]; expects the start to fail, prints the message;
+     *  then, with args[2..] as a second python/pythonpath, a retry that must succeed ("-" for none). */
+    static void startFail(String[] args) {
+        CudaBridge.Options o = new CudaBridge.Options().python(args[0]).set("backend", "emulated");
+        if (args.length > 1 && !args[1].equals("-")) {
+            for (String p : args[1].split(":")) o.addPythonPath(p);
+        }
+        boolean ok = CudaBridge.tryStart(o);
+        result("started", ok);
+        CudaBridgeException f = CudaBridge.startFailure();
+        if (f != null) {
+            result("failure_type", f.getPythonType());
+            System.out.println("MESSAGE-BEGIN");
+            System.out.println(f.getMessage());
+            System.out.println("MESSAGE-END");
+            CudaBridgeException fast = expect(CudaBridgeException.class, "get() after a failed start",
+                    CudaBridge::get, "its start failed");
+            check(fast != null && fast.getCause() == f, "get() carries the recorded failure");
+        }
+        if (args.length > 2) {
+            CudaBridge.Options retry = new CudaBridge.Options().python(args[2]).set("backend", "emulated");
+            if (args.length > 3 && !args[3].equals("-")) {
+                for (String p : args[3].split(":")) retry.addPythonPath(p);
+            }
+            CudaBridge b = CudaBridge.start(retry);
+            try (TaskScope t = b.bindTask(1); DeviceBuffer buf = b.allocate(16)) {
+                buf.memset(3);
+            }
+            result("retry_started", true);
+            result("describe", b.describe());
+        }
+    }
+
+    /** Calls before any start fail fast and clearly. */
+    static void notStarted() {
+        expect(IllegalStateException.class, "get() before start", CudaBridge::get, "not started");
+        check(!CudaBridge.isStarted(), "not started");
+        result("notstarted_done", true);
+    }
+}
