@@ -798,27 +798,9 @@ PyMODINIT_FUNC PyInit__fastpath(void) {
     PyObject *m = PyModule_Create(&fastpath_module);
     if (m == NULL)
         return NULL;
-    Py_INCREF(&AllocationBaseType);
-    if (PyModule_AddObject(m, "AllocationBase", (PyObject *)&AllocationBaseType) < 0) {
-        Py_DECREF(&AllocationBaseType);
-        Py_DECREF(m);
-        return NULL;
-    }
-    Py_INCREF(&BlockBaseType);
-    if (PyModule_AddObject(m, "BlockBase", (PyObject *)&BlockBaseType) < 0) {
-        Py_DECREF(&BlockBaseType);
-        Py_DECREF(m);
-        return NULL;
-    }
-    Py_INCREF(&ArenaBaseType);
-    if (PyModule_AddObject(m, "ArenaBase", (PyObject *)&ArenaBaseType) < 0) {
-        Py_DECREF(&ArenaBaseType);
-        Py_DECREF(m);
-        return NULL;
-    }
-    Py_INCREF(&FastPathType);
-    if (PyModule_AddObject(m, "FastPath", (PyObject *)&FastPathType) < 0) {
-        Py_DECREF(&FastPathType);
+    /* PyModule_AddType (3.10+) takes its own reference and names the type by tp_name's tail. */
+    if (PyModule_AddType(m, &AllocationBaseType) < 0 || PyModule_AddType(m, &BlockBaseType) < 0 ||
+        PyModule_AddType(m, &ArenaBaseType) < 0 || PyModule_AddType(m, &FastPathType) < 0) {
         Py_DECREF(m);
         return NULL;
     }
