@@ -1,0 +1,168 @@
+package org.cudabridge.spark;
+
+import java.util.HashMap;
+import java.util.Map;
+import java.util.concurrent.Executors;
+import java.util.concurrent.ScheduledExecutorService;
+import java.util.concurrent.TimeUnit;
+
+import org.apache.spark.SparkConf;
+import org.apache.spark.TaskContext;
+import org.apache.spark.TaskFailedReason;
+import org.apache.spark.api.plugin.ExecutorPlugin;
+import org.apache.spark.api.plugin.PluginContext;
+import org.apache.spark.resource.ResourceInformation;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
+
+import scala.Tuple2;
+
+/**
+ * The executor side: one bridge and service per executor JVM.
+ *
+ * <p>{@code init} never throws: an exception out of it makes a cluster master relaunch executors
+ * forever (FIELD-NOTES). A service that cannot start leaves the executor up, logs one error
+ * line, and every GPU call of its tasks fails fast with the reason ({@link GpuTask#bridge()}).
+ * The metrics are registered in {@code init} either way ({@code executor.plugin_start_failed}
+ * reads 1 then).
+ */
+public final class CudaBridgeExecutorPlugin implements ExecutorPlugin {
+    private static final Logger LOG = LoggerFactory.getLogger(CudaBridgeExecutorPlugin.class);
+
+    private volatile TaskBinder binder;
+    private volatile PluginContext context;
+    private volatile String gpuResource = "gpu";
+    private ScheduledExecutorService reporter;
+    private long reportSequence;
+    private Map<String, Long> lastReported;
+
+    @Override
+    public void init(PluginContext ctx, Map<String, String> extraConf) {
+        String executorId = "?";
+        try {
+            context = ctx;
+            executorId = ctx.executorID();
+            Map<String, String> conf = new HashMap<>();
+            SparkConf sc = ctx.conf();
+            for (Tuple2<String, String> kv : sc.getAll()) {
+                conf.put(kv._1(), kv._2());
+            }
+            if (extraConf != null) {
+                conf.putAll(extraConf); // what the driver plugin passed on
+            }
+            PluginConf pc = new PluginConf(conf);
+            try {
+                gpuResource = pc.gpuResource();
+            } catch (RuntimeException e) {
+                // PluginConf.validate inside TaskBinder.start reports bad values
+            }
+            String[] gpus = null;
+            Map<String, ResourceInformation> resources = ctx.resources();
+            if (resources != null) {
+                ResourceInformation gpu = resources.get(gpuResource);
+                if (gpu != null) {
+                    gpus = gpu.addresses();
+                }
+            }
+            binder = TaskBinder.start(executorId, conf, gpus);
+            BridgeMetrics.register(ctx.metricRegistry(), binder);
+            long interval = 0;
+            try {
+                interval = pc.reportIntervalMs();
+            } catch (RuntimeException e) {
+                interval = 1000;
+            }
+            if (interval > 0) {
+                startReporter(interval);
+            }
+        } catch (Throwable t) { // never out of init
+            LOG.error("cudabridge: executor {} plugin init failed: {}", executorId, TaskBinder.oneLine(String.valueOf(t)));
+            if (binder == null) {
+                binder = TaskBinder.failed(executorId, "plugin init failed: " + TaskBinder.describe(t));
+            }
+        }
+    }
+
+    private void startReporter(long intervalMs) {
+        reporter = Executors.newSingleThreadScheduledExecutor(r -> {
+            Thread t = new Thread(r, "cudabridge-report");
+            t.setDaemon(true);
+            return t;
+        });
+        reporter.scheduleWithFixedDelay(this::report, intervalMs, intervalMs, TimeUnit.MILLISECONDS);
+    }
+
+    /** Sends the statistics to the driver plugin if they changed since the last report. */
+    private synchronized void report() {
+        TaskBinder b = binder;
+        PluginContext ctx = context;
+        if (b == null || ctx == null) {
+            return;
+        }
+        try {
+            Map<String, Long> s = b.isShutDown() ? b.statistics() : b.refresh();
+            if (s.equals(lastReported)) {
+                return;
+            }
+            ctx.send(new ExecutorReport(b.executorId(), ++reportSequence, b.isAvailable(), b.failure(), s));
+            lastReported = s;
+        } catch (Throwable t) {
+            LOG.debug("cudabridge: report to the driver failed", t);
+        }
+    }
+
+    /** The binder of this executor (for tests and the examples' summaries). */
+    public TaskBinder binder() {
+        return binder;
+    }
+
+    @Override
+    public void onTaskStart() {
+        TaskBinder b = binder;
+        if (b == null) {
+            return;
+        }
+        TaskContext tc = TaskContext.get();
+        if (tc == null) {
+            return;
+        }
+        String address = null;
+        Map<String, ResourceInformation> res = tc.resourcesJMap();
+        if (res != null) {
+            ResourceInformation gpu = res.get(gpuResource);
+            if (gpu != null && gpu.addresses().length > 0) {
+                address = gpu.addresses()[0];
+            }
+        }
+        b.onTaskStart(tc.taskAttemptId(), address);
+    }
+
+    @Override
+    public void onTaskSucceeded() {
+        TaskBinder b = binder;
+        if (b != null) {
+            b.onTaskEnd(true);
+        }
+    }
+
+    @Override
+    public void onTaskFailed(TaskFailedReason failureReason) {
+        TaskBinder b = binder;
+        if (b != null) {
+            b.onTaskEnd(false);
+        }
+    }
+
+    @Override
+    public void shutdown() {
+        ScheduledExecutorService r = reporter;
+        if (r != null) {
+            r.shutdownNow();
+        }
+        TaskBinder b = binder;
+        if (b != null) {
+            b.shutdown();
+            report(); // the final numbers, best effort (the driver may be gone)
+        }
+    }
+}

@@ -1,0 +1,313 @@
+package org.cudabridge.spark;
+
+import java.util.Collections;
+import java.util.LinkedHashMap;
+import java.util.Map;
+import java.util.TreeMap;
+import java.util.concurrent.atomic.AtomicLong;
+import java.util.logging.Level;
+import java.util.logging.Logger;
+
+import org.cudabridge.CudaBridge;
+import org.cudabridge.CudaBridgeException;
+import org.cudabridge.ReleaseReport;
+import org.cudabridge.TaskScope;
+
+/**
+ * What the executor plugin does with the bridge, without any Spark class: start it (never
+ * throwing), bind a task attempt on its own thread at task start, release it at task end
+ * (counting leaks), snapshot statistics for the gauges, shut down. The plugin
+ * ({@link CudaBridgeExecutorPlugin}) calls it from Spark's hooks; the Java harness
+ * ({@code org.cudabridge.examples.TaskHarness}) calls it the same way with no Spark present, so
+ * the task code of the examples runs on the real GPU exactly as under the plugin.
+ *
+ * <p>The bound scope of the thread's current task attempt is kept in a {@link ThreadLocal}:
+ * Spark calls {@code onTaskSucceeded}/{@code onTaskFailed} on the task's thread, where
+ * {@code TaskContext.get()} is already null.
+ */
+public final class TaskBinder {
+    private static final Logger LOG = Logger.getLogger(TaskBinder.class.getName());
+    private static volatile TaskBinder current;
+
+    private final String executorId;
+    private final CudaBridge bridge;          // null when the start failed
+    private final String failure;             // null when the bridge runs
+    private final String priority;
+    private final long refreshNanos;
+    private final ThreadLocal<TaskScope> scope = new ThreadLocal<>();
+    private final ThreadLocal<String> bindFailure = new ThreadLocal<>();
+
+    final AtomicLong tasksStarted = new AtomicLong();
+    final AtomicLong tasksSucceeded = new AtomicLong();
+    final AtomicLong tasksFailed = new AtomicLong();
+    final AtomicLong tasksReleased = new AtomicLong();
+    final AtomicLong bindFailures = new AtomicLong();
+    final AtomicLong releaseFailures = new AtomicLong();
+    final AtomicLong leakedAllocations = new AtomicLong();
+    final AtomicLong leakedBytes = new AtomicLong();
+    final AtomicLong startNanos = new AtomicLong();
+
+    private final Object snapshotLock = new Object();
+    private volatile Map<String, Long> snapshot = Collections.emptyMap();
+    private volatile long snapshotAt;
+    private volatile boolean shutDown;
+
+    private TaskBinder(String executorId, CudaBridge bridge, String failure, String priority, long refreshMs) {
+        this.executorId = executorId;
+        this.bridge = bridge;
+        this.failure = failure;
+        this.priority = priority;
+        this.refreshNanos = refreshMs * 1_000_000L;
+    }
+
+    /**
+     * Starts the bridge and the service; never throws. On failure the reason is kept, one error
+     * line is logged, and every GPU call of every task fails fast with that reason
+     * ({@link GpuTask#bridge()}, {@link CudaBridge#get()}).
+     *
+     * @param gpuAddresses the executor's GPU resource addresses (null or empty: all visible GPUs)
+     */
+    public static TaskBinder start(String executorId, Map<String, String> sparkConf, String[] gpuAddresses) {
+        long t0 = System.nanoTime();
+        CudaBridge bridge = null;
+        String reason = null;
+        String priority = "normal";
+        long refreshMs = 500;
+        try {
+            PluginConf conf = new PluginConf(sparkConf);
+            conf.validate();
+            priority = conf.taskPriority();
+            refreshMs = conf.metricsRefreshMs();
+            bridge = CudaBridge.start(conf.toOptions(gpuAddresses));
+        } catch (Throwable t) { // never out of init: Spark would relaunch the executor forever
+            reason = describe(t);
+            bridge = null;
+        }
+        TaskBinder b = new TaskBinder(executorId, bridge, reason, priority, refreshMs);
+        b.startNanos.set(System.nanoTime() - t0);
+        if (reason != null) {
+            LOG.severe("cudabridge: executor " + executorId + " has NO GPU service; every GPU call of its tasks will "
+                    + "fail with: " + oneLine(reason));
+        } else {
+            LOG.info("cudabridge: executor " + executorId + " GPU service up in " + (b.startNanos.get() / 1_000_000)
+                    + " ms: " + bridge.describe());
+        }
+        current = b;
+        return b;
+    }
+
+    /** A binder whose service is unavailable for {@code reason} (every GPU call fails with it). */
+    static TaskBinder failed(String executorId, String reason) {
+        TaskBinder b = new TaskBinder(executorId, null, reason, "normal", 500);
+        LOG.severe("cudabridge: executor " + executorId + " has NO GPU service; every GPU call of its tasks will "
+                + "fail with: " + oneLine(reason));
+        current = b;
+        return b;
+    }
+
+    /** The binder of this JVM (the last started), or null. */
+    public static TaskBinder current() {
+        return current;
+    }
+
+    static String describe(Throwable t) {
+        String m = t.getMessage();
+        return (m == null || m.isEmpty()) ? t.toString() : (t instanceof CudaBridgeException || m.startsWith("cudabridge")
+                ? m : t.getClass().getName() + ": " + m);
+    }
+
+    static String oneLine(String s) {
+        String flat = s.replace("\r", "").replace("\n", " | ").replaceAll("\\s+", " ").trim();
+        return flat.length() > 2000 ? flat.substring(0, 2000) + " ..." : flat;
+    }
+
+    public boolean isAvailable() { return bridge != null && !shutDown; }
+
+    /** Why the service is not available (start failure), or null. */
+    public String failure() { return failure; }
+
+    public String executorId() { return executorId; }
+
+    /** The running bridge, or an exception that says why there is none (fast: no Python call). */
+    public CudaBridge bridge() {
+        if (bridge == null) {
+            throw new CudaBridgeException("cudabridge is not available on executor " + executorId
+                    + ": its start failed: " + failure, "startup");
+        }
+        if (shutDown) {
+            throw new IllegalStateException("cudabridge on executor " + executorId + " was shut down");
+        }
+        String bf = bindFailure.get();
+        if (bf != null) {
+            throw new CudaBridgeException("cudabridge: this task could not be bound to a stream: " + bf, "bind");
+        }
+        return bridge;
+    }
+
+    /**
+     * Binds a task attempt on the calling thread (the task's own thread). Never throws: a
+     * failure is counted, logged, and makes this task's GPU calls fail with its reason.
+     *
+     * @param gpuAddress the task's GPU resource address, or null for the executor's only GPU
+     * @return whether the task is bound
+     */
+    public boolean onTaskStart(long taskAttemptId, String gpuAddress) {
+        tasksStarted.incrementAndGet();
+        bindFailure.remove();
+        if (!isAvailable()) {
+            return false;
+        }
+        TaskScope stale = scope.get();
+        if (stale != null) {
+            // The previous attempt on this thread never reported its end (Spark always does; be safe).
+            scope.remove();
+            release(stale);
+        }
+        try {
+            scope.set(bridge.bindTask(taskAttemptId, gpuAddress, priority));
+            return true;
+        } catch (Throwable t) {
+            bindFailures.incrementAndGet();
+            String why = describe(t);
+            bindFailure.set(why);
+            LOG.warning("cudabridge: task attempt " + taskAttemptId + " on executor " + executorId
+                    + " could not be bound: " + oneLine(why));
+            return false;
+        }
+    }
+
+    /** Releases the calling thread's task attempt (its leftover buffers are freed on its stream
+     *  and counted as leaks). Returns the report, or null if no task was bound. Never throws. */
+    public ReleaseReport onTaskEnd(boolean succeeded) {
+        (succeeded ? tasksSucceeded : tasksFailed).incrementAndGet();
+        bindFailure.remove();
+        TaskScope s = scope.get();
+        if (s == null) {
+            return null;
+        }
+        scope.remove();
+        return release(s);
+    }
+
+    private ReleaseReport release(TaskScope s) {
+        if (shutDown) {
+            return null;
+        }
+        try {
+            ReleaseReport r = s.release();
+            tasksReleased.incrementAndGet();
+            if (r.leakedAllocations() > 0) {
+                leakedAllocations.addAndGet(r.leakedAllocations());
+                leakedBytes.addAndGet(r.leakedBytes());
+                if (LOG.isLoggable(Level.FINE)) {
+                    LOG.fine("cudabridge: " + r);
+                }
+            }
+            return r;
+        } catch (Throwable t) {
+            releaseFailures.incrementAndGet();
+            LOG.warning("cudabridge: releasing task attempt " + s.taskAttemptId() + " failed: " + oneLine(describe(t)));
+            return null;
+        }
+    }
+
+    /** The task attempt bound on the calling thread, or -1. */
+    public long currentTaskAttempt() {
+        TaskScope s = scope.get();
+        return s == null ? -1 : s.taskAttemptId();
+    }
+
+    /** The plugin's own counters (Java side). */
+    public Map<String, Long> pluginCounters() {
+        Map<String, Long> m = new LinkedHashMap<>();
+        m.put("plugin_start_failed", bridge == null ? 1L : 0L);
+        m.put("plugin_start_ms", startNanos.get() / 1_000_000L);
+        m.put("plugin_tasks_started", tasksStarted.get());
+        m.put("plugin_tasks_succeeded", tasksSucceeded.get());
+        m.put("plugin_tasks_failed", tasksFailed.get());
+        m.put("plugin_tasks_released", tasksReleased.get());
+        m.put("plugin_bind_failures", bindFailures.get());
+        m.put("plugin_release_failures", releaseFailures.get());
+        m.put("plugin_leaked_allocations", leakedAllocations.get());
+        m.put("plugin_leaked_bytes", leakedBytes.get());
+        return m;
+    }
+
+    /** Service statistics (through {@link CudaBridge#statistics()}) merged with the plugin's
+     *  counters; a snapshot at most {@code spark.cudabridge.metrics.refreshMs} old, so a sink
+     *  reading twenty gauges makes one call into Python. After shutdown: the last snapshot. */
+    public Map<String, Long> statistics() {
+        long now = System.nanoTime();
+        if (now - snapshotAt < refreshNanos && !snapshot.isEmpty()) {
+            return snapshot;
+        }
+        return refresh();
+    }
+
+    /** A fresh snapshot now (at most one caller at a time goes to Python). */
+    public Map<String, Long> refresh() {
+        synchronized (snapshotLock) {
+            Map<String, Long> m = new TreeMap<>();
+            if (bridge != null && !shutDown) {
+                try {
+                    m.putAll(bridge.statistics());
+                } catch (Throwable t) {
+                    if (!shutDown) {
+                        LOG.fine("cudabridge: statistics failed: " + t);
+                    }
+                    Map<String, Long> last = snapshot;
+                    m.putAll(last);
+                }
+            } else {
+                m.putAll(snapshot);
+            }
+            m.putAll(pluginCounters());
+            m.put("bridge_calls", bridgeCalls(m));
+            Map<String, Long> frozen = Collections.unmodifiableMap(m);
+            snapshot = frozen;
+            snapshotAt = System.nanoTime();
+            return frozen;
+        }
+    }
+
+    /** Hot-path calls into Python counted by the bridge (its {@code bridge_calls} total if it
+     *  reports one, else the sum of its per-kind call counters). */
+    static long bridgeCalls(Map<String, Long> m) {
+        Long total = m.get("bridge_calls_total");
+        if (total != null) {
+            return total;
+        }
+        long sum = 0;
+        for (String k : new String[] {"bridge_allocations", "bridge_frees", "bridge_batches", "bridge_copies_in",
+                "bridge_copies_out", "bridge_copies_direct", "bridge_memsets", "bridge_synchronizes"}) {
+            Long v = m.get(k);
+            if (v != null) {
+                sum += v;
+            }
+        }
+        return sum;
+    }
+
+    /** Drains the streams, returns memory, destroys streams and events (the bridge's
+     *  shutdown); statistics keep their last values. Never throws. */
+    public void shutdown() {
+        if (shutDown) {
+            return;
+        }
+        refresh();
+        shutDown = true;
+        if (bridge != null) {
+            try {
+                bridge.shutdown();
+            } catch (Throwable t) {
+                LOG.warning("cudabridge: shutdown of executor " + executorId + "'s service failed: " + oneLine(describe(t)));
+            }
+        }
+        Map<String, Long> s = snapshot;
+        LOG.info("cudabridge: executor " + executorId + " shut down: tasks started " + tasksStarted.get()
+                + ", released " + tasksReleased.get() + ", leaked buffers reclaimed " + leakedAllocations.get()
+                + " (" + leakedBytes.get() + " bytes), peak bytes in use " + s.getOrDefault("peak_in_use_bytes", 0L));
+    }
+
+    public boolean isShutDown() { return shutDown; }
+}

@@ -1,0 +1,164 @@
+package org.cudabridge.examples;
+
+import java.lang.management.ManagementFactory;
+import java.util.ArrayList;
+import java.util.Arrays;
+import java.util.Collections;
+import java.util.HashSet;
+import java.util.Iterator;
+import java.util.List;
+import java.util.Map;
+import java.util.Set;
+
+import org.apache.spark.SparkEnv;
+import org.apache.spark.TaskContext;
+import org.apache.spark.api.java.JavaSparkContext;
+import org.apache.spark.sql.SparkSession;
+import org.cudabridge.CudaBridge;
+import org.cudabridge.spark.CudaBridgePlugin;
+import org.cudabridge.spark.GpuTask;
+import org.cudabridge.spark.TaskBinder;
+
+/**
+ * Example (a): every partition's task copies its data to the GPU on its own stream, runs the
+ * service's kernel on it, copies the result back and checks it ({@link PartitionWork}).
+ *
+ * <pre>
+ * spark-submit --class org.cudabridge.examples.GpuPartitionJob \
+ *   --conf spark.driver.extraClassPath=$CP --conf spark.executor.extraClassPath=$CP \
+ *   --conf spark.plugins=org.cudabridge.spark.CudaBridgePlugin \
+ *   cudabridge-examples.jar [--partitions 64] [--elements 16384] [--no-leak] [--fail-first-attempt 3,7]
+ *   [--work gpu|host] [--rounds 1] [--summary-json out.json]
+ * </pre>
+ *
+ * {@code --work host} runs the same data and checks on the host with no GPU call (the
+ * benchmark's plugin-overhead baseline; it runs with or without the plugin).
+ */
+public final class GpuPartitionJob {
+    private GpuPartitionJob() {}
+
+    public static void main(String[] args) throws Exception {
+        int partitions = 64;
+        int elements = 16384;
+        boolean leak = true;
+        boolean gpu = true;
+        int rounds = 1;
+        String summaryJson = null;
+        Set<Integer> failFirst = new HashSet<>();
+        for (int i = 0; i < args.length; i++) {
+            switch (args[i]) {
+                case "--partitions": partitions = Integer.parseInt(args[++i]); break;
+                case "--elements": elements = Integer.parseInt(args[++i]); break;
+                case "--no-leak": leak = false; break;
+                case "--work": gpu = parseWork(args[++i]); break;
+                case "--rounds": rounds = Integer.parseInt(args[++i]); break;
+                case "--summary-json": summaryJson = args[++i]; break;
+                case "--fail-first-attempt":
+                    for (String p : args[++i].split(",")) {
+                        failFirst.add(Integer.parseInt(p.trim()));
+                    }
+                    break;
+                default:
+                    throw new IllegalArgumentException("unknown argument " + args[i] + "; see the class comment");
+            }
+        }
+        long jvmStart = ManagementFactory.getRuntimeMXBean().getStartTime();
+        SparkSession spark = SparkSession.builder().appName("cudabridge-example-a").getOrCreate();
+        long startupMs = System.currentTimeMillis() - jvmStart;
+        JavaSparkContext sc = JavaSparkContext.fromSparkContext(spark.sparkContext());
+        final int n = elements;
+        final boolean leakIt = leak;
+        final boolean onGpu = gpu;
+        final Set<Integer> fails = failFirst;
+        List<Integer> ids = new ArrayList<>();
+        for (int p = 0; p < partitions; p++) {
+            ids.add(p);
+        }
+        List<PartitionWork.Result> results = null;
+        long[] phaseNanos = new long[rounds];
+        for (int round = 0; round < rounds; round++) {
+            long t0 = System.nanoTime();
+            results = sc.parallelize(ids, partitions).mapPartitionsWithIndex(
+                    (Integer index, Iterator<Integer> it) -> partition(index, n, leakIt, onGpu, fails), true)
+                    .collect();
+            phaseNanos[round] = System.nanoTime() - t0;
+        }
+        Summary s = Summary.of(results);
+        long attempts = (long) partitions * rounds + (gpu ? failFirst.size() : 0);
+        s.put("work", gpu ? "gpu" : "host");
+        s.put("partitions", partitions).put("elements_per_partition", elements).put("rounds", rounds);
+        s.put("task_attempts_expected", attempts);
+        s.put("startup_ms", startupMs);
+        s.put("task_phase_ms", fmt(phaseNanos[rounds - 1]));
+        s.put("task_phase_ms_rounds", Arrays.toString(Arrays.stream(phaseNanos).mapToObj(GpuPartitionJob::fmt).toArray()));
+        s.put("plugin", String.valueOf(spark.conf().getOption("spark.plugins").getOrElse(() -> "")));
+        Map<String, Long> stats = pluginStatistics(attempts);
+        if (!stats.isEmpty()) {
+            s.put("tasks_released", stats.getOrDefault("plugin_tasks_released", 0L));
+            s.put("leaks_reclaimed", stats.getOrDefault("leaks_reclaimed", 0L));
+            s.put("leaked_bytes_reclaimed", stats.getOrDefault("leaked_bytes_reclaimed", 0L));
+            s.put("live_allocations_after", stats.getOrDefault("live_allocations", 0L));
+            s.put("bytes_in_use_after", stats.getOrDefault("in_use_bytes", 0L));
+            s.put("executors_reporting", stats.getOrDefault("executors", 1L));
+            s.statistics(stats);
+        }
+        System.out.print(s.render());
+        s.writeJson(summaryJson);
+        spark.stop();
+        if ((Integer) s.get("verify_failures") != 0) {
+            System.exit(1);
+        }
+    }
+
+    private static boolean parseWork(String w) {
+        if (w.equals("gpu")) {
+            return true;
+        }
+        if (w.equals("host")) {
+            return false;
+        }
+        throw new IllegalArgumentException("--work gpu|host, got " + w);
+    }
+
+    private static String fmt(long nanos) {
+        return String.format("%.1f", nanos / 1e6);
+    }
+
+    /** One task: the partition's GPU work on the task's stream (bound by the plugin). */
+    static Iterator<PartitionWork.Result> partition(int index, int elements, boolean leak, boolean gpu, Set<Integer> failFirst) {
+        TaskContext tc = TaskContext.get();
+        PartitionWork.Result r;
+        if (gpu) {
+            CudaBridge bridge = GpuTask.bridge(); // fails fast with the reason if the executor has no service
+            if (tc.attemptNumber() == 0 && failFirst.contains(index)) {
+                PartitionWork.failAfterAllocating(bridge, index, elements);
+            }
+            r = PartitionWork.run(bridge, index, elements, leak);
+        } else {
+            r = PartitionWork.runOnHost(index, elements);
+            r.taskAttemptId = tc.taskAttemptId();
+        }
+        r.attempt = tc.attemptNumber();
+        r.executorId = SparkEnv.get().executorId();
+        return Collections.singletonList(r).iterator();
+    }
+
+    /**
+     * The service's statistics after the job: in local mode the executor plugin lives in this JVM
+     * and is read directly (fresh); otherwise the executors' reports to the driver plugin, once
+     * they count every task attempt released (they come every spark.cudabridge.reportIntervalMs).
+     */
+    static Map<String, Long> pluginStatistics(long attempts) throws InterruptedException {
+        TaskBinder local = TaskBinder.current();
+        if (local != null && local.isAvailable() && "driver".equals(local.executorId())) {
+            long deadline = System.nanoTime() + 10_000_000_000L;
+            Map<String, Long> s = local.refresh();
+            while (s.getOrDefault("plugin_tasks_released", 0L) < attempts && System.nanoTime() < deadline) {
+                Thread.sleep(20);
+                s = local.refresh();
+            }
+            return s;
+        }
+        return CudaBridgePlugin.awaitExecutorTotals(attempts, 15_000);
+    }
+}
