@@ -104,7 +104,7 @@ public final class CudaBridgeExecutorPlugin implements ExecutorPlugin {
             if (s.equals(lastReported)) {
                 return;
             }
-            ctx.send(new ExecutorReport(b.executorId(), ++reportSequence, b.isAvailable(), b.failure(), s));
+            ctx.send(new ExecutorReport(b.executorId(), ++reportSequence, b.failure() == null, b.failure(), s));
             lastReported = s;
         } catch (Throwable t) {
             LOG.debug("cudabridge: report to the driver failed", t);
