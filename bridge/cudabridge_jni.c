@@ -84,8 +84,16 @@ static int host_memory_getbuffer(PyObject *self, Py_buffer *view, int flags) {
     return PyBuffer_FillInfo(view, self, h->buf, h->len, 0 /* writable */, flags);
 }
 
+/* A heap type's instances hold a reference to their type (PyObject_New took it): drop it. */
+static void host_memory_dealloc(PyObject *self) {
+    PyTypeObject *tp = Py_TYPE(self);
+    PyObject_Free(self);
+    Py_DECREF(tp);
+}
+
 static PyType_Slot host_memory_slots[] = {
     {Py_bf_getbuffer, (void *)host_memory_getbuffer},
+    {Py_tp_dealloc, (void *)host_memory_dealloc},
     {0, NULL},
 };
 
@@ -647,17 +655,22 @@ static char *run_bootstrap(JNIEnv *env, jobjectArray pythonpath, const char *lib
     }
     PyObject *mod = PyImport_ImportModule("cudabridge.jvm.bootstrap");
     if (mod == NULL) {
+        /* Set the import error aside while sys.path is described, then put it back. */
+        PyObject *et, *ev, *etb;
+        PyErr_Fetch(&et, &ev, &etb);
         PyObject *sys_path = PySys_GetObject("path");
         PyObject *repr = sys_path ? PyObject_Repr(sys_path) : NULL;
         const char *rp = repr ? PyUnicode_AsUTF8(repr) : NULL;
+        if (rp == NULL) PyErr_Clear();
+        PyErr_Restore(et, ev, etb);
         char what[8192];
         snprintf(what, sizeof what,
                  "cudabridge: cannot import cudabridge.jvm.bootstrap in Python %s (sys.path %s); is cudabridge "
                  "installed in that environment, or on cudabridge.pythonpath?",
                  g_py_program, rp ? rp : "?");
+        char *msg = format_python_failure(what); /* `what` already holds a copy of rp */
         Py_XDECREF(repr);
-        /* the import error is the one set, unless repr failed */
-        return format_python_failure(what);
+        return msg;
     }
     PyObject *hot = PyObject_CallMethod(mod, "start", "ss", library, conf);
     Py_DECREF(mod);

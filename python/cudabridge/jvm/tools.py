@@ -41,19 +41,29 @@ def spin(c: "BridgeControl", task: int, seconds: float) -> None:
     c.service.backend.spin_async(stream, float(seconds))
 
 
-def set_reuse_policy(c: "BridgeControl", policy: str) -> str:
-    """Test-only: switch every GPU pool between its event-deferred policy and the deliberately
-    naive one (``naive`` hands freed blocks to any stream at once), so that the Java-driven
-    seven-step race test can show it is able to fail. Returns the previous policy."""
+def apply_test_reuse_policy(service, policy: str) -> None:
+    """Test-only, at start-up (``spark.cudabridge.test_reuse_policy``): rebuild every GPU's
+    memory pool with ``policy``. ``naive`` hands freed blocks to any stream at once; it exists so
+    that the Java-driven seven-step race test can show it is able to fail. The pool fixes its
+    policy at construction (its C fast path reads it once), so the pools are replaced before
+    anything has used them; the service has no such option of its own."""
+    from dataclasses import replace
+
+    from ..memory import StreamOrderedMemoryPool
+
     if policy not in ("event-deferred", "naive"):
-        raise InvalidArgument(f"unknown reuse policy {policy!r}")
-    previous = None
-    for res in c.service.gpus.values():
-        pool = res.memory
-        previous = pool.reuse_policy
-        pool.reuse_policy = policy
-        pool._naive = policy == "naive"  # read by free(); see StreamOrderedMemoryPool
-    return previous or policy
+        raise InvalidArgument(f"spark.cudabridge.test_reuse_policy={policy!r}: expected event-deferred or naive")
+    for ordinal, res in list(service.gpus.items()):
+        old = res.memory
+        if old.statistics().allocations:
+            raise InvalidArgument("test_reuse_policy: the pool was used already")
+        limit = old.limit
+        old.close()
+        pool = StreamOrderedMemoryPool(service.backend, ordinal, res.streams.handles, limit_bytes=limit,
+                                       reuse_policy=policy)
+        new = replace(res, memory=pool)
+        service.gpus[ordinal] = new
+        service.registry._gpus[ordinal] = new  # the registry's own view of the GPUs
 
 
 def pool_statistics(c: "BridgeControl", gpu: int = 0) -> dict[str, int]:
@@ -148,5 +158,5 @@ def python_bench(c: "BridgeControl", n: int = 20000, size: int = 4096, copy_byte
 
 
 TOOLS: dict[str, Callable[..., Any]] = {
-    f.__name__: f for f in (fill_u32, spin, set_reuse_policy, pool_statistics, interpreter, raise_error, python_bench)
+    f.__name__: f for f in (fill_u32, spin, pool_statistics, interpreter, raise_error, python_bench)
 }
