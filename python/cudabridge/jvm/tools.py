@@ -157,6 +157,47 @@ def python_bench(c: "BridgeControl", n: int = 20000, size: int = 4096, copy_byte
     return out
 
 
+def python_threads(c: "BridgeControl", seconds: float = 1.0, threads: list[int] | None = None,
+                   size: int = 4096) -> dict[str, float]:
+    """Aggregate ``service.allocate(task, size).free()`` pairs per second from 1..N Python threads
+    in this process (the Java thread-scaling numbers' Python counterpart)."""
+    service = c.service
+    out: dict[str, float] = {}
+    for n in threads or [1]:
+        stop = threading.Event()
+        counts = [0] * n
+        barrier = threading.Barrier(n + 1)
+
+        def worker(k: int) -> None:
+            task = (1 << 61) + 1000 * n + k
+            service.bind_task(task)
+            try:
+                allocate = service.allocate
+                for _ in range(2000):
+                    allocate(task, size).free()
+                barrier.wait()
+                mine = 0
+                while not stop.is_set():
+                    allocate(task, size).free()
+                    mine += 1
+                counts[k] = mine
+            finally:
+                service.release_task(task)
+
+        ts = [threading.Thread(target=worker, args=(k,)) for k in range(n)]
+        for t in ts:
+            t.start()
+        barrier.wait()
+        t0 = time.perf_counter()
+        time.sleep(seconds)
+        stop.set()
+        for t in ts:
+            t.join()
+        out[str(n)] = sum(counts) / (time.perf_counter() - t0)
+    return out
+
+
 TOOLS: dict[str, Callable[..., Any]] = {
-    f.__name__: f for f in (fill_u32, spin, pool_statistics, interpreter, raise_error, python_bench)
+    f.__name__: f for f in (fill_u32, spin, pool_statistics, interpreter, raise_error, python_bench,
+                                          python_threads)
 }
