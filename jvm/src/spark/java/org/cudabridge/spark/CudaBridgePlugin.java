@@ -58,17 +58,21 @@ public final class CudaBridgePlugin implements SparkPlugin {
 
     /**
      * On the driver: waits (at most {@code timeoutMs}) until the executors' reports together
-     * count at least {@code attempts} released task attempts, and returns their totals. Reports
+     * count at least {@code attempts} ended task attempts, and returns their totals. Reports
      * come every {@code spark.cudabridge.reportIntervalMs}.
      */
     public static Map<String, Long> awaitExecutorTotals(long attempts, long timeoutMs) throws InterruptedException {
         long deadline = System.nanoTime() + timeoutMs * 1_000_000L;
         Map<String, Long> t = executorTotals();
-        while (t.getOrDefault("plugin_tasks_released", 0L) + t.getOrDefault("plugin_release_failures", 0L) < attempts
-                && System.nanoTime() < deadline) {
+        while (ended(t) < attempts && System.nanoTime() < deadline) {
             Thread.sleep(50);
             t = executorTotals();
         }
         return t;
+    }
+
+    /** Task attempts whose end (success or failure) the plugin saw. */
+    public static long ended(Map<String, Long> statistics) {
+        return statistics.getOrDefault("plugin_tasks_succeeded", 0L) + statistics.getOrDefault("plugin_tasks_failed", 0L);
     }
 }

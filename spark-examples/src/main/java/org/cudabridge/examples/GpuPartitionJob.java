@@ -28,7 +28,7 @@ import org.cudabridge.spark.TaskBinder;
  *   --conf spark.driver.extraClassPath=$CP --conf spark.executor.extraClassPath=$CP \
  *   --conf spark.plugins=org.cudabridge.spark.CudaBridgePlugin \
  *   cudabridge-examples.jar [--partitions 64] [--elements 16384] [--no-leak] [--fail-first-attempt 3,7]
- *   [--work gpu|host] [--rounds 1] [--summary-json out.json]
+ *   [--work gpu|host] [--rounds 1] [--summary-json out.json] [--linger-ms 0]
  * </pre>
  *
  * {@code --work host} runs the same data and checks on the host with no GPU call (the
@@ -44,6 +44,7 @@ public final class GpuPartitionJob {
         boolean gpu = true;
         int rounds = 1;
         String summaryJson = null;
+        long lingerMs = 0;
         Set<Integer> failFirst = new HashSet<>();
         for (int i = 0; i < args.length; i++) {
             switch (args[i]) {
@@ -53,6 +54,7 @@ public final class GpuPartitionJob {
                 case "--work": gpu = parseWork(args[++i]); break;
                 case "--rounds": rounds = Integer.parseInt(args[++i]); break;
                 case "--summary-json": summaryJson = args[++i]; break;
+                case "--linger-ms": lingerMs = Long.parseLong(args[++i]); break;
                 case "--fail-first-attempt":
                     for (String p : args[++i].split(",")) {
                         failFirst.add(Integer.parseInt(p.trim()));
@@ -104,6 +106,9 @@ public final class GpuPartitionJob {
         }
         System.out.print(s.render());
         s.writeJson(summaryJson);
+        if (lingerMs > 0) {
+            Thread.sleep(lingerMs); // lets periodic metrics sinks report the final numbers
+        }
         spark.stop();
         if ((Integer) s.get("verify_failures") != 0) {
             System.exit(1);
@@ -153,7 +158,7 @@ public final class GpuPartitionJob {
         if (local != null && local.isAvailable() && "driver".equals(local.executorId())) {
             long deadline = System.nanoTime() + 10_000_000_000L;
             Map<String, Long> s = local.refresh();
-            while (s.getOrDefault("plugin_tasks_released", 0L) < attempts && System.nanoTime() < deadline) {
+            while (CudaBridgePlugin.ended(s) < attempts && System.nanoTime() < deadline) {
                 Thread.sleep(20);
                 s = local.refresh();
             }

@@ -1,0 +1,66 @@
+"""local-cluster[2,1,1024]: two real executor JVMs, each starting its own bridge and service
+(always under a timeout: an executor whose plugin init throws is relaunched forever there).
+Executors write logs under pyspark/work/<app>; the test removes what its runs added."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+import spark_harness as sh
+
+pytestmark = pytest.mark.slow
+
+CLUSTER = {"spark.executor.memory": "512m", "spark.cudabridge.reportIntervalMs": "250"}
+
+
+@pytest.fixture
+def work_dir_cleanup():
+    import pyspark
+
+    work = Path(pyspark.__file__).resolve().parent / "work"
+    before = set(work.iterdir()) if work.is_dir() else set()
+    yield work
+    if work.is_dir():
+        for p in set(work.iterdir()) - before:
+            shutil.rmtree(p, ignore_errors=True)
+        if not before and not any(work.iterdir()):
+            work.rmdir()
+
+
+def test_two_executors_each_with_its_own_service(tmp_path, work_dir_cleanup):
+    sh.build()
+    run = sh.spark_submit(tmp_path, "local-cluster[2,1,1024]",
+                          [sh.examples_jar(), "--partitions", "8", "--elements", "1024", "--summary-json", "summary.json"],
+                          CLUSTER, timeout=180)
+    assert run.returncode == 0, run.explain()
+    s = run.summary()
+    assert s["tasks_run"] == 8 and s["verify_failures"] == 0
+    assert s["executors"] == 2, s              # tasks ran in both executor JVMs
+    assert s["executors_reporting"] == 2, s   # and each executor's own service reported to the driver
+    st = s["statistics"]                       # summed over the two executors
+    assert st["plugin_tasks_started"] == 8 and st["plugin_tasks_released"] == 8
+    assert st["leaks_reclaimed"] == 8 and st["live_allocations"] == 0 and st["in_use_bytes"] == 0
+    assert st["plugin_start_failed"] == 0
+    assert st["streams"] == 2 * 36            # one stream pool per executor
+    apps = list(work_dir_cleanup.glob("app-*")) if work_dir_cleanup.is_dir() else []
+    assert apps, "the executors' work directory was not where FIELD-NOTES says"
+
+
+def test_failed_service_does_not_relaunch_executors_forever(tmp_path, work_dir_cleanup):
+    sh.build()
+    run = sh.spark_submit(tmp_path, "local-cluster[2,1,1024]",
+                          [sh.examples_jar(), "--work", "host", "--partitions", "4", "--elements", "256",
+                           "--summary-json", "summary.json"],
+                          {**CLUSTER, "spark.cudabridge.python": "/nonexistent/bin/python"}, timeout=180)
+    assert run.returncode == 0, run.explain()
+    s = run.summary()
+    assert s["tasks_run"] == 4 and s["verify_failures"] == 0
+    st = s["statistics"]
+    assert st["plugin_start_failed"] == s["executors_reporting"] >= 1
+    # each executor JVM started once: one work directory per executor, no relaunches
+    app = sorted(work_dir_cleanup.glob("app-*"), key=lambda p: p.stat().st_mtime)[-1]
+    executors = [p for p in app.iterdir() if p.is_dir()]
+    assert len(executors) == 2, [p.name for p in executors]
