@@ -11,7 +11,7 @@ import java.util.LinkedHashMap;
 import java.util.Map;
 import java.util.Set;
 
-import org.cudabridge.spark.BridgeMetrics;
+import org.cudabridge.spark.MetricNames;
 
 /** The lines both the Spark job and the harness print, and their JSON form for the tests. */
 public final class Summary {
@@ -65,7 +65,7 @@ public final class Summary {
         }
         if (!statistics.isEmpty()) {
             sb.append("metrics (plugin.org.cudabridge.spark.CudaBridgePlugin.executor.*, summed over executors):\n");
-            for (Map.Entry<String, String> g : BridgeMetrics.GAUGES.entrySet()) {
+            for (Map.Entry<String, String> g : MetricNames.GAUGES.entrySet()) {
                 sb.append(String.format("  %-30s %d%n", g.getKey(), statistics.getOrDefault(g.getValue(), 0L)));
             }
         }
