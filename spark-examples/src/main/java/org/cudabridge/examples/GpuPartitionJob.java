@@ -90,11 +90,14 @@ public final class GpuPartitionJob {
         s.put("work", gpu ? "gpu" : "host");
         s.put("partitions", partitions).put("elements_per_partition", elements).put("rounds", rounds);
         s.put("task_attempts_expected", attempts);
+        s.put("plugin", String.valueOf(spark.conf().getOption("spark.plugins").getOrElse(() -> "")));
         s.put("startup_ms", startupMs);
         s.put("task_phase_ms", fmt(phaseNanos[rounds - 1]));
         s.put("task_phase_ms_rounds", Arrays.toString(Arrays.stream(phaseNanos).mapToObj(GpuPartitionJob::fmt).toArray()));
-        s.put("plugin", String.valueOf(spark.conf().getOption("spark.plugins").getOrElse(() -> "")));
-        Map<String, Long> stats = pluginStatistics(attempts);
+        String plugins = String.valueOf(spark.conf().getOption("spark.plugins").getOrElse(() -> ""));
+        // Without the plugin (the benchmark's baseline) its classes are not even on the class path.
+        Map<String, Long> stats = plugins.contains("CudaBridgePlugin")
+                ? PluginStatistics.after(attempts) : Collections.emptyMap();
         if (!stats.isEmpty()) {
             s.put("tasks_released", stats.getOrDefault("plugin_tasks_released", 0L));
             s.put("leaks_reclaimed", stats.getOrDefault("leaks_reclaimed", 0L));
@@ -148,22 +151,27 @@ public final class GpuPartitionJob {
         return Collections.singletonList(r).iterator();
     }
 
-    /**
-     * The service's statistics after the job: in local mode the executor plugin lives in this JVM
-     * and is read directly (fresh); otherwise the executors' reports to the driver plugin, once
-     * they count every task attempt released (they come every spark.cudabridge.reportIntervalMs).
-     */
-    static Map<String, Long> pluginStatistics(long attempts) throws InterruptedException {
-        TaskBinder local = TaskBinder.current();
-        if (local != null && local.isAvailable() && "driver".equals(local.executorId())) {
-            long deadline = System.nanoTime() + 10_000_000_000L;
-            Map<String, Long> s = local.refresh();
-            while (CudaBridgePlugin.ended(s) < attempts && System.nanoTime() < deadline) {
-                Thread.sleep(20);
-                s = local.refresh();
+    /** The plugin's statistics; a class of its own so that it loads only when the plugin is on. */
+    static final class PluginStatistics {
+        private PluginStatistics() {}
+
+        /**
+         * The service's statistics after the job: in local mode the executor plugin lives in this
+         * JVM and is read directly (fresh); otherwise the executors' reports to the driver plugin,
+         * once they count every task attempt ended (they come every spark.cudabridge.reportIntervalMs).
+         */
+        static Map<String, Long> after(long attempts) throws InterruptedException {
+            TaskBinder local = TaskBinder.current();
+            if (local != null && local.isAvailable() && "driver".equals(local.executorId())) {
+                long deadline = System.nanoTime() + 10_000_000_000L;
+                Map<String, Long> s = local.refresh();
+                while (CudaBridgePlugin.ended(s) < attempts && System.nanoTime() < deadline) {
+                    Thread.sleep(20);
+                    s = local.refresh();
+                }
+                return s;
             }
-            return s;
+            return CudaBridgePlugin.awaitExecutorTotals(attempts, 15_000);
         }
-        return CudaBridgePlugin.awaitExecutorTotals(attempts, 15_000);
     }
 }
