@@ -642,3 +642,21 @@ def test_negative_memset_size_is_refused(be):
 def test_context_active_of_a_bad_ordinal_raises_cuda_error(be):
     with pytest.raises(CudaError):
         be.context_active(5)
+
+
+def test_views_without_an_exporter_are_pageable(emulated):
+    """A memoryview over raw memory has ``obj is None``; it must not be taken for pinned memory
+    (an asynchronous copy out of a buffer the caller reuses at once would corrupt data)."""
+    import ctypes
+
+    raw = (ctypes.c_char * 64)()
+    from_memory = ctypes.pythonapi.PyMemoryView_FromMemory
+    from_memory.restype, from_memory.argtypes = ctypes.py_object, (ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int)
+    view = from_memory(ctypes.addressof(raw), 64, 0x200)   # PyBUF_WRITE: as the JNI bridge makes them
+    assert view.obj is None
+    assert not emulated._is_pinned(view)
+    anon = memoryview(bytearray(8))
+    assert not emulated._is_pinned(anon)
+    pinned = emulated.alloc_pinned(64)
+    assert emulated._is_pinned(memoryview(pinned).cast("B"))
+    emulated.free_pinned(pinned)

@@ -569,7 +569,9 @@ class EmulatedBackend(DeviceBackend):
         del self._pinned[id(buffer)]
 
     def _is_pinned(self, view: memoryview) -> bool:
-        return self._pinned.get(id(view.obj)) is view.obj
+        obj = view.obj
+        # A view over raw memory (PyMemoryView_FromMemory) has no exporter: never pinned.
+        return obj is not None and self._pinned.get(id(obj)) is obj
 
     def copy_to_device_async(self, dst: int, host: Any, stream: int) -> None:
         view = host_view(host, writable=False)
