@@ -8,8 +8,8 @@ cudaStreamCreate/Destroy per task.
   ``local[4]``, with ``--work host`` (the same data and checks, no GPU call) without the plugin
   and with it (every task then bound and released through the bridge), and with ``--work gpu``
   (plugin on; copies and a kernel per task, for scale). Each spark-submit runs the job
-  ``--rounds`` times; the first round is JIT warm-up and dropped, the app's task phase is the
-  median of the others. ``--apps`` spark-submits per configuration, interleaved (A, B, C, A, ...)
+  ``--rounds`` times; the first half of the rounds warms the JIT up (task phases fall for several
+  rounds) and is dropped, the app's task phase is the median of the second half. ``--apps`` spark-submits per configuration, interleaved (A, B, C, A, ...)
   so that the machine's drift hits all alike; reported: median over apps and the spread
   (min-max), and start-up (JVM start to a ready SparkSession, which includes the plugin's init
   in local mode) on its own, with the bridge's own start time.
@@ -68,7 +68,8 @@ def run_app(work: str, plugin: bool, tasks: int, rounds: int, elements: int, mas
             raise RuntimeError(f"spark-submit failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr[-4000:]}")
         s = json.loads(summary.read_text())
     per_round = [float(x) for x in re.findall(r"[\d.]+", s["task_phase_ms_rounds"])]
-    return {"phase_ms": statistics.median(per_round[1:]) if len(per_round) > 1 else per_round[0],
+    warm = per_round[len(per_round) // 2:]   # the first half warms the JIT and Spark's caches up
+    return {"phase_ms": statistics.median(warm),
             "rounds_ms": per_round, "startup_ms": float(s["startup_ms"]), "wall_s": wall,
             "bridge_start_ms": s.get("statistics", {}).get("plugin_start_ms"),
             "tasks_released": s.get("tasks_released"), "verify_failures": s["verify_failures"]}
@@ -166,7 +167,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--part", choices=("all", "plugin", "streams"), default="all")
     p.add_argument("--apps", type=int, default=5, help="spark-submits per configuration (>= 5 for the medians)")
-    p.add_argument("--rounds", type=int, default=6, help="job rounds per app; the first is dropped")
+    p.add_argument("--rounds", type=int, default=10, help="job rounds per app; the first half is dropped")
     p.add_argument("--tasks", type=int, default=200)
     p.add_argument("--elements", type=int, default=1024, help="ints per task (short tasks)")
     p.add_argument("--master", default="local[4]")

@@ -71,8 +71,12 @@ public final class CudaBridgePlugin implements SparkPlugin {
         return t;
     }
 
-    /** Task attempts whose end (success or failure) the plugin saw. */
+    /** Task attempts whose end (success or failure) the plugin saw, or 0 while releases of
+     *  ended tasks are still pending (so that waiting for {@code ended >= n} sees their leaks). */
     public static long ended(Map<String, Long> statistics) {
+        if (statistics.getOrDefault("plugin_releases_pending", 0L) > 0) {
+            return 0;
+        }
         return statistics.getOrDefault("plugin_tasks_succeeded", 0L) + statistics.getOrDefault("plugin_tasks_failed", 0L);
     }
 }

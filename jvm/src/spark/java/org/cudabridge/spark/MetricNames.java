@@ -38,7 +38,10 @@ public final class MetricNames {
         m.put("plugin_tasks_started", "plugin_tasks_started");
         m.put("plugin_tasks_released", "plugin_tasks_released");
         m.put("plugin_tasks_failed", "plugin_tasks_failed");
+        m.put("plugin_releases_pending", "plugin_releases_pending");
         m.put("plugin_bind_failures", "plugin_bind_failures");
+        m.put("plugin_bind_us_total", "plugin_bind_us_total");
+        m.put("plugin_release_us_total", "plugin_release_us_total");
         GAUGES = Collections.unmodifiableMap(m);
     }
 

@@ -30,6 +30,8 @@ public final class PluginConf {
     public static final String GPU_RESOURCE = PREFIX + "gpuResource";
     /** Stream priority of task streams: {@code normal} or {@code high} (default {@code normal}). */
     public static final String TASK_PRIORITY = PREFIX + "taskPriority";
+    /** Release ended tasks on the executor's release thread (true) or on the task's thread (false). */
+    public static final String ASYNC_RELEASE = PREFIX + "asyncRelease";
     /** How old (ms) a statistics snapshot may be when a metrics sink reads the gauges (default 500). */
     public static final String METRICS_REFRESH_MS = PREFIX + "metrics.refreshMs";
     /** How often (ms) each executor sends its statistics to the driver plugin; 0: never (default 1000). */
@@ -45,6 +47,7 @@ public final class PluginConf {
         m.put(LIBRARY, new String[] {"(beside cudabridge.jar)", "path of libcudabridge_jni.so"});
         m.put(GPU_RESOURCE, new String[] {"gpu", "Spark resource name whose addresses are the executor's and task's GPUs"});
         m.put(TASK_PRIORITY, new String[] {"normal", "stream priority of task streams: normal or high"});
+        m.put(ASYNC_RELEASE, new String[] {"true", "release ended tasks on one release thread (off the task's path); false: on the task's thread"});
         m.put(METRICS_REFRESH_MS, new String[] {"500", "most age (ms) of the statistics snapshot behind the gauges"});
         m.put(REPORT_INTERVAL_MS, new String[] {"1000", "period (ms) of each executor's statistics report to the driver; 0 disables"});
         KEYS = Collections.unmodifiableMap(m);
@@ -98,6 +101,14 @@ public final class PluginConf {
         return p;
     }
 
+    public boolean asyncRelease() {
+        String v = get(ASYNC_RELEASE, "true").trim();
+        if (!v.equalsIgnoreCase("true") && !v.equalsIgnoreCase("false")) {
+            throw new IllegalArgumentException(ASYNC_RELEASE + "=" + v + ": expected true or false");
+        }
+        return Boolean.parseBoolean(v);
+    }
+
     public long metricsRefreshMs() { return getLong(METRICS_REFRESH_MS, 500); }
 
     public long reportIntervalMs() { return getLong(REPORT_INTERVAL_MS, 1000); }
@@ -105,6 +116,7 @@ public final class PluginConf {
     /** Checks every plugin key that has a fixed form; throws IllegalArgumentException naming the key. */
     public void validate() {
         taskPriority();
+        asyncRelease();
         metricsRefreshMs();
         reportIntervalMs();
     }

@@ -4,6 +4,8 @@ import java.util.Collections;
 import java.util.LinkedHashMap;
 import java.util.Map;
 import java.util.TreeMap;
+import java.util.concurrent.LinkedBlockingQueue;
+import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicLong;
 import java.util.logging.Level;
 import java.util.logging.Logger;
@@ -34,6 +36,10 @@ public final class TaskBinder {
     private final String failure;             // null when the bridge runs
     private final String priority;
     private final long refreshNanos;
+    private final boolean asyncRelease;
+    private final LinkedBlockingQueue<TaskScope> releases = new LinkedBlockingQueue<>();
+    private final AtomicLong releasesPending = new AtomicLong();
+    private volatile Thread releaser;
     private final ThreadLocal<TaskScope> scope = new ThreadLocal<>();
     private final ThreadLocal<String> bindFailure = new ThreadLocal<>();
 
@@ -46,18 +52,28 @@ public final class TaskBinder {
     final AtomicLong leakedAllocations = new AtomicLong();
     final AtomicLong leakedBytes = new AtomicLong();
     final AtomicLong startNanos = new AtomicLong();
+    final AtomicLong bindNanos = new AtomicLong();
+    final AtomicLong releaseNanos = new AtomicLong();
 
     private final Object snapshotLock = new Object();
     private volatile Map<String, Long> snapshot = Collections.emptyMap();
     private volatile long snapshotAt;
     private volatile boolean shutDown;
 
-    private TaskBinder(String executorId, CudaBridge bridge, String failure, String priority, long refreshMs) {
+    private TaskBinder(String executorId, CudaBridge bridge, String failure, String priority, long refreshMs,
+                       boolean asyncRelease) {
         this.executorId = executorId;
         this.bridge = bridge;
         this.failure = failure;
         this.priority = priority;
         this.refreshNanos = refreshMs * 1_000_000L;
+        this.asyncRelease = asyncRelease && bridge != null;
+        if (this.asyncRelease) {
+            Thread t = new Thread(this::releaseLoop, "cudabridge-release-" + executorId);
+            t.setDaemon(true);
+            releaser = t;
+            t.start();
+        }
     }
 
     /**
@@ -73,17 +89,19 @@ public final class TaskBinder {
         String reason = null;
         String priority = "normal";
         long refreshMs = 500;
+        boolean async = true;
         try {
             PluginConf conf = new PluginConf(sparkConf);
             conf.validate();
             priority = conf.taskPriority();
             refreshMs = conf.metricsRefreshMs();
+            async = conf.asyncRelease();
             bridge = CudaBridge.start(conf.toOptions(gpuAddresses));
         } catch (Throwable t) { // never out of init: Spark would relaunch the executor forever
             reason = describe(t);
             bridge = null;
         }
-        TaskBinder b = new TaskBinder(executorId, bridge, reason, priority, refreshMs);
+        TaskBinder b = new TaskBinder(executorId, bridge, reason, priority, refreshMs, async);
         b.startNanos.set(System.nanoTime() - t0);
         if (reason != null) {
             LOG.severe("cudabridge: executor " + executorId + " has NO GPU service; every GPU call of its tasks will "
@@ -98,7 +116,7 @@ public final class TaskBinder {
 
     /** A binder whose service is unavailable for {@code reason} (every GPU call fails with it). */
     static TaskBinder failed(String executorId, String reason) {
-        TaskBinder b = new TaskBinder(executorId, null, reason, "normal", 500);
+        TaskBinder b = new TaskBinder(executorId, null, reason, "normal", 500, false);
         LOG.severe("cudabridge: executor " + executorId + " has NO GPU service; every GPU call of its tasks will "
                 + "fail with: " + oneLine(reason));
         current = b;
@@ -163,8 +181,10 @@ public final class TaskBinder {
             scope.remove();
             release(stale);
         }
+        long t0 = System.nanoTime();
         try {
             scope.set(bridge.bindTask(taskAttemptId, gpuAddress, priority));
+            bindNanos.addAndGet(System.nanoTime() - t0);
             return true;
         } catch (Throwable t) {
             bindFailures.incrementAndGet();
@@ -176,8 +196,14 @@ public final class TaskBinder {
         }
     }
 
-    /** Releases the calling thread's task attempt (its leftover buffers are freed on its stream
-     *  and counted as leaks). Returns the report, or null if no task was bound. Never throws. */
+    /**
+     * Ends the calling thread's task attempt: its leftover buffers are freed on its stream and
+     * counted as leaks. With {@code spark.cudabridge.asyncRelease=true} (the default) the release
+     * is handed to the executor's release thread and this returns null at once (the task's
+     * thread leaves its task now; the release, one call into Python, runs off the task's critical
+     * path, and fewer task threads queue for the GIL); otherwise it releases here and returns the
+     * report. Returns null as well if no task was bound. Never throws.
+     */
     public ReleaseReport onTaskEnd(boolean succeeded) {
         (succeeded ? tasksSucceeded : tasksFailed).incrementAndGet();
         bindFailure.remove();
@@ -186,15 +212,54 @@ public final class TaskBinder {
             return null;
         }
         scope.remove();
+        if (asyncRelease && !shutDown) {
+            try {
+                bridge.detach(); // this thread has no current task from now on
+            } catch (RuntimeException e) {
+                // detach only clears a ThreadLocal
+            }
+            releasesPending.incrementAndGet();
+            releases.add(s);
+            return null;
+        }
         return release(s);
+    }
+
+    private void releaseLoop() {
+        while (true) {
+            TaskScope s;
+            try {
+                s = releases.poll(200, TimeUnit.MILLISECONDS);
+            } catch (InterruptedException e) {
+                return;
+            }
+            if (s == null) {
+                if (shutDown) {
+                    return;
+                }
+                continue;
+            }
+            try {
+                release(s);
+            } finally {
+                releasesPending.decrementAndGet();
+            }
+        }
+    }
+
+    /** Releases handed to the release thread and not yet done. */
+    public long releasesPending() {
+        return releasesPending.get();
     }
 
     private ReleaseReport release(TaskScope s) {
         if (shutDown) {
             return null;
         }
+        long t0 = System.nanoTime();
         try {
             ReleaseReport r = s.release();
+            releaseNanos.addAndGet(System.nanoTime() - t0);
             tasksReleased.incrementAndGet();
             if (r.leakedAllocations() > 0) {
                 leakedAllocations.addAndGet(r.leakedAllocations());
@@ -226,10 +291,13 @@ public final class TaskBinder {
         m.put("plugin_tasks_succeeded", tasksSucceeded.get());
         m.put("plugin_tasks_failed", tasksFailed.get());
         m.put("plugin_tasks_released", tasksReleased.get());
+        m.put("plugin_releases_pending", releasesPending.get());
         m.put("plugin_bind_failures", bindFailures.get());
         m.put("plugin_release_failures", releaseFailures.get());
         m.put("plugin_leaked_allocations", leakedAllocations.get());
         m.put("plugin_leaked_bytes", leakedBytes.get());
+        m.put("plugin_bind_us_total", bindNanos.get() / 1000);        // time the task threads spent in bindTask
+        m.put("plugin_release_us_total", releaseNanos.get() / 1000);  // ... and in the release
         return m;
     }
 
@@ -294,8 +362,26 @@ public final class TaskBinder {
         if (shutDown) {
             return;
         }
+        // Finish the releases handed to the release thread first (their leaks are counted).
+        long deadline = System.nanoTime() + 10_000_000_000L;
+        while (releasesPending.get() > 0 && System.nanoTime() < deadline) {
+            TaskScope s = releases.poll();
+            if (s != null) {
+                try {
+                    release(s);
+                } finally {
+                    releasesPending.decrementAndGet();
+                }
+            } else {
+                Thread.onSpinWait();
+            }
+        }
         refresh();
         shutDown = true;
+        Thread r = releaser;
+        if (r != null) {
+            r.interrupt();
+        }
         if (bridge != null) {
             try {
                 bridge.shutdown();
