@@ -1,7 +1,7 @@
 """Spark benchmarks: the plugin's overhead on a job's task phase, and pool streams against one
 cudaStreamCreate/Destroy per task.
 
-    python bench/bench_spark.py [--part all|plugin|streams] [--apps 5] [--rounds 6] [--tasks 200]
+    python bench/bench_spark.py [--part all|plugin|bind|streams] [--apps 5] [--rounds 6] [--tasks 200]
                                 [--backend emulated|cuda|auto] [--out DIR]
 
 * ``plugin`` (needs Spark; emulated device): example (a)'s job of ``--tasks`` short tasks in
@@ -13,6 +13,8 @@ cudaStreamCreate/Destroy per task.
   so that the machine's drift hits all alike; reported: median over apps and the spread
   (min-max), and start-up (JVM start to a ready SparkSession, which includes the plugin's init
   in local mode) on its own, with the bridge's own start time.
+* ``bind`` (no Spark): TaskHarness ``--bind-only`` in a plain JVM: the bind + release cost per
+  task outside Spark, the anchor for the in-Spark ``executor.plugin_*_us_total`` row.
 * ``streams`` (no Spark; runs on the GPU machine with ``--backend cuda``): per short task, the
   pool (bind_task + a 4 KiB memset on the task's stream + stream synchronize + release_task)
   against creating a stream (cudaStreamCreate + the same memset + synchronize +
@@ -71,8 +73,35 @@ def run_app(work: str, plugin: bool, tasks: int, rounds: int, elements: int, mas
     warm = per_round[len(per_round) // 2:]   # the first half warms the JIT and Spark's caches up
     return {"phase_ms": statistics.median(warm),
             "rounds_ms": per_round, "startup_ms": float(s["startup_ms"]), "wall_s": wall,
-            "bridge_start_ms": s.get("statistics", {}).get("plugin_start_ms"),
+            "bridge_start_ms": s.get("statistics", {}).get("plugin_start_ms"), "stats": s.get("statistics", {}),
             "tasks_released": s.get("tasks_released"), "verify_failures": s["verify_failures"]}
+
+
+def bench_bind_plain_jvm(args, rows: list, out: dict) -> None:
+    """The plugin's per-task cost outside Spark: TaskHarness --bind-only (TaskBinder's bind and
+    release, 4 task threads, no work), in a plain java process: the anchor for the in-Spark
+    executor.plugin_bind_us_total / plugin_release_us_total."""
+    import shutil
+
+    from cudabridge.jvm import build as core
+    from cudabridge.spark import build as b
+
+    b.build()
+    cp = os.pathsep.join([str(core.jar_path()), str(b.plugin_jar_path()), str(b.examples_jar_path()),
+                          str(core.jpype_jar())])
+    per_task = []
+    for _ in range(args.apps):
+        with tempfile.TemporaryDirectory(prefix="bench-bind-") as d:
+            summary = Path(d) / "s.json"
+            subprocess.run([shutil.which("java") or "java", "-cp", cp, "-Dspark.cudabridge.backend=emulated",
+                            "org.cudabridge.examples.TaskHarness", "--bind-only", "--tasks", "4000", "--threads", "4",
+                            "--summary-json", str(summary)], check=True, capture_output=True, timeout=300)
+            s = json.loads(summary.read_text())
+        st = s["statistics"]
+        per_task.append((st["plugin_bind_us_total"] + st["plugin_release_us_total"]) / st["plugin_tasks_started"])
+    rows.append(("plain JVM: bind + release per task (TaskBinder, 4 threads)", f"{statistics.median(per_task):.1f} us",
+                 f"spread {spread(per_task)} over {len(per_task)} runs (time inside the calls, summed over threads)"))
+    out["bind_plain_jvm_us"] = per_task
 
 
 def bench_plugin(args, rows: list, out: dict) -> None:
@@ -109,6 +138,14 @@ def bench_plugin(args, rows: list, out: dict) -> None:
                      f"spread {spread(starts)}"))
     out["overhead"] = overhead
     out["paired_overhead"] = paired
+    binds = []
+    for r in results["host, plugin"]:
+        st = r.get("stats") or {}
+        if st.get("plugin_tasks_started"):
+            binds.append((st["plugin_bind_us_total"] + st["plugin_release_us_total"]) / st["plugin_tasks_started"])
+    if binds:
+        rows.append(("in Spark: bind + release per task (executor.plugin_*_us_total)", f"{statistics.median(binds):.1f} us",
+                     f"spread {spread(binds)} (time inside the calls, summed over task threads)"))
 
 
 # --- pool streams vs create/destroy per task ------------------------------------------------------
@@ -165,7 +202,7 @@ def bench_streams(args, rows: list, out: dict) -> None:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--part", choices=("all", "plugin", "streams"), default="all")
+    p.add_argument("--part", choices=("all", "plugin", "bind", "streams"), default="all")
     p.add_argument("--apps", type=int, default=5, help="spark-submits per configuration (>= 5 for the medians)")
     p.add_argument("--rounds", type=int, default=10, help="job rounds per app; the first half is dropped")
     p.add_argument("--tasks", type=int, default=200)
@@ -181,6 +218,8 @@ def main() -> int:
                  "cpus": os.cpu_count()}
     if args.part in ("all", "streams"):
         bench_streams(args, rows, out)
+    if args.part in ("all", "plugin", "bind"):
+        bench_bind_plain_jvm(args, rows, out)
     if args.part in ("all", "plugin"):
         bench_plugin(args, rows, out)
     width = max(len(r[0]) for r in rows)

@@ -27,6 +27,7 @@ import org.cudabridge.spark.TaskBinder;
  * java -cp cudabridge.jar:cudabridge-spark.jar:cudabridge-examples.jar:org.jpype.jar \
  *   [-Dspark.cudabridge.backend=cuda] [-Dcudabridge.python=.../python] \
  *   org.cudabridge.examples.TaskHarness [--tasks 256] [--threads 8] [--elements 65536] [--fail-first-attempt 3,7]
+ *   [--bind-only] (tasks only bound and released: the plugin's own per-task cost)
  * </pre>
  * Prints the same summary as the Spark job and exits 1 if any check fails (verify failures,
  * leaks not reclaimed as planned, memory still in use, a task not released).
@@ -39,6 +40,7 @@ public final class TaskHarness {
         int threads = 8;
         int elements = 65536;
         boolean leak = true;
+        boolean bindOnly = false;
         String summaryJson = null;
         Set<Integer> failFirst = new HashSet<>();
         for (int i = 0; i < args.length; i++) {
@@ -47,6 +49,7 @@ public final class TaskHarness {
                 case "--threads": threads = Integer.parseInt(args[++i]); break;
                 case "--elements": elements = Integer.parseInt(args[++i]); break;
                 case "--no-leak": leak = false; break;
+                case "--bind-only": bindOnly = true; leak = false; break;
                 case "--summary-json": summaryJson = args[++i]; break;
                 case "--fail-first-attempt":
                     for (String p : args[++i].split(",")) {
@@ -74,6 +77,7 @@ public final class TaskHarness {
         final int n = elements;
         final boolean leakIt = leak;
         final int total = tasks;
+        final boolean onlyBind = bindOnly;
         AtomicInteger next = new AtomicInteger();
         AtomicLong attemptIds = new AtomicLong(1);
         AtomicInteger plannedFailures = new AtomicInteger();
@@ -90,6 +94,15 @@ public final class TaskHarness {
                         boolean ok = false;
                         try {
                             CudaBridge b = GpuTask.bridge();
+                            if (onlyBind) {           // the plugin's own cost: bind and release, no work
+                                PartitionWork.Result r = new PartitionWork.Result();
+                                r.partition = p;
+                                r.stream = b.stream();
+                                r.executorId = "harness";
+                                results.add(r);
+                                ok = true;
+                                break;     // the finally releases first
+                            }
                             if (attempt == 0 && failFirst.contains(p)) {
                                 PartitionWork.failAfterAllocating(b, p, n);
                             }
