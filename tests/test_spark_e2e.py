@@ -101,6 +101,8 @@ def test_csv_sink_metrics_agree_with_service_statistics(job_a):
                  "bytes_waiting_on_events", "event_polls", "gpu_waits", "host_syncs", "oom", "leaks_reclaimed",
                  "bridge_calls"}
     assert {f"executor.{n}" for n in from_java} <= set(m), sorted(m)
+    # every allocation and free crossed the bridge once: the call counter must say at least that
+    assert m["executor.bridge_calls"] >= 2 * st["allocations"] - st["leaks_reclaimed"] > 0, (m, st)
     # driver-side metrics have their own names, so both survive in local mode's shared registry
     assert m.get("driver.executors_reporting") == 1
     assert m.get("driver.executors_leaks_reclaimed") == st["leaks_reclaimed"]

@@ -89,9 +89,14 @@ def jpype_jar() -> Path:
 
 
 def classpath() -> str:
-    """What ``spark.{driver,executor}.extraClassPath`` needs: our jar and ``org.jpype.jar``
-    (JPype fails in a child class loader, so both go on the system class path)."""
-    return os.pathsep.join([str(jar_path()), str(jpype_jar())])
+    """What ``spark.{driver,executor}.extraClassPath`` needs: our jar, the Spark plugin's jar
+    where it is built (``dev/setup`` builds it; it needs Spark's jars to compile) and
+    ``org.jpype.jar`` (JPype fails in a child class loader, so all go on the system class path)."""
+    jars = [jar_path()]
+    plugin = jar_path().with_name("cudabridge-spark.jar")
+    if plugin.is_file():
+        jars.append(plugin)
+    return os.pathsep.join([*map(str, jars), str(jpype_jar())])
 
 
 # --- toolchain discovery ------------------------------------------------------------------------

@@ -65,6 +65,8 @@ class BridgeControl:
         out = {k: int(v) for k, v in stats.totals().items()}
         for key, value in self.hot.counters.items():
             out["bridge_" + key] = int(value)
+        # calls into Python on the hot path (a batch of frees is one call)
+        out["bridge_calls_total"] = sum(int(v) for k, v in self.hot.counters.items() if k != "batched_frees")
         out["bridge_live_handles"] = self.hot.live_handles
         out["bridge_pinned_buffers"] = len(self.hot._pinned)
         out["bridge_releases"] = self.releases

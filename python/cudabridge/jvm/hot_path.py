@@ -90,6 +90,7 @@ class JavaHotPath:
         a = self._allocators[b.gpu](size, b.stream, task)
         hid = a.id << GPU_BITS | b.gpu
         self._live[hid] = a
+        self.counters["allocations"] += 1
         return hid, a.ptr
 
     def free(self, hid: int) -> None:
@@ -97,6 +98,7 @@ class JavaHotPath:
         if a is None:
             raise InvalidFree(self._why_not_live(hid, "free"))
         self._frees[hid & GPU_MASK](a)
+        self.counters["frees"] += 1
 
     def free_many(self, hids: Iterable[int]) -> int:
         """Free every handle of ``hids`` in one call. All are checked first: one bad handle
@@ -143,11 +145,13 @@ class JavaHotPath:
         """Host (staged Java heap array: pageable memory) to device. Returns once the host bytes
         are staged: the caller reuses its staging buffer at once."""
         a = self._get(hid, "copy_in", offset, len(view))
+        self.counters["copies_in"] += 1
         self._backend.copy_to_device_async(a.ptr + offset, view, a.stream)
 
     def copy_out(self, hid: int, offset: int, view: memoryview) -> None:
         """Device to host (staging memory: pageable); returns when the bytes are there."""
         a = self._get(hid, "copy_out", offset, len(view))
+        self.counters["copies_out"] += 1
         self._backend.copy_from_device_async(view, a.ptr + offset, a.stream)
 
     def copy_in_direct(self, hid: int, offset: int, address: int, view: memoryview) -> None:
@@ -189,6 +193,7 @@ class JavaHotPath:
 
     def memset(self, hid: int, offset: int, value: int, nbytes: int) -> None:
         a = self._get(hid, "memset", offset, nbytes)
+        self.counters["memsets"] += 1
         self._backend.memset_async(a.ptr + offset, value, nbytes, a.stream)
 
     # pinned host memory ----------------------------------------------------------------------
