@@ -34,6 +34,8 @@ def test_harness_runs_without_spark(tmp_path):
     assert s["checks"] == "ok", s
     assert s["tasks_run"] == 48 and s["task_attempts"] == 51 and s["planned_failures"] == 3
     assert s["leaks_reclaimed"] == 48 + 3 and s["live_allocations_after"] == 0
-    assert s["distinct_streams_used"] == 32     # round-robin over the pool's 32 streams
+    # 51 round-robin binds cover all 32 pool streams; counted over successful tasks only, a stream
+    # that only failed attempts drew is missing (which attempts fail first depends on timing)
+    assert 32 - s["planned_failures"] <= s["distinct_streams_used"] <= 32, s
     st = s["statistics"]
     assert st["plugin_tasks_released"] == 51 and st["tasks_bound_total"] == 51
