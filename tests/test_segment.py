@@ -177,3 +177,20 @@ def test_growth_modes_are_checked(backend):
     assert pool.growth == "chunks"
     pool.close()
     plain.close()
+
+
+def test_a_spare_piece_too_big_for_the_room_left_is_not_an_error(backend):
+    """Near the end of a reservation a spare piece may not fit; growth makes a piece that does."""
+    from cudabridge.memory.segment import PIECE, PhysicalPieces, Segment
+
+    spares = PhysicalPieces(backend)
+    seg = Segment(backend, PIECE + 4 * G, G)
+    start, mapped, created = seg.extend(PIECE, spares)
+    assert (mapped, created) == (PIECE, PIECE)
+    released = seg.release_within(start, start + PIECE, spares)     # now a spare of PIECE bytes
+    assert released == [(start, PIECE)] and spares.bytes == PIECE
+    _, mapped2, created2 = seg.extend(2 * G, spares)    # 4 G of room left: the spare cannot go there
+    assert (mapped2, created2) == (2 * G, 2 * G) and spares.bytes == PIECE
+    seg.close()
+    spares.close()
+    assert backend.mem_get_info()[0] == 1 << 30

@@ -176,8 +176,8 @@ typedef struct {
     int naive;
 } FastPath;
 
-static PyObject *s_bins, *s_eager, *s_epoch, *s_state, *s_recent, *s_size, *s_ptr, *s_append,
-    *s_allocate, *s_free, *s_trim_recent;
+/* Method names, interned once. */
+static PyObject *s_append, *s_allocate, *s_free, *s_trim_recent;
 
 static int fp_traverse(FastPath *self, visitproc visit, void *arg) {
     Py_VISIT(self->arenas); Py_VISIT(self->live); Py_VISIT(self->owners);
@@ -787,8 +787,7 @@ static struct PyModuleDef fastpath_module = {
 
 PyMODINIT_FUNC PyInit__fastpath(void) {
 #define INTERN(var, text) if (((var) = PyUnicode_InternFromString(text)) == NULL) return NULL
-    INTERN(s_bins, "bins"); INTERN(s_eager, "eager"); INTERN(s_epoch, "epoch"); INTERN(s_state, "state");
-    INTERN(s_recent, "recent"); INTERN(s_size, "size"); INTERN(s_ptr, "ptr"); INTERN(s_append, "append");
+    INTERN(s_append, "append");
     INTERN(s_allocate, "allocate"); INTERN(s_free, "free");
     INTERN(s_trim_recent, "_trim_recent");
 #undef INTERN

@@ -72,19 +72,17 @@ class Segment:
 
     def extend(self, nbytes: int, spares: PhysicalPieces) -> tuple[int, int, int]:
         """Map at least ``nbytes`` more at the end, spare pieces first, then new ones.
-        Returns (start, bytes mapped, bytes newly created). Raises DeviceAllocationFailed when
-        the device has no room; what was mapped before the failure stays mapped and counted,
-        so the caller's accounting stays exact."""
+        Returns (start, bytes mapped, bytes newly created); fewer bytes than asked where the
+        reservation runs out. Raises DeviceAllocationFailed when the device has no room and
+        nothing was mapped; after a partial mapping it returns what was mapped, so the caller's
+        accounting stays exact."""
         start = self.end
         mapped = created = 0
         while mapped < nbytes:
             piece = spares.take()
             if piece is not None and self.end + piece[0] > self.ptr + self.size:
-                spares.put(*piece)
+                spares.put(*piece)   # too big for the room left: make a piece that fits instead
                 piece = None
-                if mapped == 0:
-                    raise ValueError("segment address space exhausted")
-                break
             fresh = piece is None
             if fresh:
                 size = min(PIECE, self.round_up(nbytes - mapped), self.ptr + self.size - self.end)
@@ -105,6 +103,8 @@ class Segment:
                     self.backend.phys_release(handle)
                 else:
                     spares.put(size, handle)
+                if mapped:
+                    return start, mapped, created
                 raise
             self._pieces[self.end] = (size, handle)
             self.end += size
@@ -123,9 +123,6 @@ class Segment:
             spares.put(size, handle)
             out.append((start, size))
         return out
-
-    def mapped_bytes(self) -> int:
-        return sum(size for size, _ in self._pieces.values())
 
     def close(self) -> None:
         """Unmap and release everything, then the reservation (the device must be idle)."""

@@ -440,9 +440,7 @@ class StreamOrderedMemoryPool:
         """Memory for a large request at the end of the current segment: only what its free
         tail lacks, from spare physical pieces first, then pieces moved out of holes, then new
         memory under the limit (lock held)."""
-        chunk = self._segment_chunk
-        if chunk is None or chunk.segment.room() < r:
-            chunk = self._new_segment(r)
+        chunk = self._segment_chunk or self._new_segment(r)
         seg = chunk.segment
         tail = chunk.head
         while tail is not None and tail.next is not None:
