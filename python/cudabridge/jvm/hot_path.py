@@ -17,17 +17,24 @@ Host buffers arrive as ``memoryview`` objects over native memory the C side owns
 staging buffer for Java heap arrays, the memory of a direct ``ByteBuffer``), plus, for direct
 buffers, the raw address so that pinned buffers handed out by :meth:`alloc_pinned` are
 recognised (copies to and from them are truly asynchronous).
+
+``stream``, ``allocate``, ``free`` and ``free_many`` have a C twin (``_hotcore.c``, built with the
+pool's C fast path) that the constructor installs on the instance when it is built, as the pool
+does with its own: the methods below are the reference it follows and the fallback
+(``fast_path="python"``, or ``CUDABRIDGE_NATIVE_FASTPATH=0``).
 """
 
 from __future__ import annotations
 
 import bisect
+import importlib
 import itertools
 import logging
 import threading
 from typing import TYPE_CHECKING, Any, Iterable
 
 from ..errors import InvalidArgument, InvalidFree, UnknownTask
+from ..memory.native import supported as native_supported
 
 if TYPE_CHECKING:
     from ..memory import Allocation
@@ -43,7 +50,9 @@ GPU_MASK = MAX_GPUS - 1
 class JavaHotPath:
     """The hot path of the Java API, over one :class:`CudaBridgeService`."""
 
-    def __init__(self, service: "CudaBridgeService") -> None:
+    def __init__(self, service: "CudaBridgeService", fast_path: str = "auto") -> None:
+        if fast_path not in ("auto", "native", "python"):
+            raise InvalidArgument(f"fast_path must be 'auto', 'native' or 'python', got {fast_path!r}")
         if max(service.gpus, default=0) >= MAX_GPUS:
             raise InvalidArgument(f"the Java bridge supports GPU ordinals below {MAX_GPUS}, got {sorted(service.gpus)}")
         self._service = service
@@ -64,9 +73,50 @@ class JavaHotPath:
         self._dummy_threads = 0
         # Calls counted per kind; plain ints, incremented under the GIL (atomic enough for
         # statistics: a lost increment under a free-threaded build would only skew a gauge).
-        self.counters = dict.fromkeys(("allocations", "frees", "batched_frees", "batches", "copies_in",
-                                       "copies_out", "copies_direct", "memsets", "synchronizes"), 0)
+        self._counts = dict.fromkeys(("allocations", "frees", "batched_frees", "batches", "copies_in",
+                                      "copies_out", "copies_direct", "memsets", "synchronizes"), 0)
         self._ids = itertools.count(1)
+        self._core = self._native_core(fast_path)
+
+    def _native_core(self, choice: str) -> Any:
+        """Install the C twin of the allocate/free methods (``_hotcore.c``) on this instance."""
+        if choice == "python":
+            return None
+        ok, why = native_supported()
+        module = None
+        if ok:
+            try:
+                module = importlib.import_module("cudabridge.jvm._hotcore")
+            except ImportError as exc:
+                why = f"not built ({exc}): python -m cudabridge.memory.build_fastpath"
+        if module is None:
+            if choice == "native":
+                raise InvalidArgument(f"fast_path='native' but the hot path's C extension is unavailable: {why}")
+            log.debug("Java hot path in Python: %s", why)
+            return None
+        core = module.HotCore(
+            bindings=self._service.registry._bindings, live=self._live, allocators=self._allocators,
+            frees=self._frees, set_device=self._set_device if self._multi_gpu else None,
+            unknown_task=self._binding, not_live=self._refuse, refuse_many=self._refuse_many)
+        self.stream = core.stream  # type: ignore[method-assign]
+        self.allocate = core.allocate  # type: ignore[method-assign]
+        self.free = core.free  # type: ignore[method-assign]
+        self.free_many = core.free_many  # type: ignore[method-assign]
+        return core
+
+    @property
+    def fast_path(self) -> str:
+        """"native" (the C twin) or "python"."""
+        return "native" if self._core is not None else "python"
+
+    @property
+    def counters(self) -> dict[str, int]:
+        """Calls counted per kind (the C twin counts its own)."""
+        out = dict(self._counts)
+        if self._core is not None:
+            for k, v in self._core.counts().items():
+                out[k] += v
+        return out
 
     # streams ---------------------------------------------------------------------------------
     def stream(self, task: int) -> tuple[int, int]:
@@ -78,7 +128,7 @@ class JavaHotPath:
         b = self._binding(task)
         if self._multi_gpu:
             self._set_device(b.gpu)
-        self.counters["synchronizes"] += 1
+        self._counts["synchronizes"] += 1
         self._backend.stream_synchronize(b.stream)
 
     # memory ----------------------------------------------------------------------------------
@@ -88,17 +138,25 @@ class JavaHotPath:
         if self._multi_gpu:
             self._set_device(b.gpu)
         a = self._allocators[b.gpu](size, b.stream, task)
+        if self._registry._bindings.get(task) is not b:
+            # Released on another thread while the pool worked: the release reclaimed only what
+            # it saw, so an allocation it missed would belong to nobody. Give it back (unless
+            # the release reclaimed it) and refuse.
+            if a.alive:
+                self._frees[b.gpu](a)
+            self._binding(task)
+            raise UnknownTask(f"task {task!r} was released during the call")
         hid = a.id << GPU_BITS | b.gpu
         self._live[hid] = a
-        self.counters["allocations"] += 1
+        self._counts["allocations"] += 1
         return hid, a.ptr
 
     def free(self, hid: int) -> None:
         a = self._live.pop(hid, None)
         if a is None:
-            raise InvalidFree(self._why_not_live(hid, "free"))
+            self._refuse(hid, "free")
         self._frees[hid & GPU_MASK](a)
-        self.counters["frees"] += 1
+        self._counts["frees"] += 1
 
     def free_many(self, hids: Iterable[int]) -> int:
         """Free every handle of ``hids`` in one call. All are checked first: one bad handle
@@ -107,11 +165,7 @@ class JavaHotPath:
         hids = tuple(hids)
         # all checked before any is freed: one bad handle frees nothing
         if not live.keys() >= set(hids) or len(set(hids)) != len(hids):
-            bad = [h for h in hids if h not in live]
-            if bad:
-                raise InvalidFree(f"free_many of {len(hids)} buffer(s): {len(bad)} not live "
-                                  f"(first: {self._why_not_live(bad[0], 'free')}); nothing was freed")
-            raise InvalidFree(f"free_many of {len(hids)} buffer(s): a handle appears twice; nothing was freed")
+            self._refuse_many(hids)
         pop = live.pop
         if self._multi_gpu:
             frees = self._frees
@@ -121,10 +175,22 @@ class JavaHotPath:
             free = self._frees[next(iter(self._frees))]
             for h in hids:
                 free(pop(h))
-        c = self.counters
+        c = self._counts
         c["batched_frees"] += len(hids)
         c["batches"] += 1
         return len(hids)
+
+    def _refuse(self, hid: int, call: str) -> None:
+        raise InvalidFree(self._why_not_live(hid, call))
+
+    def _refuse_many(self, hids: tuple) -> None:
+        """Raise what a free_many of ``hids`` that is not all live and distinct deserves."""
+        live = self._live
+        bad = [h for h in hids if h not in live]
+        if bad:
+            raise InvalidFree(f"free_many of {len(hids)} buffer(s): {len(bad)} not live "
+                              f"(first: {self._why_not_live(bad[0], 'free')}); nothing was freed")
+        raise InvalidFree(f"free_many of {len(hids)} buffer(s): a handle appears twice; nothing was freed")
 
     def _why_not_live(self, hid: int, call: str) -> str:
         return (f"{call}: device buffer handle {hid:#x} is not live (freed already, released with its task, "
@@ -145,25 +211,25 @@ class JavaHotPath:
         """Host (staged Java heap array: pageable memory) to device. Returns once the host bytes
         are staged: the caller reuses its staging buffer at once."""
         a = self._get(hid, "copy_in", offset, len(view))
-        self.counters["copies_in"] += 1
+        self._counts["copies_in"] += 1
         self._backend.copy_to_device_async(a.ptr + offset, view, a.stream)
 
     def copy_out(self, hid: int, offset: int, view: memoryview) -> None:
         """Device to host (staging memory: pageable); returns when the bytes are there."""
         a = self._get(hid, "copy_out", offset, len(view))
-        self.counters["copies_out"] += 1
+        self._counts["copies_out"] += 1
         self._backend.copy_from_device_async(view, a.ptr + offset, a.stream)
 
     def copy_in_direct(self, hid: int, offset: int, address: int, view: memoryview) -> None:
         """Direct ByteBuffer to device, asynchronous on the buffer's stream when the memory is
         pinned (the Java caller keeps the ByteBuffer alive and unchanged until a synchronize)."""
         a = self._get(hid, "copy_in", offset, len(view))
-        self.counters["copies_direct"] += 1
+        self._counts["copies_direct"] += 1
         self._backend.copy_to_device_async(a.ptr + offset, self._host(address, view), a.stream)
 
     def copy_out_direct(self, hid: int, offset: int, address: int, view: memoryview) -> None:
         a = self._get(hid, "copy_out", offset, len(view))
-        self.counters["copies_direct"] += 1
+        self._counts["copies_direct"] += 1
         self._backend.copy_from_device_async(self._host(address, view), a.ptr + offset, a.stream)
 
     def copy_device(self, dst: int, dst_offset: int, src: int, src_offset: int, nbytes: int) -> None:
@@ -193,7 +259,7 @@ class JavaHotPath:
 
     def memset(self, hid: int, offset: int, value: int, nbytes: int) -> None:
         a = self._get(hid, "memset", offset, nbytes)
-        self.counters["memsets"] += 1
+        self._counts["memsets"] += 1
         self._backend.memset_async(a.ptr + offset, value, nbytes, a.stream)
 
     # pinned host memory ----------------------------------------------------------------------

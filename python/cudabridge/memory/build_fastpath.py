@@ -1,8 +1,11 @@
-"""``python -m cudabridge.memory.build_fastpath [--force]``: build the pool's C fast path."""
+"""``python -m cudabridge.memory.build_fastpath [--force]``: build the service's C fast paths:
+the pool's (``memory/_fastpath.c``) and the Java hot path's (``jvm/_hotcore.c``)."""
 
 import sys
 
-from .native import build
+from .native import HERE, build
 
 if __name__ == "__main__":
-    print(build(force="--force" in sys.argv))
+    force = "--force" in sys.argv
+    print(build(force=force))
+    print(build(force=force, source=HERE.parent / "jvm" / "_hotcore.c"))

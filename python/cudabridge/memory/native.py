@@ -26,8 +26,8 @@ SOURCE = HERE / "_fastpath.c"
 ENV_SWITCH = "CUDABRIDGE_NATIVE_FASTPATH"
 
 
-def target() -> Path:
-    return HERE / ("_fastpath" + sysconfig.get_config_var("EXT_SUFFIX"))
+def target(source: Path = SOURCE) -> Path:
+    return source.with_name(source.stem + sysconfig.get_config_var("EXT_SUFFIX"))
 
 
 def supported() -> tuple[bool, str]:
@@ -38,21 +38,22 @@ def supported() -> tuple[bool, str]:
     return True, ""
 
 
-def build(force: bool = False, cc: str | None = None) -> Path:
-    """Compile the extension next to its source (if older than the source, or ``force``)."""
-    out = target()
-    if not force and out.exists() and out.stat().st_mtime >= SOURCE.stat().st_mtime:
+def build(force: bool = False, cc: str | None = None, source: Path = SOURCE) -> Path:
+    """Compile the extension next to its source (if older than the source, or ``force``). The
+    Java hot path's ``cudabridge/jvm/_hotcore.c`` is built the same way (``source=``)."""
+    out = target(source)
+    if not force and out.exists() and out.stat().st_mtime >= source.stat().st_mtime:
         return out
     cc = cc or os.environ.get("CC") or "gcc"
     include = sysconfig.get_paths()["include"]
     cmd = [*shlex.split(cc), "-O2", "-fPIC", "-shared", "-Wall", "-Werror=implicit-function-declaration",
-           f"-I{include}", str(SOURCE), "-o", str(out) + ".tmp"]
+           f"-I{include}", str(source), "-o", str(out) + ".tmp"]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True)
     except FileNotFoundError as exc:
-        raise RuntimeError(f"cannot build the pool's C fast path: compiler {cc!r} not found") from exc
+        raise RuntimeError(f"cannot build {source.name}: compiler {cc!r} not found") from exc
     if proc.returncode != 0:
-        raise RuntimeError(f"building the pool's C fast path failed ({' '.join(cmd)}):\n{proc.stderr}")
+        raise RuntimeError(f"building {source.name} failed ({' '.join(cmd)}):\n{proc.stderr}")
     os.replace(str(out) + ".tmp", out)
     return out
 
