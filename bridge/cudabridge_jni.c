@@ -34,6 +34,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "hot_gate.h"
+
 #ifndef CB_LIBPYTHON
 #error "CB_LIBPYTHON (the path of the libpython this library is linked to) must be defined by the build"
 #endif
@@ -849,6 +851,50 @@ JNIEXPORT void JNICALL Java_org_cudabridge_NativeBridge_threadStates(JNIEnv *env
     captured_error err = {0};                                                                                \
     if (gil_enter(env, &g) != 0) return ret;
 
+/* The same for the short calls, which pass the gate (hot_gate.h) before they take the GIL, and
+ * leave it after they have dropped the GIL (GATED_EXIT). */
+#define GATED_PROLOGUE(ret)                                                                                 \
+    if (!atomic_load_explicit(&g_ready, memory_order_acquire)) {                                             \
+        throw_state(env, "cudabridge: the bridge is not started in this JVM (call CudaBridge.start first)"); \
+        return ret;                                                                                          \
+    }                                                                                                        \
+    gil_section g;                                                                                           \
+    captured_error err = {0};                                                                                \
+    uintptr_t gate_me = (uintptr_t)&t_slot;                                                                  \
+    int gated = gate_enter(gate_me);                                                                         \
+    if (gil_enter(env, &g) != 0) {                                                                           \
+        if (gated) gate_exit(gate_me);                                                                       \
+        return ret;                                                                                          \
+    }
+#define GATED_EXIT()           \
+    gil_exit(&g);              \
+    if (gated) gate_exit(gate_me);
+
+/* static native void configureGate(boolean enabled, long holdNanos) */
+JNIEXPORT void JNICALL Java_org_cudabridge_NativeBridge_configureGate(JNIEnv *env, jclass cls, jboolean enabled,
+                                                                      jlong holdNanos) {
+    (void)cls;
+    if (holdNanos < 1000 || holdNanos > 1000000000LL) {
+        throw_plain(env, c_iae, "java/lang/IllegalArgumentException",
+                    "configureGate: the hold interval must be within [1 us, 1 s]");
+        return;
+    }
+    atomic_store(&g_gate.wait_ns, (long long)holdNanos);
+    atomic_store(&g_gate.enabled, enabled ? 1 : 0);
+}
+
+/* long[4]: {enabled, hold interval in ns, hand-offs, sleeps} */
+JNIEXPORT void JNICALL Java_org_cudabridge_NativeBridge_gateStats(JNIEnv *env, jclass cls, jlongArray out) {
+    (void)cls;
+    if (out == NULL || (*env)->GetArrayLength(env, out) < 4) {
+        throw_plain(env, c_iae, "java/lang/IllegalArgumentException", "gateStats needs a long[4]");
+        return;
+    }
+    jlong vals[4] = {atomic_load(&g_gate.enabled), atomic_load(&g_gate.wait_ns), atomic_load(&g_gate.handoffs),
+                     atomic_load(&g_gate.sleeps)};
+    (*env)->SetLongArrayRegion(env, out, 0, 4, vals);
+}
+
 /* Calls fn(args...) and discards a None result; captures an error. GIL held. */
 static int call_void(PyObject *fn, PyObject *const *args, size_t nargs, captured_error *err) {
     PyObject *r = PyObject_Vectorcall(fn, args, nargs, NULL);
@@ -893,8 +939,9 @@ static int parse_pair(PyObject *r, long long *a, long long *b, captured_error *e
     return 0;
 }
 
+/* Gated: only the short calls (allocate, stream) use it. */
 static void pair_call(JNIEnv *env, PyObject *fn, const long long *in, int nin, jlongArray out) {
-    HOT_PROLOGUE()
+    GATED_PROLOGUE()
     PyObject *args[4];
     long long a = 0, b = 0;
     if (make_longs(args, in, nin, &err) == 0) {
@@ -907,7 +954,7 @@ static void pair_call(JNIEnv *env, PyObject *fn, const long long *in, int nin, j
             Py_DECREF(r);
         }
     }
-    gil_exit(&g);
+    GATED_EXIT()
     if (err.kind) {
         throw_captured(env, &err);
         return;
@@ -943,17 +990,29 @@ static void void_call(JNIEnv *env, PyObject *fn, const long long *in, int nin) {
     throw_captured(env, &err);
 }
 
+/* As void_call, for the short calls (free, memset, ping): through the gate. */
+static void short_void_call(JNIEnv *env, PyObject *fn, const long long *in, int nin) {
+    GATED_PROLOGUE()
+    PyObject *args[5];
+    if (make_longs(args, in, nin, &err) == 0) {
+        call_void(fn, args, (size_t)nin, &err);
+        decref_all(args, nin);
+    }
+    GATED_EXIT()
+    throw_captured(env, &err);
+}
+
 JNIEXPORT void JNICALL Java_org_cudabridge_NativeBridge_free(JNIEnv *env, jclass cls, jlong handle) {
     (void)cls;
     long long in[1] = {handle};
-    void_call(env, m_free, in, 1);
+    short_void_call(env, m_free, in, 1);
 }
 
 JNIEXPORT void JNICALL Java_org_cudabridge_NativeBridge_memset(JNIEnv *env, jclass cls, jlong handle, jlong offset,
                                                                jint value, jlong nbytes) {
     (void)cls;
     long long in[4] = {handle, offset, value, nbytes};
-    void_call(env, m_memset, in, 4);
+    short_void_call(env, m_memset, in, 4);
 }
 
 JNIEXPORT void JNICALL Java_org_cudabridge_NativeBridge_synchronize(JNIEnv *env, jclass cls, jlong task) {
@@ -971,11 +1030,35 @@ JNIEXPORT void JNICALL Java_org_cudabridge_NativeBridge_copyDevice(JNIEnv *env, 
 
 JNIEXPORT void JNICALL Java_org_cudabridge_NativeBridge_ping(JNIEnv *env, jclass cls) {
     (void)cls;
-    void_call(env, m_ping, NULL, 0);
+    short_void_call(env, m_ping, NULL, 0);
 }
 
 /* static native void freeMany(long[] handles, int count): one Python call for `count` frees. The
  * handles are read before the GIL is taken. */
+/* One Python call for `count` frees (the handles were read from Java before the GIL is taken). */
+static void free_many_call(JNIEnv *env, const jlong *vals, jint count) {
+    GATED_PROLOGUE()
+    PyObject *tuple = PyTuple_New(count);
+    if (tuple == NULL) {
+        capture_python_error(&err);
+    } else {
+        int ok = 1;
+        for (jint i = 0; i < count; i++) {
+            PyObject *v = PyLong_FromLongLong(vals[i]);
+            if (v == NULL) {
+                capture_python_error(&err);
+                ok = 0;
+                break;
+            }
+            PyTuple_SET_ITEM(tuple, i, v);
+        }
+        if (ok) call_void(m_free_many, &tuple, 1, &err);
+        Py_DECREF(tuple);
+    }
+    GATED_EXIT()
+    throw_captured(env, &err);
+}
+
 JNIEXPORT void JNICALL Java_org_cudabridge_NativeBridge_freeMany(JNIEnv *env, jclass cls, jlongArray handles,
                                                                  jint count) {
     (void)cls;
@@ -995,31 +1078,8 @@ JNIEXPORT void JNICALL Java_org_cudabridge_NativeBridge_freeMany(JNIEnv *env, jc
         return;
     }
     (*env)->GetLongArrayRegion(env, handles, 0, count, vals);
-    if ((*env)->ExceptionCheck(env)) {
-        if (vals != small) free(vals);
-        return;
-    }
-    HOT_PROLOGUE()
-    PyObject *tuple = PyTuple_New(count);
-    if (tuple == NULL) {
-        capture_python_error(&err);
-    } else {
-        int ok = 1;
-        for (jint i = 0; i < count; i++) {
-            PyObject *v = PyLong_FromLongLong(vals[i]);
-            if (v == NULL) {
-                capture_python_error(&err);
-                ok = 0;
-                break;
-            }
-            PyTuple_SET_ITEM(tuple, i, v);
-        }
-        if (ok) call_void(m_free_many, &tuple, 1, &err);
-        Py_DECREF(tuple);
-    }
-    gil_exit(&g);
+    if (!(*env)->ExceptionCheck(env)) free_many_call(env, vals, count);
     if (vals != small) free(vals);
-    throw_captured(env, &err);
 }
 
 /* Heap-array copies. Java has checked the ranges against the array and the buffer; the array's

@@ -152,6 +152,25 @@ def test_thread_states_bounded_with_short_lived_java_threads(harness):
     assert interp["threading_active"] <= int(r["states_before"]) + 2  # no _DummyThread left behind
 
 
+@pytest.mark.parametrize("enabled", [True, False])
+def test_gate_starves_nobody_and_never_holds_up_a_synchronize(harness, enabled):
+    r = run_java(harness, "gate", "8", jvm=[f"-Dcudabridge.gate={'true' if enabled else 'false'}",
+                                             "-Dcudabridge.gate.holdMicros=300"])
+    r.ok()
+    assert r["gate_enabled"] == ("1" if enabled else "0")
+    assert r["gate_hold_ns"] == "300000"
+    assert r["sparse_calls"] == "100" and int(r["looper_min_pairs"]) > 0
+    if not enabled:
+        assert r["handoffs"] == "0" and r["sleeps"] == "0"
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "2000000"])
+def test_gate_hold_out_of_range_is_refused_clearly(harness, value):
+    r = run_java(harness, "smoke", jvm=[f"-Dcudabridge.gate.holdMicros={value}"])
+    assert r.rc != 0
+    assert "cudabridge.gate.holdMicros must be" in r.out + r.err, r.out + r.err
+
+
 # --- start-up failures -------------------------------------------------------------------------
 
 @pytest.fixture

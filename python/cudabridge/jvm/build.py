@@ -36,6 +36,7 @@ LIBRARY_NAME = "libcudabridge_jni.so"
 JAR_NAME = "cudabridge.jar"
 PROPERTIES_NAME = "cudabridge-native.properties"
 SOURCE_NAME = "cudabridge_jni.c"
+HEADER_NAMES = ("hot_gate.h",)      # included by the source; shipped beside it
 
 
 class BuildError(RuntimeError):
@@ -183,12 +184,27 @@ def _run(cmd: list[str], what: str) -> None:
         log.info("%s: %s", what, proc.stderr.strip())
 
 
+def build_hot_core(force: bool = False) -> Path | None:
+    """The Java hot path's C twin (``jvm/_hotcore.c``), a Python extension built like the pool's
+    fast path; without it the hot path runs its Python methods (slower, same results)."""
+    from ..memory import native
+
+    try:
+        return native.build(force=force, source=PACKAGE_DIR / "jvm" / "_hotcore.c")
+    except RuntimeError as exc:
+        log.warning("the Java hot path's C twin was not built; the Python one runs: %s", exc)
+        return None
+
+
 def build_native(force: bool = False) -> Path:
     src = c_source()
     out = library_path()
     props = NATIVE_DIR / PROPERTIES_NAME
     lib, include = libpython()
-    if not force and not _stale(out, [src]) and props.is_file() and f"python={sys.executable}\n" in props.read_text():
+    headers = [src.with_name(h) for h in HEADER_NAMES]
+    hotcore = build_hot_core(force)
+    log.debug("Java hot path's C twin: %s", hotcore)
+    if not force and not _stale(out, [src, *headers]) and props.is_file() and f"python={sys.executable}\n" in props.read_text():
         return out
     home = java_home()
     jni_inc = home / "include"
@@ -211,6 +227,8 @@ def build_native(force: bool = False) -> Path:
     os.replace(tmp, out)
     if src.resolve() != (NATIVE_DIR / SOURCE_NAME).resolve():
         shutil.copyfile(src, NATIVE_DIR / SOURCE_NAME)
+        for h in headers:
+            shutil.copyfile(h, NATIVE_DIR / h.name)
     _write_properties()
     log.info("built %s (Python %s, %s; JNI headers of %s)", out, sysconfig.get_python_version(), lib, home)
     return out

@@ -17,7 +17,7 @@ import org.cudabridge.TaskScope;
  * Java side of bench/bench_jvm.py: per-call p50/p99 of stream(), allocate+free, the empty bridge
  * call and 1 MiB copies from Java threads, batched frees, pairs/s for 1..16 threads, and then the
  * same operations timed from Python in this same process (tools.python_bench). Prints one line
- * {@code BENCH <json>}. Args: n (samples per op), copies, seconds per thread count, threads list.
+ * {@code BENCH <json>}. Args: n (samples per op), copies, seconds per thread count and round, threads list, rounds.
  */
 public final class Bench {
     static final int SIZE = 4096;
@@ -53,6 +53,7 @@ public final class Bench {
         int copies = Integer.parseInt(args[1]);
         double seconds = Double.parseDouble(args[2]);
         int[] threadCounts = Arrays.stream(args[3].split(",")).mapToInt(Integer::parseInt).toArray();
+        int rounds = args.length > 4 ? Integer.parseInt(args[4]) : 3;
         CudaBridge b = CudaBridge.start();
         StringBuilder out = new StringBuilder("{");
         out.append("\"gated\": ").append(!"false".equalsIgnoreCase(System.getProperty("cudabridge.gate", "true")));
@@ -83,46 +84,74 @@ public final class Bench {
             out.append(String.format(Locale.ROOT, ", \"batched_free_ns_per_free\": %.1f", total / (8.0 * batches)));
             if (sink[0] == 42) System.out.print(""); // keep the stream() loop alive
         }
-        out.append(", \"threads\": {");
-        for (int ti = 0; ti < threadCounts.length; ti++) {
-            int threads = threadCounts[ti];
-            AtomicLong pairs = new AtomicLong();
-            AtomicBoolean stop = new AtomicBoolean();
-            CyclicBarrier barrier = new CyclicBarrier(threads + 1);
-            List<Thread> ts = new ArrayList<>();
-            for (int k = 0; k < threads; k++) {
-                final long task = 100 + 100L * ti + k;
-                Thread th = new Thread(() -> {
-                    try (TaskScope t = b.bindTask(task)) {
-                        for (int i = 0; i < 5000; i++) b.allocate(SIZE).close(); // warm up
-                        barrier.await();
-                        long mine = 0;
-                        while (!stop.get()) {
-                            b.allocate(SIZE).close();
-                            mine++;
+        // Thread scaling: rounds, each measuring every thread count from Java and then from
+        // Python, so that the ratios compare measurements made close together (the machine's
+        // speed drifts by 2x over minutes).
+        out.append(", \"rounds\": [");
+        for (int round = 0; round < rounds; round++) {
+            StringBuilder java = new StringBuilder();
+            StringBuilder fairness = new StringBuilder();
+            StringBuilder gate = new StringBuilder();
+            for (int ti = 0; ti < threadCounts.length; ti++) {
+                int threads = threadCounts[ti];
+                long[] perThread = new long[threads];
+                AtomicBoolean stop = new AtomicBoolean();
+                CyclicBarrier barrier = new CyclicBarrier(threads + 1);
+                List<Thread> ts = new ArrayList<>();
+                for (int k = 0; k < threads; k++) {
+                    final long task = 100 + 1000L * round + 100L * ti + k;
+                    final int slot = k;
+                    Thread th = new Thread(() -> {
+                        try (TaskScope t = b.bindTask(task)) {
+                            for (int i = 0; i < 5000; i++) b.allocate(SIZE).close(); // warm up
+                            barrier.await();
+                            long mine = 0;
+                            while (!stop.get()) {
+                                b.allocate(SIZE).close();
+                                mine++;
+                            }
+                            perThread[slot] = mine;
+                        } catch (Exception e) {
+                            throw new RuntimeException(e);
                         }
-                        pairs.addAndGet(mine);
-                    } catch (Exception e) {
-                        throw new RuntimeException(e);
-                    }
-                });
-                ts.add(th);
-                th.start();
+                    });
+                    ts.add(th);
+                    th.start();
+                }
+                long[] g0 = new long[4];
+                long[] g1 = new long[4];
+                barrier.await();
+                NativeBridge.gateStats(g0);
+                long t0 = System.nanoTime();
+                Thread.sleep((long) (seconds * 1000));
+                stop.set(true);
+                for (Thread th : ts) th.join();
+                double secs = (System.nanoTime() - t0) / 1e9;
+                NativeBridge.gateStats(g1);
+                long total = 0, min = Long.MAX_VALUE, max = 0;
+                for (long v : perThread) {
+                    total += v;
+                    min = Math.min(min, v);
+                    max = Math.max(max, v);
+                }
+                String sep = ti == 0 ? "" : ", ";
+                java.append(sep).append('"').append(threads).append("\": ")
+                        .append(String.format(Locale.ROOT, "%.0f", total / secs));
+                // the slowest and the fastest thread's share of the pairs, against an even share
+                fairness.append(sep).append('"').append(threads).append("\": [")
+                        .append(String.format(Locale.ROOT, "%.3f, %.3f", min * threads / (double) total,
+                                max * threads / (double) total)).append(']');
+                gate.append(sep).append('"').append(threads).append("\": ")
+                        .append(String.format(Locale.ROOT, "[%.0f, %.0f]", (g1[2] - g0[2]) / secs, (g1[3] - g0[3]) / secs));
             }
-            barrier.await();
-            long t0 = System.nanoTime();
-            Thread.sleep((long) (seconds * 1000));
-            stop.set(true);
-            for (Thread th : ts) th.join();
-            double secs = (System.nanoTime() - t0) / 1e9;
-            out.append(ti == 0 ? "" : ", ").append('"').append(threads).append("\": ")
-                    .append(String.format(Locale.ROOT, "%.0f", pairs.get() / secs));
+            out.append(round == 0 ? "" : ", ").append("{\"java\": {").append(java).append("}, \"fairness\": {")
+                    .append(fairness).append("}, \"handoffs_per_s\": {").append(gate).append("}, \"python\": ")
+                    .append(b.callTool("python_threads", "{\"seconds\": " + seconds + ", \"threads\": [" + args[3]
+                            + "], \"size\": " + SIZE + "}")).append('}');
         }
-        out.append("}");
+        out.append("]");
         out.append(", \"python\": ").append(b.callTool("python_bench",
                 "{\"n\": " + n + ", \"copies\": " + copies + ", \"size\": " + SIZE + "}"));
-        out.append(", \"python_threads\": ").append(b.callTool("python_threads",
-                "{\"seconds\": " + seconds + ", \"threads\": [" + args[3] + "], \"size\": " + SIZE + "}"));
         out.append("}");
         System.out.println("BENCH " + out);
         System.out.flush();

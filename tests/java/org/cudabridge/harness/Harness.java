@@ -12,6 +12,7 @@ import java.util.Map;
 import java.util.Random;
 import java.util.concurrent.ConcurrentLinkedQueue;
 import java.util.concurrent.CountDownLatch;
+import java.util.concurrent.atomic.AtomicBoolean;
 import java.util.concurrent.atomic.AtomicLong;
 
 import org.cudabridge.CudaBridge;
@@ -50,6 +51,7 @@ public final class Harness {
             case "threads": threads(Integer.parseInt(rest[0]), Integer.parseInt(rest[1])); break;
             case "startfail": startFail(rest); break;
             case "notstarted": notStarted(); break;
+            case "gate": gate(Integer.parseInt(rest[0])); break;
             default:
                 System.err.println("unknown scenario " + scenario);
                 System.exit(2);
@@ -569,6 +571,90 @@ public final class Harness {
     }
 
     /** (f) many short-lived Java threads call in; the interpreter's thread states stay bounded. */
+    /** The bridge's gate (bridge/hot_gate.h): with `loopers` threads calling allocate/free as fast
+     *  as they can, (a) a thread making sparse calls gets every one through while they still run
+     *  (nobody is starved by the biased gate), (b) every looper makes progress, (c) a thread
+     *  waiting in synchronize (not gated) holds up no one, and the gate reports hand-offs. */
+    static void gate(int loopers) throws Exception {
+        CudaBridge b = CudaBridge.start();
+        long[] g0 = new long[4];
+        NativeBridge.gateStats(g0);
+        result("gate_enabled", g0[0]);
+        result("gate_hold_ns", g0[1]);
+        AtomicBoolean stop = new AtomicBoolean();
+        long[] counts = new long[loopers];
+        ConcurrentLinkedQueue<Throwable> errors = new ConcurrentLinkedQueue<>();
+        CountDownLatch running = new CountDownLatch(loopers);
+        List<Thread> ts = new ArrayList<>();
+        for (int k = 0; k < loopers; k++) {
+            final int slot = k;
+            Thread t = new Thread(() -> {
+                try (TaskScope task = b.bindTask(20_000 + slot)) {
+                    running.countDown();
+                    long n = 0;
+                    while (!stop.get()) {
+                        b.allocate(4096).close();
+                        n++;
+                    }
+                    counts[slot] = n;
+                } catch (Throwable e) {
+                    errors.add(e);
+                }
+            }, "looper-" + k);
+            ts.add(t);
+            t.start();
+        }
+        running.await();
+        // (c) a synchronize on a stream busy for 2 s, on its own thread, while (a) runs
+        AtomicLong syncDone = new AtomicLong();
+        Thread waiter = new Thread(() -> {
+            try (TaskScope task = b.bindTask(29_999)) {
+                b.callTool("spin", "{\"task\": 29999, \"seconds\": 2.0}");
+                b.synchronize();
+                syncDone.set(System.nanoTime());
+            } catch (Throwable e) {
+                errors.add(e);
+            }
+        }, "synchronizer");
+        waiter.start();
+        long sparseDone = 0;
+        int sparse = 0;
+        boolean loopersStillRunning = true;
+        try (TaskScope task = b.bindTask(29_998)) {
+            for (; sparse < 100; sparse++) {
+                Thread.sleep(1);
+                try (DeviceBuffer buf = b.allocate(256)) {
+                    buf.memset(7);
+                }
+            }
+            sparseDone = System.nanoTime();
+            for (Thread t : ts) loopersStillRunning &= t.isAlive();
+            waiter.join();
+        } finally {
+            stop.set(true); // whatever failed, the loopers stop and the JVM can exit
+            for (Thread t : ts) t.join();
+        }
+        long[] g1 = new long[4];
+        NativeBridge.gateStats(g1);
+        for (Throwable e : errors) e.printStackTrace(System.out);
+        check(errors.isEmpty(), errors.size() + " threads failed");
+        result("sparse_calls", sparse);
+        check(sparse == 100, "the sparse thread made all its calls");
+        check(loopersStillRunning, "the sparse thread finished while the loopers still ran");
+        check(syncDone.get() != 0 && sparseDone < syncDone.get(),
+                "the sparse calls went through while another thread waited in synchronize");
+        long min = Long.MAX_VALUE;
+        for (long c : counts) min = Math.min(min, c);
+        result("looper_min_pairs", min);
+        check(min > 0, "every looper made progress");
+        result("handoffs", g1[2] - g0[2]);
+        result("sleeps", g1[3] - g0[3]);
+        if (g0[0] == 1 && loopers > 1) {
+            check(g1[2] > g0[2], "the gate handed off between threads");
+        }
+        check(stat(b, "in_use_bytes") == 0, "every byte back: " + stat(b, "in_use_bytes"));
+    }
+
     static void threads(int total, int concurrent) throws Exception {
         CudaBridge b = CudaBridge.start();
         long[] base = CudaBridge.threadStates();

@@ -43,10 +43,12 @@ import java.util.concurrent.ConcurrentHashMap;
  * never "this thread's stream": Spark reuses task threads.
  *
  * <p>Hot calls ({@code allocate}, {@code close}, {@code free}, {@code memset}) go through JNI natives into
- * Python and take a Java lock first (the GIL serializes them anyway; queueing Java threads on a
- * Java monitor before the GIL beat letting 16 threads fight for the GIL on 2 cores, FIELD-NOTES),
- * unless {@code -Dcudabridge.gate=false}. Calls that may wait for a stream (copies to heap arrays,
- * synchronize) never take it.
+ * Python. The short ones pass a gate in the bridge library before they take the GIL: the thread
+ * that passed it last keeps passing it for up to {@code -Dcudabridge.gate.holdMicros} (200) while
+ * others wait, as Python's own threads keep the GIL for a switch interval, instead of the GIL
+ * changing hands (and cores) at every call ({@code bridge/hot_gate.h} says why and measures it).
+ * {@code -Dcudabridge.gate=false} turns it off. Calls that may wait for a stream (copies to heap
+ * arrays, synchronize) never pass it.
  */
 public final class CudaBridge {
     /** System property: the bridge library's path (default: beside the jar). */
@@ -58,9 +60,6 @@ public final class CudaBridge {
     /** Properties file the build writes beside the jar and the library: defaults for the above. */
     public static final String NATIVE_PROPERTIES = "cudabridge-native.properties";
     public static final String LIBRARY_FILE = "libcudabridge_jni.so";
-
-    static final boolean GATED = !"false".equalsIgnoreCase(System.getProperty("cudabridge.gate", "true"));
-    private static final Object GATE = new Object();
 
     private static final Object START_LOCK = new Object();
     private static volatile CudaBridge instance;
@@ -481,36 +480,18 @@ public final class CudaBridge {
         TaskScope task = currentTask();
         checkRunning("allocate");
         long[] out = SCRATCH.get();
-        if (GATED) {
-            synchronized (GATE) {
-                NativeBridge.allocate(task.taskAttemptId(), bytes, out);
-            }
-        } else {
-            NativeBridge.allocate(task.taskAttemptId(), bytes, out);
-        }
+        NativeBridge.allocate(task.taskAttemptId(), bytes, out);
         return new DeviceBuffer(this, task, out[0], out[1], bytes);
     }
 
     void freeHandle(long handle) {
         checkRunning("free");
-        if (GATED) {
-            synchronized (GATE) {
-                NativeBridge.free(handle);
-            }
-        } else {
-            NativeBridge.free(handle);
-        }
+        NativeBridge.free(handle);
     }
 
     void memsetHandle(long handle, long offset, int value, long bytes) {
         checkRunning("memset");
-        if (GATED) {
-            synchronized (GATE) {
-                NativeBridge.memset(handle, offset, value, bytes);
-            }
-        } else {
-            NativeBridge.memset(handle, offset, value, bytes);
-        }
+        NativeBridge.memset(handle, offset, value, bytes);
     }
 
     /** Frees many buffers in one call into Python (each as {@link DeviceBuffer#close()} would).
@@ -536,13 +517,7 @@ public final class CudaBridge {
             return 0;
         }
         try {
-            if (GATED) {
-                synchronized (GATE) {
-                    NativeBridge.freeMany(handles, n);
-                }
-            } else {
-                NativeBridge.freeMany(handles, n);
-            }
+            NativeBridge.freeMany(handles, n);
         } catch (RuntimeException e) {
             for (int i = 0; i < n; i++) {
                 claimed[i].unclaim(); // Python freed none of them

@@ -17,6 +17,11 @@ import java.nio.ByteBuffer;
  * {@code JavaHotPath} and releases the GIL before throwing anything.
  */
 public final class NativeBridge {
+    /** System property: whether the short hot calls pass the bridge's gate (default true). */
+    public static final String GATE_PROPERTY = "cudabridge.gate";
+    /** System property: how long, in microseconds, a thread keeps the gate while others wait (default 200). */
+    public static final String GATE_HOLD_PROPERTY = "cudabridge.gate.holdMicros";
+
     private static volatile String loadedLibrary;
     private static volatile ControlPlane control;
 
@@ -31,9 +36,26 @@ public final class NativeBridge {
             }
             return;
         }
+        long hold = holdNanos(); // a bad value is refused before anything is loaded
         System.load(path);
         nativeInit();
+        configureGate(!"false".equalsIgnoreCase(System.getProperty(GATE_PROPERTY, "true")), hold);
         loadedLibrary = path;
+    }
+
+    private static long holdNanos() {
+        String v = System.getProperty(GATE_HOLD_PROPERTY, "200");
+        long micros;
+        try {
+            micros = Long.parseLong(v.trim());
+        } catch (NumberFormatException e) {
+            throw new IllegalArgumentException("-D" + GATE_HOLD_PROPERTY + " must be a whole number of microseconds, got '"
+                    + v + "'", e);
+        }
+        if (micros < 1 || micros > 1_000_000) {
+            throw new IllegalArgumentException("-D" + GATE_HOLD_PROPERTY + " must be within [1, 1000000], got " + micros);
+        }
+        return micros * 1000;
     }
 
     static String loadedLibrary() {
@@ -58,6 +80,11 @@ public final class NativeBridge {
     }
 
     static native void nativeInit();
+
+    static native void configureGate(boolean enabled, long holdNanos);
+
+    /** {@code out[0..3]} = {gate on (1) or off (0), hold interval in ns, hand-offs, sleeps of waiting threads}. */
+    public static native void gateStats(long[] out);
 
     static native void startPython(String python, String[] pythonPath, String library, String confJson);
 
