@@ -141,7 +141,7 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=1.5, help="seconds per thread count")
     ap.add_argument("--threads", default="1,2,4,8,16")
     ap.add_argument("--rounds", type=int, default=5, help="rounds of the thread-scaling measurement")
-    ap.add_argument("--hold-micros", type=int, default=200, help="-Dcudabridge.gate.holdMicros")
+    ap.add_argument("--hold-micros", type=int, default=1000, help="-Dcudabridge.gate.holdMicros")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()

@@ -44,7 +44,7 @@ import java.util.concurrent.ConcurrentHashMap;
  *
  * <p>Hot calls ({@code allocate}, {@code close}, {@code free}, {@code memset}) go through JNI natives into
  * Python. The short ones pass a gate in the bridge library before they take the GIL: the thread
- * that passed it last keeps passing it for up to {@code -Dcudabridge.gate.holdMicros} (200) while
+ * that passed it last keeps passing it for up to {@code -Dcudabridge.gate.holdMicros} (1000) while
  * others wait, as Python's own threads keep the GIL for a switch interval, instead of the GIL
  * changing hands (and cores) at every call ({@code bridge/hot_gate.h} says why and measures it).
  * {@code -Dcudabridge.gate=false} turns it off. Calls that may wait for a stream (copies to heap

@@ -19,7 +19,7 @@ import java.nio.ByteBuffer;
 public final class NativeBridge {
     /** System property: whether the short hot calls pass the bridge's gate (default true). */
     public static final String GATE_PROPERTY = "cudabridge.gate";
-    /** System property: how long, in microseconds, a thread keeps the gate while others wait (default 200). */
+    /** System property: how long, in microseconds, a thread keeps the gate while others wait (default 1000). */
     public static final String GATE_HOLD_PROPERTY = "cudabridge.gate.holdMicros";
 
     private static volatile String loadedLibrary;
@@ -44,7 +44,7 @@ public final class NativeBridge {
     }
 
     private static long holdNanos() {
-        String v = System.getProperty(GATE_HOLD_PROPERTY, "200");
+        String v = System.getProperty(GATE_HOLD_PROPERTY, "1000");
         long micros;
         try {
             micros = Long.parseLong(v.trim());
