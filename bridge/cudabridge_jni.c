@@ -61,7 +61,7 @@ static atomic_long g_states_created, g_states_deleted;
 /* Cached bound methods of the JavaHotPath, and helpers; owned references, never released. */
 static PyObject *m_stream, *m_allocate, *m_free, *m_free_many, *m_copy_in, *m_copy_out,
     *m_copy_in_direct, *m_copy_out_direct, *m_copy_device, *m_memset, *m_sync, *m_alloc_pinned,
-    *m_free_pinned, *m_ping, *m_thread_exit, *f_error_info;
+    *m_free_pinned, *m_ping, *m_thread_exit, *m_bind, *m_release, *f_error_info;
 
 /* Cached Java classes (global refs) and constructors. */
 static jclass c_cbe, c_oom, c_ise, c_iae, c_ioobe, c_npe, c_oome;
@@ -674,9 +674,16 @@ static char *run_bootstrap(JNIEnv *env, jobjectArray pythonpath, const char *lib
         Py_XDECREF(repr);
         return msg;
     }
-    PyObject *hot = PyObject_CallMethod(mod, "start", "ss", library, conf);
+    PyObject *control = PyObject_CallMethod(mod, "start", "ss", library, conf);
     Py_DECREF(mod);
-    if (hot == NULL) return format_python_failure("cudabridge: the Python bootstrap (cudabridge.jvm.bootstrap.start) failed");
+    if (control == NULL) return format_python_failure("cudabridge: the Python bootstrap (cudabridge.jvm.bootstrap.start) failed");
+    PyObject *hot = PyObject_GetAttrString(control, "hot");
+    if (hot == NULL || cache_method(control, "native_bind", &m_bind) || cache_method(control, "native_release", &m_release)) {
+        Py_XDECREF(hot);
+        Py_DECREF(control);
+        return format_python_failure("cudabridge: the bootstrap's control object lacks hot, native_bind or native_release");
+    }
+    Py_DECREF(control); /* the bound methods keep it alive */
     PyObject *errmod = PyImport_ImportModule("cudabridge.jvm.errors");
     int rc = errmod == NULL ? -1 : 0;
     if (rc == 0) {
@@ -939,9 +946,20 @@ static int parse_pair(PyObject *r, long long *a, long long *b, captured_error *e
     return 0;
 }
 
-/* Gated: only the short calls (allocate, stream) use it. */
-static void pair_call(JNIEnv *env, PyObject *fn, const long long *in, int nin, jlongArray out) {
-    GATED_PROLOGUE()
+/* Calls fn(ints...) -> (int, int) into out[0..1]. Through the gate (allocate, stream) or not. */
+static void pair_call(JNIEnv *env, PyObject *fn, const long long *in, int nin, jlongArray out, int short_call) {
+    if (!atomic_load_explicit(&g_ready, memory_order_acquire)) {
+        throw_state(env, "cudabridge: the bridge is not started in this JVM (call CudaBridge.start first)");
+        return;
+    }
+    gil_section g;
+    captured_error err = {0};
+    uintptr_t gate_me = (uintptr_t)&t_slot;
+    int gated = short_call ? gate_enter(gate_me) : 0;
+    if (gil_enter(env, &g) != 0) {
+        if (gated) gate_exit(gate_me);
+        return;
+    }
     PyObject *args[4];
     long long a = 0, b = 0;
     if (make_longs(args, in, nin, &err) == 0) {
@@ -968,7 +986,76 @@ JNIEXPORT void JNICALL Java_org_cudabridge_NativeBridge_allocate(JNIEnv *env, jc
                                                                  jlongArray out) {
     (void)cls;
     long long in[2] = {task, size};
-    pair_call(env, m_allocate, in, 2, out);
+    pair_call(env, m_allocate, in, 2, out, 1);
+}
+
+/* static native void releaseTask(long task, long[] out): out = {leaked allocations, leaked bytes}.
+ * Not gated: a release frees what the task still holds and may take a while. */
+JNIEXPORT void JNICALL Java_org_cudabridge_NativeBridge_releaseTask(JNIEnv *env, jclass cls, jlong task,
+                                                                    jlongArray out) {
+    (void)cls;
+    if (out == NULL || (*env)->GetArrayLength(env, out) < 2) {
+        throw_plain(env, c_iae, "java/lang/IllegalArgumentException", "releaseTask needs a long[2]");
+        return;
+    }
+    long long in[1] = {task};
+    pair_call(env, m_release, in, 1, out, 0);
+}
+
+/* static native void bindTask(long task, String gpuAddress, String priority, long[] out):
+ * out = {stream, GPU ordinal}. The strings are copied before the GIL is taken. */
+JNIEXPORT void JNICALL Java_org_cudabridge_NativeBridge_bindTask(JNIEnv *env, jclass cls, jlong task,
+                                                                 jstring jgpu, jstring jpriority, jlongArray out) {
+    (void)cls;
+    if (jpriority == NULL || out == NULL || (*env)->GetArrayLength(env, out) < 2) {
+        throw_plain(env, c_npe, "java/lang/NullPointerException", "bindTask: priority and a long[2] are required");
+        return;
+    }
+    char *gpu = NULL;
+    if (jgpu != NULL && (gpu = copy_jstring(env, jgpu)) == NULL) return; /* exception pending */
+    char *priority = copy_jstring(env, jpriority);
+    if (priority == NULL) {
+        free(gpu);
+        return;
+    }
+    if (!atomic_load_explicit(&g_ready, memory_order_acquire)) {
+        free(gpu);
+        free(priority);
+        throw_state(env, "cudabridge: the bridge is not started in this JVM (call CudaBridge.start first)");
+        return;
+    }
+    gil_section g;
+    captured_error err = {0};
+    if (gil_enter(env, &g) != 0) {
+        free(gpu);
+        free(priority);
+        return;
+    }
+    long long a = 0, b = 0;
+    PyObject *args[3] = {PyLong_FromLongLong(task), NULL, NULL};
+    if (args[0] != NULL) args[1] = gpu ? PyUnicode_FromString(gpu) : Py_NewRef(Py_None);
+    if (args[1] != NULL) args[2] = PyUnicode_FromString(priority);
+    if (args[2] == NULL) {
+        capture_python_error(&err);
+    } else {
+        PyObject *r = PyObject_Vectorcall(m_bind, args, 3, NULL);
+        if (r == NULL) {
+            capture_python_error(&err);
+        } else {
+            parse_pair(r, &a, &b, &err);
+            Py_DECREF(r);
+        }
+    }
+    decref_all(args, 3);
+    gil_exit(&g);
+    free(gpu);
+    free(priority);
+    if (err.kind) {
+        throw_captured(env, &err);
+        return;
+    }
+    jlong vals[2] = {a, b};
+    (*env)->SetLongArrayRegion(env, out, 0, 2, vals);
 }
 
 /* static native void taskStream(long task, long[] out): out = {stream, GPU ordinal} */
@@ -976,7 +1063,7 @@ JNIEXPORT void JNICALL Java_org_cudabridge_NativeBridge_taskStream(JNIEnv *env, 
                                                                    jlongArray out) {
     (void)cls;
     long long in[1] = {task};
-    pair_call(env, m_stream, in, 1, out);
+    pair_call(env, m_stream, in, 1, out, 1);
 }
 
 static void void_call(JNIEnv *env, PyObject *fn, const long long *in, int nin) {

@@ -9,8 +9,9 @@ called ``CudaBridge.start``, with the GIL held. It
 2. creates the :class:`~cudabridge.service.CudaBridgeService` from the ``spark.cudabridge.*``
    keys Java passed;
 3. hands Java the control plane (a JPype proxy) through ``NativeBridge.installControl``;
-4. returns the :class:`~cudabridge.jvm.hot_path.JavaHotPath` whose bound methods the library
-   caches for the JNI hot path.
+4. returns the :class:`~cudabridge.jvm.control.BridgeControl`; the library caches the bound
+   methods of its ``hot`` (:class:`~cudabridge.jvm.hot_path.JavaHotPath`) for the JNI hot path,
+   and its ``native_bind`` / ``native_release`` for the task lifecycle.
 
 Any exception here reaches Java as a ``CudaBridgeException`` carrying the Python traceback.
 """
@@ -49,8 +50,8 @@ def _bind_jpype(library: str) -> None:
 
 
 def start(library: str, conf_json: str) -> Any:
-    if "hot" in _started:
-        return _started["hot"]
+    if "control" in _started:
+        return _started["control"]
     if not logging.getLogger().handlers and not logging.getLogger("cudabridge").handlers:
         # The JVM's stderr is the executor's log: warnings and errors of the service go there.
         handler = logging.StreamHandler(sys.stderr)
@@ -90,4 +91,4 @@ def start(library: str, conf_json: str) -> Any:
     _started.update(service=service, hot=hot, control=control, proxy=proxy)
     log.info("cudabridge bridge up in JVM pid %d: Python %s at %s, backend %s", os.getpid(),
              sys.version.split()[0], sys.prefix, service.backend.name)
-    return hot
+    return control

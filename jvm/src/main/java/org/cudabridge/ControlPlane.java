@@ -5,22 +5,16 @@ import java.util.Map;
 /**
  * The control path into the Python service, implemented in Python with JPype's
  * {@code @JImplements} (python/cudabridge/jvm/control.py) and installed by the bootstrap through
- * {@link NativeBridge#installControl}. Calls are rare (per task, per metrics poll); the per-call
- * hot path goes through {@link NativeBridge}'s JNI natives instead. Every Python error arrives as
+ * {@link NativeBridge#installControl}. Calls are rare (per metrics poll, per attach); the per-call
+ * hot path and the task lifecycle (bind, release) go through {@link NativeBridge}'s JNI natives
+ * instead. Every Python error arrives as
  * a {@link CudaBridgeException} (or {@link GpuOutOfMemoryException}) with the Python message.
  *
  * <p>Not for task code: use {@link CudaBridge}.
  */
 public interface ControlPlane {
-    /** Binds a task attempt; returns {stream handle, GPU ordinal}. {@code gpuAddress} may be null
-     *  when the executor owns one GPU; {@code priority} is "normal" or "high". */
-    long[] bindTask(long taskAttemptId, String gpuAddress, String priority);
-
     /** {stream handle, GPU ordinal} of a task bound elsewhere (by Python code, say). */
     long[] lookupTask(long taskAttemptId);
-
-    /** Releases a task: frees what it still holds; returns {leaked allocations, leaked bytes}. */
-    long[] releaseTask(long taskAttemptId);
 
     /** Executor-level numbers: pool totals, streams, tasks, and the bridge's own counters. */
     Map<String, Long> statistics();

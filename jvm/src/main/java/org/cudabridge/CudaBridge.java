@@ -367,7 +367,8 @@ public final class CudaBridge {
         if (tasks.containsKey(taskAttemptId)) {
             throw new IllegalStateException("bindTask: task " + taskAttemptId + " is bound already");
         }
-        long[] r = control().bindTask(taskAttemptId, gpuAddress, priority);
+        long[] r = new long[2];
+        NativeBridge.bindTask(taskAttemptId, gpuAddress, priority, r);
         TaskScope scope = new TaskScope(this, taskAttemptId, r[0], (int) r[1], true);
         if (tasks.putIfAbsent(taskAttemptId, scope) != null) {
             // Python refuses a second bind of a bound task, so this cannot happen; say so if it does.
@@ -394,7 +395,8 @@ public final class CudaBridge {
         if (shutDown) {
             return new ReleaseReport(scope.taskAttemptId(), 0, 0);
         }
-        long[] r = control().releaseTask(scope.taskAttemptId());
+        long[] r = new long[2];
+        NativeBridge.releaseTask(scope.taskAttemptId(), r);
         return new ReleaseReport(scope.taskAttemptId(), r[0], r[1]);
     }
 

@@ -98,6 +98,13 @@ public final class NativeBridge {
     /** {@code out[0..2]} = {thread states in the interpreter, created by the bridge, deleted by it}. */
     public static native void threadStates(long[] out);
 
+    /** Binds a task attempt: {@code out[0..1]} = {stream, GPU ordinal}. {@code gpuAddress} may be
+     *  null when the executor owns one GPU; {@code priority} is "normal" or "high". */
+    public static native void bindTask(long taskAttemptId, String gpuAddress, String priority, long[] out);
+
+    /** Releases a task (frees what it still holds): {@code out[0..1]} = {leaked allocations, leaked bytes}. */
+    public static native void releaseTask(long taskAttemptId, long[] out);
+
     /** {@code out[0..1]} = {handle, device pointer}. */
     public static native void allocate(long taskAttemptId, long bytes, long[] out);
 
