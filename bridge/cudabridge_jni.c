@@ -849,33 +849,24 @@ JNIEXPORT void JNICALL Java_org_cudabridge_NativeBridge_threadStates(JNIEnv *env
 /* ---------------------------------------------------------------------------------------------
  * The hot path
  * ------------------------------------------------------------------------------------------- */
-#define HOT_PROLOGUE(ret)                                                                                   \
+/* Entering a hot call: the bridge must be up; the short calls (allocate, free, memset, stream,
+ * ping) pass the gate (hot_gate.h) before they take the GIL; then the GIL. HOT_LEAVE drops the
+ * GIL first and then leaves the gate. */
+#define HOT_ENTER(ret, short_call)                                                                          \
     if (!atomic_load_explicit(&g_ready, memory_order_acquire)) {                                             \
         throw_state(env, "cudabridge: the bridge is not started in this JVM (call CudaBridge.start first)"); \
         return ret;                                                                                          \
     }                                                                                                        \
     gil_section g;                                                                                           \
     captured_error err = {0};                                                                                \
-    if (gil_enter(env, &g) != 0) return ret;
-
-/* The same for the short calls, which pass the gate (hot_gate.h) before they take the GIL, and
- * leave it after they have dropped the GIL (GATED_EXIT). */
-#define GATED_PROLOGUE(ret)                                                                                 \
-    if (!atomic_load_explicit(&g_ready, memory_order_acquire)) {                                             \
-        throw_state(env, "cudabridge: the bridge is not started in this JVM (call CudaBridge.start first)"); \
-        return ret;                                                                                          \
-    }                                                                                                        \
-    gil_section g;                                                                                           \
-    captured_error err = {0};                                                                                \
-    uintptr_t gate_me = (uintptr_t)&t_slot;                                                                  \
-    int gated = gate_enter(gate_me);                                                                         \
+    int gated = (short_call) ? gate_enter((uintptr_t)&t_slot) : 0;                                           \
     if (gil_enter(env, &g) != 0) {                                                                           \
-        if (gated) gate_exit(gate_me);                                                                       \
+        if (gated) gate_exit();                                                                              \
         return ret;                                                                                          \
     }
-#define GATED_EXIT()           \
-    gil_exit(&g);              \
-    if (gated) gate_exit(gate_me);
+#define HOT_LEAVE()   \
+    gil_exit(&g);     \
+    if (gated) gate_exit();
 
 /* static native void configureGate(boolean enabled, long holdNanos) */
 JNIEXPORT void JNICALL Java_org_cudabridge_NativeBridge_configureGate(JNIEnv *env, jclass cls, jboolean enabled,
@@ -948,18 +939,7 @@ static int parse_pair(PyObject *r, long long *a, long long *b, captured_error *e
 
 /* Calls fn(ints...) -> (int, int) into out[0..1]. Through the gate (allocate, stream) or not. */
 static void pair_call(JNIEnv *env, PyObject *fn, const long long *in, int nin, jlongArray out, int short_call) {
-    if (!atomic_load_explicit(&g_ready, memory_order_acquire)) {
-        throw_state(env, "cudabridge: the bridge is not started in this JVM (call CudaBridge.start first)");
-        return;
-    }
-    gil_section g;
-    captured_error err = {0};
-    uintptr_t gate_me = (uintptr_t)&t_slot;
-    int gated = short_call ? gate_enter(gate_me) : 0;
-    if (gil_enter(env, &g) != 0) {
-        if (gated) gate_exit(gate_me);
-        return;
-    }
+    HOT_ENTER(, short_call)
     PyObject *args[4];
     long long a = 0, b = 0;
     if (make_longs(args, in, nin, &err) == 0) {
@@ -972,7 +952,7 @@ static void pair_call(JNIEnv *env, PyObject *fn, const long long *in, int nin, j
             Py_DECREF(r);
         }
     }
-    GATED_EXIT()
+    HOT_LEAVE()
     if (err.kind) {
         throw_captured(env, &err);
         return;
@@ -1002,35 +982,9 @@ JNIEXPORT void JNICALL Java_org_cudabridge_NativeBridge_releaseTask(JNIEnv *env,
     pair_call(env, m_release, in, 1, out, 0);
 }
 
-/* static native void bindTask(long task, String gpuAddress, String priority, long[] out):
- * out = {stream, GPU ordinal}. The strings are copied before the GIL is taken. */
-JNIEXPORT void JNICALL Java_org_cudabridge_NativeBridge_bindTask(JNIEnv *env, jclass cls, jlong task,
-                                                                 jstring jgpu, jstring jpriority, jlongArray out) {
-    (void)cls;
-    if (jpriority == NULL || out == NULL || (*env)->GetArrayLength(env, out) < 2) {
-        throw_plain(env, c_npe, "java/lang/NullPointerException", "bindTask: priority and a long[2] are required");
-        return;
-    }
-    char *gpu = NULL;
-    if (jgpu != NULL && (gpu = copy_jstring(env, jgpu)) == NULL) return; /* exception pending */
-    char *priority = copy_jstring(env, jpriority);
-    if (priority == NULL) {
-        free(gpu);
-        return;
-    }
-    if (!atomic_load_explicit(&g_ready, memory_order_acquire)) {
-        free(gpu);
-        free(priority);
-        throw_state(env, "cudabridge: the bridge is not started in this JVM (call CudaBridge.start first)");
-        return;
-    }
-    gil_section g;
-    captured_error err = {0};
-    if (gil_enter(env, &g) != 0) {
-        free(gpu);
-        free(priority);
-        return;
-    }
+/* With the strings copied: native_bind(task, gpu or None, priority) -> out = {stream, GPU ordinal}. */
+static void bind_call(JNIEnv *env, jlong task, const char *gpu, const char *priority, jlongArray out) {
+    HOT_ENTER(, 0)
     long long a = 0, b = 0;
     PyObject *args[3] = {PyLong_FromLongLong(task), NULL, NULL};
     if (args[0] != NULL) args[1] = gpu ? PyUnicode_FromString(gpu) : Py_NewRef(Py_None);
@@ -1047,15 +1001,30 @@ JNIEXPORT void JNICALL Java_org_cudabridge_NativeBridge_bindTask(JNIEnv *env, jc
         }
     }
     decref_all(args, 3);
-    gil_exit(&g);
-    free(gpu);
-    free(priority);
+    HOT_LEAVE()
     if (err.kind) {
         throw_captured(env, &err);
         return;
     }
     jlong vals[2] = {a, b};
     (*env)->SetLongArrayRegion(env, out, 0, 2, vals);
+}
+
+/* static native void bindTask(long task, String gpuAddress, String priority, long[] out):
+ * out = {stream, GPU ordinal}. The strings are copied before the GIL is taken. */
+JNIEXPORT void JNICALL Java_org_cudabridge_NativeBridge_bindTask(JNIEnv *env, jclass cls, jlong task,
+                                                                 jstring jgpu, jstring jpriority, jlongArray out) {
+    (void)cls;
+    if (jpriority == NULL || out == NULL || (*env)->GetArrayLength(env, out) < 2) {
+        throw_plain(env, c_npe, "java/lang/NullPointerException", "bindTask: priority and a long[2] are required");
+        return;
+    }
+    char *gpu = NULL;
+    if (jgpu != NULL && (gpu = copy_jstring(env, jgpu)) == NULL) return; /* exception pending */
+    char *priority = copy_jstring(env, jpriority);
+    if (priority != NULL) bind_call(env, task, gpu, priority, out);
+    free(gpu);
+    free(priority);
 }
 
 /* static native void taskStream(long task, long[] out): out = {stream, GPU ordinal} */
@@ -1066,65 +1035,54 @@ JNIEXPORT void JNICALL Java_org_cudabridge_NativeBridge_taskStream(JNIEnv *env, 
     pair_call(env, m_stream, in, 1, out, 1);
 }
 
-static void void_call(JNIEnv *env, PyObject *fn, const long long *in, int nin) {
-    HOT_PROLOGUE()
+/* Calls fn(ints...) and discards its None; through the gate for the short calls, or not. */
+static void void_call(JNIEnv *env, PyObject *fn, const long long *in, int nin, int short_call) {
+    HOT_ENTER(, short_call)
     PyObject *args[5];
     if (make_longs(args, in, nin, &err) == 0) {
         call_void(fn, args, (size_t)nin, &err);
         decref_all(args, nin);
     }
-    gil_exit(&g);
-    throw_captured(env, &err);
-}
-
-/* As void_call, for the short calls (free, memset, ping): through the gate. */
-static void short_void_call(JNIEnv *env, PyObject *fn, const long long *in, int nin) {
-    GATED_PROLOGUE()
-    PyObject *args[5];
-    if (make_longs(args, in, nin, &err) == 0) {
-        call_void(fn, args, (size_t)nin, &err);
-        decref_all(args, nin);
-    }
-    GATED_EXIT()
+    HOT_LEAVE()
     throw_captured(env, &err);
 }
 
 JNIEXPORT void JNICALL Java_org_cudabridge_NativeBridge_free(JNIEnv *env, jclass cls, jlong handle) {
     (void)cls;
     long long in[1] = {handle};
-    short_void_call(env, m_free, in, 1);
+    void_call(env, m_free, in, 1, 1);
 }
 
 JNIEXPORT void JNICALL Java_org_cudabridge_NativeBridge_memset(JNIEnv *env, jclass cls, jlong handle, jlong offset,
                                                                jint value, jlong nbytes) {
     (void)cls;
     long long in[4] = {handle, offset, value, nbytes};
-    short_void_call(env, m_memset, in, 4);
+    void_call(env, m_memset, in, 4, 1);
 }
 
 JNIEXPORT void JNICALL Java_org_cudabridge_NativeBridge_synchronize(JNIEnv *env, jclass cls, jlong task) {
     (void)cls;
     long long in[1] = {task};
-    void_call(env, m_sync, in, 1);
+    void_call(env, m_sync, in, 1, 0);
 }
 
 JNIEXPORT void JNICALL Java_org_cudabridge_NativeBridge_copyDevice(JNIEnv *env, jclass cls, jlong dst, jlong dstOff,
                                                                    jlong src, jlong srcOff, jlong nbytes) {
     (void)cls;
     long long in[5] = {dst, dstOff, src, srcOff, nbytes};
-    void_call(env, m_copy_device, in, 5);
+    void_call(env, m_copy_device, in, 5, 0);
 }
 
 JNIEXPORT void JNICALL Java_org_cudabridge_NativeBridge_ping(JNIEnv *env, jclass cls) {
     (void)cls;
-    short_void_call(env, m_ping, NULL, 0);
+    void_call(env, m_ping, NULL, 0, 1);
 }
 
 /* static native void freeMany(long[] handles, int count): one Python call for `count` frees. The
  * handles are read before the GIL is taken. */
 /* One Python call for `count` frees (the handles were read from Java before the GIL is taken). */
 static void free_many_call(JNIEnv *env, const jlong *vals, jint count) {
-    GATED_PROLOGUE()
+    HOT_ENTER(, 1)
     PyObject *tuple = PyTuple_New(count);
     if (tuple == NULL) {
         capture_python_error(&err);
@@ -1142,7 +1100,7 @@ static void free_many_call(JNIEnv *env, const jlong *vals, jint count) {
         if (ok) call_void(m_free_many, &tuple, 1, &err);
         Py_DECREF(tuple);
     }
-    GATED_EXIT()
+    HOT_LEAVE()
     throw_captured(env, &err);
 }
 
@@ -1301,9 +1259,9 @@ static void direct_copy(JNIEnv *env, PyObject *fn, jlong handle, jlong devOffset
                         jlong nbytes) {
     char *mem = direct_range(env, buf, bufOffset, nbytes);
     if (mem == NULL) return;
-    HOT_PROLOGUE()
+    HOT_ENTER(, 0)
     call_with_view(fn, handle, devOffset, mem, (size_t)nbytes, 1, (jlong)(intptr_t)mem, &err);
-    gil_exit(&g);
+    HOT_LEAVE()
     throw_captured(env, &err);
 }
 
@@ -1328,7 +1286,7 @@ JNIEXPORT jobject JNICALL Java_org_cudabridge_NativeBridge_allocPinned(JNIEnv *e
         throw_plain(env, c_iae, "java/lang/IllegalArgumentException", "allocatePinned: size must be positive");
         return NULL;
     }
-    HOT_PROLOGUE(NULL)
+    HOT_ENTER(NULL, 0)
     long long addr = 0;
     PyObject *arg = PyLong_FromLongLong(nbytes);
     if (arg == NULL) {
@@ -1344,7 +1302,7 @@ JNIEXPORT jobject JNICALL Java_org_cudabridge_NativeBridge_allocPinned(JNIEnv *e
             Py_DECREF(r);
         }
     }
-    gil_exit(&g);
+    HOT_LEAVE()
     if (err.kind) {
         throw_captured(env, &err);
         return NULL;
@@ -1390,5 +1348,5 @@ JNIEXPORT void JNICALL Java_org_cudabridge_NativeBridge_freePinned(JNIEnv *env, 
         return;
     }
     long long in[1] = {(long long)(intptr_t)addr};
-    void_call(env, m_free_pinned, in, 1);
+    void_call(env, m_free_pinned, in, 1, 0);
 }

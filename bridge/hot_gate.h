@@ -108,7 +108,8 @@ static inline int gate_try(uintptr_t me, long long t) {
     return 1;
 }
 
-/* Returns 1 if the gate was passed (gate_exit must follow), 0 if it is off. */
+/* Returns 1 if the gate was passed (gate_exit must follow), 0 if it is off. `me`: the calling
+ * thread's token. */
 static int gate_enter(uintptr_t me) {
     if (!atomic_load_explicit(&g_gate.enabled, memory_order_relaxed)) return 0;
     /* The biased thread's way in: no clock, no system call. */
@@ -171,7 +172,7 @@ static int gate_enter(uintptr_t me) {
     return 1;
 }
 
-static void gate_exit(uintptr_t me) {
+static void gate_exit(void) {
     long long t = gate_now();
     atomic_store(&g_gate.released_ns, t);
     atomic_store(&g_gate.held, 0);
@@ -185,7 +186,6 @@ static void gate_exit(uintptr_t me) {
             gate_wake_one(1);
         }
     }
-    (void)me;
 }
 
 #endif
