@@ -27,13 +27,13 @@ does with its own: the methods below are the reference it follows and the fallba
 from __future__ import annotations
 
 import bisect
-import importlib
 import itertools
 import logging
 import threading
 from typing import TYPE_CHECKING, Any, Iterable
 
 from ..errors import InvalidArgument, InvalidFree, UnknownTask
+from ..memory.native import load as load_native
 from ..memory.native import supported as native_supported
 
 if TYPE_CHECKING:
@@ -82,17 +82,12 @@ class JavaHotPath:
         """Install the C twin of the allocate/free methods (``_hotcore.c``) on this instance."""
         if choice == "python":
             return None
-        ok, why = native_supported()
-        module = None
-        if ok:
-            try:
-                module = importlib.import_module("cudabridge.jvm._hotcore")
-            except ImportError as exc:
-                why = f"not built ({exc}): python -m cudabridge.memory.build_fastpath"
+        module = load_native("cudabridge.jvm._hotcore")
         if module is None:
             if choice == "native":
-                raise InvalidArgument(f"fast_path='native' but the hot path's C extension is unavailable: {why}")
-            log.debug("Java hot path in Python: %s", why)
+                ok, why = native_supported()
+                raise InvalidArgument("fast_path='native' but the hot path's C extension is unavailable: "
+                                      + (why or "not built (python -m cudabridge.memory.build_fastpath)"))
             return None
         core = module.HotCore(
             bindings=self._service.registry._bindings, live=self._live, allocators=self._allocators,

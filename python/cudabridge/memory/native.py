@@ -58,15 +58,16 @@ def build(force: bool = False, cc: str | None = None, source: Path = SOURCE) -> 
     return out
 
 
-def load() -> ModuleType | None:
-    """The extension module, or None (and why, logged once at debug level)."""
+def load(module: str = "cudabridge.memory._fastpath") -> ModuleType | None:
+    """The extension module (the pool's, or ``cudabridge.jvm._hotcore``), or None (and why,
+    logged at debug level)."""
     ok, why = supported()
     if not ok:
-        log.debug("pool fast path in Python: %s", why)
+        log.debug("%s not used, the Python path runs: %s", module, why)
         return None
     try:
-        return importlib.import_module("cudabridge.memory._fastpath")
+        return importlib.import_module(module)
     except ImportError as exc:
-        log.debug("pool fast path in Python: the C extension is not built (%s)", exc)
+        log.debug("%s not used, the Python path runs: the C extension is not built (%s)", module, exc)
         return None
 
