@@ -55,11 +55,7 @@ public final class GpuPartitionJob {
                 case "--rounds": rounds = Integer.parseInt(args[++i]); break;
                 case "--summary-json": summaryJson = args[++i]; break;
                 case "--linger-ms": lingerMs = Long.parseLong(args[++i]); break;
-                case "--fail-first-attempt":
-                    for (String p : args[++i].split(",")) {
-                        failFirst.add(Integer.parseInt(p.trim()));
-                    }
-                    break;
+                case "--fail-first-attempt": failFirst.addAll(PartitionWork.partitions(args[++i])); break;
                 default:
                     throw new IllegalArgumentException("unknown argument " + args[i] + "; see the class comment");
             }

@@ -1,6 +1,8 @@
 package org.cudabridge.examples;
 
 import java.io.Serializable;
+import java.util.ArrayList;
+import java.util.List;
 
 import org.cudabridge.CudaBridge;
 import org.cudabridge.DeviceBuffer;
@@ -45,6 +47,15 @@ public final class PartitionWork {
             return "Result(partition " + partition + ", attempt " + taskAttemptId + ", stream 0x" + Long.toHexString(stream)
                     + ", " + bytesMoved + " bytes, " + (ok() ? "ok" : mismatches + " mismatches") + ")";
         }
+    }
+
+    /** Partition indexes from a comma-separated list ("3,7"), as {@code --fail-first-attempt} takes them. */
+    public static List<Integer> partitions(String list) {
+        List<Integer> out = new ArrayList<>();
+        for (String p : list.split(",")) {
+            out.add(Integer.parseInt(p.trim()));
+        }
+        return out;
     }
 
     /** The partition's input: deterministic, different per partition. */

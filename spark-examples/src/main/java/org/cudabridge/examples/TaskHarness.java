@@ -51,11 +51,7 @@ public final class TaskHarness {
                 case "--no-leak": leak = false; break;
                 case "--bind-only": bindOnly = true; leak = false; break;
                 case "--summary-json": summaryJson = args[++i]; break;
-                case "--fail-first-attempt":
-                    for (String p : args[++i].split(",")) {
-                        failFirst.add(Integer.parseInt(p.trim()));
-                    }
-                    break;
+                case "--fail-first-attempt": failFirst.addAll(PartitionWork.partitions(args[++i])); break;
                 default:
                     throw new IllegalArgumentException("unknown argument " + args[i] + "; see the class comment");
             }
