@@ -6,8 +6,10 @@ cudaStreamCreate/Destroy per task.
 
 * ``plugin`` (needs Spark; emulated device): example (a)'s job of ``--tasks`` short tasks in
   ``local[4]``, with ``--work host`` (the same data and checks, no GPU call) without the plugin
-  and with it (every task then bound and released through the bridge), and with ``--work gpu``
-  (plugin on; copies and a kernel per task, for scale). Each spark-submit runs the job
+  and with it (every task then bound and released through the bridge; with the default
+  ``bindAhead`` on the plugin's lifecycle thread, and with ``bindAhead=false`` on the task's
+  thread), and with ``--work gpu`` (plugin on; copies and a kernel per task, for scale;
+  ``--skip-gpu-work`` leaves it out). Each spark-submit runs the job
   ``--rounds`` times; the first half of the rounds warms the JIT up (task phases fall for several
   rounds) and is dropped, the app's task phase is the median of the second half. ``--apps`` spark-submits per configuration, interleaved (A, B, C, A, ...)
   so that the machine's drift hits all alike; reported: median over apps and the spread
@@ -48,7 +50,8 @@ def spread(values: list[float]) -> str:
 
 # --- plugin overhead ------------------------------------------------------------------------------
 
-def run_app(work: str, plugin: bool, tasks: int, rounds: int, elements: int, master: str) -> dict:
+def run_app(work: str, plugin: bool, tasks: int, rounds: int, elements: int, master: str,
+            extra_conf: tuple[str, ...] = ()) -> dict:
     from cudabridge.spark import build as b
 
     cmd = [str(b.spark_submit()), "--master", master, "--class", "org.cudabridge.examples.GpuPartitionJob",
@@ -58,6 +61,8 @@ def run_app(work: str, plugin: bool, tasks: int, rounds: int, elements: int, mas
         cp = b.classpath()
         cmd += ["--conf", f"spark.driver.extraClassPath={cp}", "--conf", f"spark.executor.extraClassPath={cp}",
                 "--conf", f"spark.plugins={PLUGIN}"]
+        for kv in extra_conf:
+            cmd += ["--conf", kv]
     with tempfile.TemporaryDirectory(prefix="bench-spark-") as d:
         summary = Path(d) / "s.json"
         cmd += [str(b.examples_jar_path()), "--work", work, "--partitions", str(tasks), "--elements", str(elements),
@@ -108,16 +113,20 @@ def bench_plugin(args, rows: list, out: dict) -> None:
     from cudabridge.spark import build as b
 
     b.build()
-    configs = [("host, no plugin", "host", False), ("host, plugin", "host", True), ("gpu work, plugin", "gpu", True)]
-    results: dict[str, list[dict]] = {name: [] for name, _, _ in configs}
+    configs = [("host, no plugin", "host", False, ()), ("host, plugin", "host", True, ()),
+               ("host, plugin, bindAhead=false", "host", True, ("spark.cudabridge.bindAhead=false",)),
+               ("gpu work, plugin", "gpu", True, ())]
+    if args.skip_gpu_work:
+        configs = configs[:-1]
+    results: dict[str, list[dict]] = {name: [] for name, *_ in configs}
     for i in range(args.apps):
-        for name, work, plugin in configs:
-            r = run_app(work, plugin, args.tasks, args.rounds, args.elements, args.master)
+        for name, work, plugin, extra in configs:
+            r = run_app(work, plugin, args.tasks, args.rounds, args.elements, args.master, extra)
             results[name].append(r)
             print(f"app {i + 1}/{args.apps} {name:18} task phase {r['phase_ms']:8.1f} ms (rounds {r['rounds_ms']}), "
                   f"start-up {r['startup_ms']:.0f} ms", flush=True)
     base = [r["phase_ms"] for r in results["host, no plugin"]]
-    for name, _, _ in configs:
+    for name, *_ in configs:
         phases = [r["phase_ms"] for r in results[name]]
         starts = [r["startup_ms"] for r in results[name]]
         med = statistics.median(phases)
@@ -138,14 +147,21 @@ def bench_plugin(args, rows: list, out: dict) -> None:
                      f"spread {spread(starts)}"))
     out["overhead"] = overhead
     out["paired_overhead"] = paired
-    binds = []
-    for r in results["host, plugin"]:
-        st = r.get("stats") or {}
-        if st.get("plugin_tasks_started"):
-            binds.append((st["plugin_bind_us_total"] + st["plugin_release_us_total"]) / st["plugin_tasks_started"])
-    if binds:
-        rows.append(("in Spark: bind + release per task (executor.plugin_*_us_total)", f"{statistics.median(binds):.1f} us",
-                     f"spread {spread(binds)} (time inside the calls, summed over task threads)"))
+    for name in ("host, plugin", "host, plugin, bindAhead=false"):
+        binds, releases, ahead = [], [], []
+        for r in results[name]:
+            st = r.get("stats") or {}
+            n = st.get("plugin_tasks_started")
+            if n:
+                binds.append(st["plugin_bind_us_total"] / n)
+                releases.append(st["plugin_release_us_total"] / n)
+                ahead.append(st.get("plugin_binds_ahead", 0) / n)
+        if binds:
+            rows.append((f"in Spark, {name}: onTaskStart's bind on the task thread", f"{statistics.median(binds):.1f} us",
+                         f"spread {spread(binds)} (executor.plugin_bind_us_total per task)"))
+            rows.append((f"in Spark, {name}: release on the lifecycle thread", f"{statistics.median(releases):.1f} us",
+                         f"spread {spread(releases)}; binds applied ahead on the lifecycle thread: "
+                         f"{100 * statistics.median(ahead):.0f} %"))
 
 
 # --- pool streams vs create/destroy per task ------------------------------------------------------
@@ -208,6 +224,7 @@ def main() -> int:
     p.add_argument("--tasks", type=int, default=200)
     p.add_argument("--elements", type=int, default=1024, help="ints per task (short tasks)")
     p.add_argument("--master", default="local[4]")
+    p.add_argument("--skip-gpu-work", action="store_true", help="plugin part: leave out the GPU-work configuration")
     p.add_argument("--backend", default="emulated", help="backend of the streams part")
     p.add_argument("--stream-tasks", type=int, default=2000)
     p.add_argument("--stream-batches", type=int, default=7)

@@ -164,6 +164,12 @@ def test_gate_starves_nobody_and_never_holds_up_a_synchronize(harness, enabled):
         assert r["handoffs"] == "0" and r["sleeps"] == "0"
 
 
+def test_deferred_binds_bind_once_and_only_when_used(harness):
+    r = run_java(harness, "deferred", "4")
+    r.ok()
+    assert r["deferred_done"] == "true" and r["deferred_bound_total"] == "202"
+
+
 @pytest.mark.parametrize("value", ["abc", "0", "2000000"])
 def test_gate_hold_out_of_range_is_refused_clearly(harness, value):
     r = run_java(harness, "smoke", jvm=[f"-Dcudabridge.gate.holdMicros={value}"])

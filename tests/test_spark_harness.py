@@ -14,7 +14,7 @@ import pytest
 import spark_harness as sh
 
 
-def test_harness_runs_without_spark(tmp_path):
+def run_harness(tmp_path, *args: str, conf: tuple[str, ...] = ()) -> tuple[subprocess.CompletedProcess, dict, str]:
     sh.build()
     from cudabridge.jvm import build as core
     from cudabridge.spark import build as b
@@ -25,12 +25,19 @@ def test_harness_runs_without_spark(tmp_path):
     cp = os.pathsep.join([str(core.jar_path()), str(b.plugin_jar_path()), str(b.examples_jar_path()),
                           str(core.jpype_jar())])
     out = tmp_path / "summary.json"
-    proc = subprocess.run([java, "-cp", cp, "-Dspark.cudabridge.backend=emulated", "org.cudabridge.examples.TaskHarness",
-                           "--tasks", "48", "--threads", "4", "--elements", "2048", "--fail-first-attempt", "1,9,30",
-                           "--summary-json", str(out)], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([java, "-cp", cp, "-Dspark.cudabridge.backend=emulated", *conf,
+                           "org.cudabridge.examples.TaskHarness", *args, "--summary-json", str(out)],
+                          capture_output=True, text=True, timeout=120)
+    return proc, (json.loads(out.read_text()) if out.is_file() else {}), cp
+
+
+@pytest.mark.parametrize("bind_ahead", ["true", "false"])
+def test_harness_runs_without_spark(tmp_path, bind_ahead):
+    proc, s, cp = run_harness(tmp_path, "--tasks", "48", "--threads", "4", "--elements", "2048",
+                              "--fail-first-attempt", "1,9,30", "--gpu-address", "0",
+                              conf=(f"-Dspark.cudabridge.bindAhead={bind_ahead}",))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "org.apache.spark" not in cp
-    s = json.loads(out.read_text())
     assert s["checks"] == "ok", s
     assert s["tasks_run"] == 48 and s["task_attempts"] == 51 and s["planned_failures"] == 3
     assert s["leaks_reclaimed"] == 48 + 3 and s["live_allocations_after"] == 0
@@ -39,3 +46,20 @@ def test_harness_runs_without_spark(tmp_path):
     assert 32 - s["planned_failures"] <= s["distinct_streams_used"] <= 32, s
     st = s["statistics"]
     assert st["plugin_tasks_released"] == 51 and st["tasks_bound_total"] == 51
+    assert st["plugin_bind_failures"] == 0
+    if bind_ahead == "false":
+        assert st["plugin_binds_ahead"] == 0
+
+
+@pytest.mark.parametrize("bind_ahead", ["true", "false"])
+def test_unknown_gpu_address_fails_each_task_with_the_reason(tmp_path, bind_ahead):
+    """A task whose GPU address the executor does not own: its GPU calls fail with the reason
+    (a deferred bind fails at the first one), the failure is counted, nothing is left bound."""
+    proc, s, _ = run_harness(tmp_path, "--tasks", "6", "--threads", "2", "--elements", "256", "--gpu-address", "7",
+                             conf=(f"-Dspark.cudabridge.bindAhead={bind_ahead}",))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "not owned by this executor" in proc.stderr and "could not be bound" in proc.stderr
+    assert s["unexpected_failures"] == 12 and s["tasks_run"] == 0   # each partition tried twice
+    st = s["statistics"]
+    assert st["plugin_bind_failures"] == 12 and st.get("tasks_bound_total", 0) == 0
+    assert st["tasks_bound"] == 0 and st["live_allocations"] == 0

@@ -52,6 +52,7 @@ public final class Harness {
             case "startfail": startFail(rest); break;
             case "notstarted": notStarted(); break;
             case "gate": gate(Integer.parseInt(rest[0])); break;
+            case "deferred": deferred(Integer.parseInt(rest[0])); break;
             default:
                 System.err.println("unknown scenario " + scenario);
                 System.exit(2);
@@ -738,5 +739,108 @@ public final class Harness {
         expect(IllegalStateException.class, "get() before start", CudaBridge::get, "not started");
         check(!CudaBridge.isStarted(), "not started");
         result("notstarted_done", true);
+    }
+
+    /** Deferred binds (bindTaskDeferred, as the plugin binds ahead): bound in Python by the first
+     *  GPU call or by applyBind on another thread, exactly once when both race; a task released
+     *  before anyone applied its bind is never bound in Python; a bind only Python can refuse
+     *  (an unknown GPU address) fails the task's first GPU call with the reason and leaves
+     *  nothing behind; Java-side refusals are immediate and change nothing. */
+    static void deferred(int racers) throws Exception {
+        CudaBridge b = CudaBridge.start();
+        long bound0 = stat(b, "tasks_bound_total");
+        // (a) the first GPU call binds it on the calling thread
+        TaskScope a = b.bindTaskDeferred(10, null, "normal");
+        check(!a.isBound() && stat(b, "tasks_bound_total") == bound0, "not bound in Python before any GPU use");
+        check(b.currentTask() == a, "current task set at once");
+        try (DeviceBuffer buf = b.allocate(256)) {
+            check(a.isBound() && stat(b, "tasks_bound_total") == bound0 + 1, "the allocate bound it");
+            check(buf.stream() == a.stream() && a.stream() != 0, "buffer on the task's stream");
+            buf.memset(7);
+        }
+        check(!a.applyBind(), "applyBind after the bind does nothing");
+        a.release();
+        check(stat(b, "tasks_bound") == 0, "released in Python");
+        // (b) released before anyone applied it: never bound in Python, nothing to release there
+        TaskScope never = b.bindTaskDeferred(11, null, "normal");
+        ReleaseReport r = never.release();
+        check(r.leakedAllocations() == 0 && stat(b, "tasks_bound_total") == bound0 + 1, "never bound in Python");
+        check(!never.applyBind(), "applyBind after the release does nothing");
+        expect(IllegalStateException.class, "stream of a released, never bound task", never::stream, "released");
+        expect(IllegalStateException.class, "allocate after it", () -> b.allocate(10), "no task is bound");
+        // (c) applyBind on another thread, then the task's thread uses the stream (no second bind)
+        TaskScope c = b.bindTaskDeferred(12, null, "high");
+        Thread t = new Thread(() -> check(c.applyBind(), "applyBind on another thread did the bind"));
+        t.start();
+        t.join();
+        check(c.isBound() && stat(b, "tasks_bound_total") == bound0 + 2, "bound once, by the other thread");
+        long s12 = c.stream();
+        check(s12 == b.stream(), "the task's thread sees the stream");
+        DeviceBuffer leak = b.allocate(4096);
+        ReleaseReport rc = c.release();
+        check(rc.leakedAllocations() == 1 && !leak.isAlive(), "leak reclaimed: " + rc);
+        // (d) a bind only Python refuses: the first GPU call fails with the reason, nothing is left
+        TaskScope d = b.bindTaskDeferred(13, "7", "normal");
+        check(d.bindFailure() == null, "no failure before the bind is applied");
+        expect(CudaBridgeException.class, "deferred bind to an unknown GPU", () -> b.allocate(10), "could not be bound",
+                "not owned");
+        check(d.bindFailure() != null && d.bindFailure().contains("not owned"), "bindFailure says why: " + d.bindFailure());
+        expect(CudaBridgeException.class, "stream() of the failed task", b::stream, "not owned");
+        check(!d.applyBind(), "applyBind of a failed bind does nothing");
+        check(d.release().leakedAllocations() == 0, "a failed bind releases nothing");
+        check(stat(b, "tasks_bound") == 0 && stat(b, "tasks_bound_total") == bound0 + 2, "nothing left in Python");
+        // (e) Java-side refusals: immediate, nothing registered
+        expect(IllegalArgumentException.class, "deferred negative id", () -> b.bindTaskDeferred(-2, null, "normal"),
+                "non-negative");
+        expect(IllegalArgumentException.class, "deferred bad priority", () -> b.bindTaskDeferred(14, null, "rush"),
+                "priority");
+        TaskScope e = b.bindTaskDeferred(14, null, "normal");
+        expect(IllegalStateException.class, "deferred bind twice", () -> b.bindTaskDeferred(14, null, "normal"),
+                "bound already");
+        expect(IllegalStateException.class, "bind of a pending id", () -> b.bindTask(14), "bound already");
+        check(stat(b, "tasks_bound") == 0, "the refused synchronous bind left nothing in Python");
+        e.release();
+        check(b.tasksBound() == 0, "no task left in Java");
+        // (f) races: for each task, racers threads call stream() while another applies the bind
+        int tasks = 200;
+        AtomicLong wrong = new AtomicLong();
+        for (int k = 0; k < tasks; k++) {
+            TaskScope x = b.bindTaskDeferred(1000 + k, null, "normal");
+            CountDownLatch go = new CountDownLatch(1);
+            List<Thread> ts = new ArrayList<>();
+            long[] seen = new long[racers];
+            for (int j = 0; j < racers; j++) {
+                final int jj = j;
+                Thread th = new Thread(() -> {
+                    try {
+                        go.await();
+                        if (jj == 0) {
+                            x.applyBind();
+                        } else {
+                            seen[jj] = x.stream();
+                        }
+                    } catch (Throwable ex) {
+                        wrong.incrementAndGet();
+                    }
+                });
+                th.start();
+                ts.add(th);
+            }
+            go.countDown();
+            for (Thread th : ts) {
+                th.join();
+            }
+            for (int j = 1; j < racers; j++) {
+                if (seen[j] != x.stream()) {
+                    wrong.incrementAndGet();
+                }
+            }
+            x.release();
+        }
+        check(wrong.get() == 0, "every racer saw the one stream: " + wrong.get() + " wrong");
+        check(stat(b, "tasks_bound_total") == bound0 + 2 + tasks, "each raced task bound exactly once in Python");
+        check(stat(b, "tasks_bound") == 0 && b.tasksBound() == 0, "all released");
+        result("deferred_bound_total", stat(b, "tasks_bound_total") - bound0);
+        result("deferred_done", true);
     }
 }

@@ -356,6 +356,26 @@ public final class CudaBridge {
      * The plugin calls this in {@code onTaskStart}, on the task's thread.
      */
     public TaskScope bindTask(long taskAttemptId, String gpuAddress, String priority) {
+        checkBind(taskAttemptId, priority);
+        long[] r = bindInPython(taskAttemptId, gpuAddress, priority);
+        return register(new TaskScope(this, taskAttemptId, r[0], (int) r[1], true));
+    }
+
+    /**
+     * Binds a task attempt in Java now and in Python later, and makes it the calling thread's
+     * current task: the bind crosses into Python when {@link TaskScope#applyBind()} is called
+     * (from any thread: the plugin's lifecycle thread does, ahead of the task's GPU work) or at
+     * the task's first GPU call on whichever thread comes first. So a task thread need not queue
+     * for the GIL at task start, and a task that never touches the GPU is never bound in Python.
+     * Errors only Python can see (a GPU address this executor does not own) reach the task's
+     * first GPU call; {@link TaskScope#bindFailure()} tells them afterwards.
+     */
+    public TaskScope bindTaskDeferred(long taskAttemptId, String gpuAddress, String priority) {
+        checkBind(taskAttemptId, priority);
+        return register(new TaskScope(this, taskAttemptId, gpuAddress, priority));
+    }
+
+    private void checkBind(long taskAttemptId, String priority) {
         if (taskAttemptId < 0) {
             throw new IllegalArgumentException("bindTask: task attempt id must be non-negative, got " + taskAttemptId);
         }
@@ -367,15 +387,26 @@ public final class CudaBridge {
         if (tasks.containsKey(taskAttemptId)) {
             throw new IllegalStateException("bindTask: task " + taskAttemptId + " is bound already");
         }
-        long[] r = new long[2];
-        NativeBridge.bindTask(taskAttemptId, gpuAddress, priority, r);
-        TaskScope scope = new TaskScope(this, taskAttemptId, r[0], (int) r[1], true);
-        if (tasks.putIfAbsent(taskAttemptId, scope) != null) {
-            // Python refuses a second bind of a bound task, so this cannot happen; say so if it does.
-            throw new IllegalStateException("bindTask: task " + taskAttemptId + " was bound concurrently");
+    }
+
+    private TaskScope register(TaskScope scope) {
+        if (tasks.putIfAbsent(scope.taskAttemptId(), scope) != null) {
+            // A concurrent bind of the same id won the race: undo this one in Python if it was bound.
+            if (scope.isBound()) {
+                NativeBridge.releaseTask(scope.taskAttemptId(), new long[2]);
+            }
+            throw new IllegalStateException("bindTask: task " + scope.taskAttemptId() + " is bound already");
         }
         CURRENT.set(scope);
         return scope;
+    }
+
+    /** The bind in Python: {stream, GPU ordinal}. */
+    long[] bindInPython(long taskAttemptId, String gpuAddress, String priority) {
+        checkRunning("bindTask");
+        long[] r = new long[2];
+        NativeBridge.bindTask(taskAttemptId, gpuAddress, priority, r);
+        return r;
     }
 
     /** Releases a bound task by id (the plugin's {@code onTaskSucceeded}/{@code onTaskFailed}). */
@@ -387,12 +418,12 @@ public final class CudaBridge {
         return scope.release();
     }
 
-    ReleaseReport releaseScope(TaskScope scope) {
+    ReleaseReport releaseScope(TaskScope scope, boolean boundInPython) {
         tasks.remove(scope.taskAttemptId(), scope);
         if (CURRENT.get() == scope) {
             CURRENT.remove();
         }
-        if (shutDown) {
+        if (shutDown || !boundInPython) {
             return new ReleaseReport(scope.taskAttemptId(), 0, 0);
         }
         long[] r = new long[2];

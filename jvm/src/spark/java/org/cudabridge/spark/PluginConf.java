@@ -32,6 +32,9 @@ public final class PluginConf {
     public static final String TASK_PRIORITY = PREFIX + "taskPriority";
     /** Release ended tasks on the executor's release thread (true) or on the task's thread (false). */
     public static final String ASYNC_RELEASE = PREFIX + "asyncRelease";
+    /** Bind a starting task in Python on the lifecycle thread, ahead of its first GPU call (true),
+     *  or on the task's thread in {@code onTaskStart} (false). */
+    public static final String BIND_AHEAD = PREFIX + "bindAhead";
     /** How old (ms) a statistics snapshot may be when a metrics sink reads the gauges (default 500). */
     public static final String METRICS_REFRESH_MS = PREFIX + "metrics.refreshMs";
     /** How often (ms) each executor sends its statistics to the driver plugin; 0: never (default 1000). */
@@ -47,7 +50,8 @@ public final class PluginConf {
         m.put(LIBRARY, new String[] {"(beside cudabridge.jar)", "path of libcudabridge_jni.so"});
         m.put(GPU_RESOURCE, new String[] {"gpu", "Spark resource name whose addresses are the executor's and task's GPUs"});
         m.put(TASK_PRIORITY, new String[] {"normal", "stream priority of task streams: normal or high"});
-        m.put(ASYNC_RELEASE, new String[] {"true", "release ended tasks on one release thread (off the task's path); false: on the task's thread"});
+        m.put(ASYNC_RELEASE, new String[] {"true", "release ended tasks on the executor's lifecycle thread (off the task's path); false: on the task's thread"});
+        m.put(BIND_AHEAD, new String[] {"true", "bind a starting task in Python on the lifecycle thread, ahead of its first GPU call (which binds it itself if it comes first); false: in onTaskStart on the task's thread"});
         m.put(METRICS_REFRESH_MS, new String[] {"500", "most age (ms) of the statistics snapshot behind the gauges"});
         m.put(REPORT_INTERVAL_MS, new String[] {"1000", "period (ms) of each executor's statistics report to the driver; 0 disables"});
         KEYS = Collections.unmodifiableMap(m);
@@ -101,10 +105,14 @@ public final class PluginConf {
         return p;
     }
 
-    public boolean asyncRelease() {
-        String v = get(ASYNC_RELEASE, "true").trim();
+    public boolean asyncRelease() { return getBoolean(ASYNC_RELEASE, true); }
+
+    public boolean bindAhead() { return getBoolean(BIND_AHEAD, true); }
+
+    private boolean getBoolean(String key, boolean dflt) {
+        String v = get(key, Boolean.toString(dflt)).trim();
         if (!v.equalsIgnoreCase("true") && !v.equalsIgnoreCase("false")) {
-            throw new IllegalArgumentException(ASYNC_RELEASE + "=" + v + ": expected true or false");
+            throw new IllegalArgumentException(key + "=" + v + ": expected true or false");
         }
         return Boolean.parseBoolean(v);
     }
@@ -117,6 +125,7 @@ public final class PluginConf {
     public void validate() {
         taskPriority();
         asyncRelease();
+        bindAhead();
         metricsRefreshMs();
         reportIntervalMs();
     }

@@ -4,9 +4,10 @@ import java.util.Collections;
 import java.util.LinkedHashMap;
 import java.util.Map;
 import java.util.TreeMap;
-import java.util.concurrent.LinkedBlockingQueue;
-import java.util.concurrent.TimeUnit;
+import java.util.concurrent.ConcurrentLinkedQueue;
+import java.util.concurrent.atomic.AtomicBoolean;
 import java.util.concurrent.atomic.AtomicLong;
+import java.util.concurrent.locks.LockSupport;
 import java.util.logging.Level;
 import java.util.logging.Logger;
 
@@ -26,6 +27,13 @@ import org.cudabridge.TaskScope;
  * <p>The bound scope of the thread's current task attempt is kept in a {@link ThreadLocal}:
  * Spark calls {@code onTaskSucceeded}/{@code onTaskFailed} on the task's thread, where
  * {@code TaskContext.get()} is already null.
+ *
+ * <p>The crossings into Python at a task's start and end run on one lifecycle thread, in the
+ * order the tasks started and ended, so that task threads do not queue for the GIL there: on a
+ * busy executor a thread waiting for the GIL waits for every other Python caller and for the OS
+ * to schedule it (measured in Spark local[4] on 2 cores: 4-10 ms per bind on the task's thread,
+ * against 80 us in a quiet JVM). A task's first GPU call binds it on its own thread if the
+ * lifecycle thread has not got to it yet.
  */
 public final class TaskBinder {
     private static final Logger LOG = Logger.getLogger(TaskBinder.class.getName());
@@ -37,9 +45,13 @@ public final class TaskBinder {
     private final String priority;
     private final long refreshNanos;
     private final boolean asyncRelease;
-    private final LinkedBlockingQueue<TaskScope> releases = new LinkedBlockingQueue<>();
+    private final boolean bindAhead;
+    /** Work of the lifecycle thread, in order: a scope to bind ahead, or one to release. */
+    private final ConcurrentLinkedQueue<Op> ops = new ConcurrentLinkedQueue<>();
+    /** The lifecycle thread is parked until woken (idle for a while); else it polls. */
+    private final AtomicBoolean lifecycleAsleep = new AtomicBoolean();
     private final AtomicLong releasesPending = new AtomicLong();
-    private volatile Thread releaser;
+    private volatile Thread lifecycle;
     private final ThreadLocal<TaskScope> scope = new ThreadLocal<>();
     private final ThreadLocal<String> bindFailure = new ThreadLocal<>();
 
@@ -48,6 +60,8 @@ public final class TaskBinder {
     final AtomicLong tasksFailed = new AtomicLong();
     final AtomicLong tasksReleased = new AtomicLong();
     final AtomicLong bindFailures = new AtomicLong();
+    final AtomicLong bindsAhead = new AtomicLong();
+    final AtomicLong bindsNeverApplied = new AtomicLong();
     final AtomicLong releaseFailures = new AtomicLong();
     final AtomicLong leakedAllocations = new AtomicLong();
     final AtomicLong leakedBytes = new AtomicLong();
@@ -60,18 +74,37 @@ public final class TaskBinder {
     private volatile long snapshotAt;
     private volatile boolean shutDown;
 
+    // While tasks come and go the lifecycle thread polls every POLL_NANOS instead of being woken
+    // per task: on a busy executor the OS often runs a woken thread at once, preempting the task
+    // thread that woke it (measured: about 1 ms per onTaskStart in Spark local[4] on 2 cores).
+    // After IDLE_NANOS without work it parks until the next task wakes it (an idle executor
+    // costs nothing).
+    private static final long POLL_NANOS = 1_000_000L;
+    private static final long IDLE_NANOS = 200_000_000L;
+
+    private static final class Op {
+        final TaskScope scope;
+        final boolean release;
+
+        Op(TaskScope scope, boolean release) {
+            this.scope = scope;
+            this.release = release;
+        }
+    }
+
     private TaskBinder(String executorId, CudaBridge bridge, String failure, String priority, long refreshMs,
-                       boolean asyncRelease) {
+                       boolean asyncRelease, boolean bindAhead) {
         this.executorId = executorId;
         this.bridge = bridge;
         this.failure = failure;
         this.priority = priority;
         this.refreshNanos = refreshMs * 1_000_000L;
         this.asyncRelease = asyncRelease && bridge != null;
-        if (this.asyncRelease) {
-            Thread t = new Thread(this::releaseLoop, "cudabridge-release-" + executorId);
+        this.bindAhead = bindAhead && bridge != null;
+        if (this.asyncRelease || this.bindAhead) {
+            Thread t = new Thread(this::lifecycleLoop, "cudabridge-lifecycle-" + executorId);
             t.setDaemon(true);
-            releaser = t;
+            lifecycle = t;
             t.start();
         }
     }
@@ -90,18 +123,20 @@ public final class TaskBinder {
         String priority = "normal";
         long refreshMs = 500;
         boolean async = true;
+        boolean ahead = true;
         try {
             PluginConf conf = new PluginConf(sparkConf);
             conf.validate();
             priority = conf.taskPriority();
             refreshMs = conf.metricsRefreshMs();
             async = conf.asyncRelease();
+            ahead = conf.bindAhead();
             bridge = CudaBridge.start(conf.toOptions(gpuAddresses));
         } catch (Throwable t) { // never out of init: Spark would relaunch the executor forever
             reason = describe(t);
             bridge = null;
         }
-        TaskBinder b = new TaskBinder(executorId, bridge, reason, priority, refreshMs, async);
+        TaskBinder b = new TaskBinder(executorId, bridge, reason, priority, refreshMs, async, ahead);
         b.startNanos.set(System.nanoTime() - t0);
         if (reason != null) {
             LOG.severe("cudabridge: executor " + executorId + " has NO GPU service; every GPU call of its tasks will "
@@ -116,7 +151,7 @@ public final class TaskBinder {
 
     /** A binder whose service is unavailable for {@code reason} (every GPU call fails with it). */
     static TaskBinder failed(String executorId, String reason) {
-        TaskBinder b = new TaskBinder(executorId, null, reason, "normal", 500, false);
+        TaskBinder b = new TaskBinder(executorId, null, reason, "normal", 500, false, false);
         LOG.severe("cudabridge: executor " + executorId + " has NO GPU service; every GPU call of its tasks will "
                 + "fail with: " + oneLine(reason));
         current = b;
@@ -163,8 +198,11 @@ public final class TaskBinder {
     }
 
     /**
-     * Binds a task attempt on the calling thread (the task's own thread). Never throws: a
-     * failure is counted, logged, and makes this task's GPU calls fail with its reason.
+     * Binds a task attempt on the calling thread (the task's own thread): in Java at once, in
+     * Python on the lifecycle thread ({@code spark.cudabridge.bindAhead}, the default) or here.
+     * Never throws: a failure is counted, logged, and makes this task's GPU calls fail with its
+     * reason (a deferred bind's failure reaches the task's first GPU call, and is counted when the
+     * task ends).
      *
      * @param gpuAddress the task's GPU resource address, or null for the executor's only GPU
      * @return whether the task is bound
@@ -183,7 +221,13 @@ public final class TaskBinder {
         }
         long t0 = System.nanoTime();
         try {
-            scope.set(bridge.bindTask(taskAttemptId, gpuAddress, priority));
+            if (bindAhead) {
+                TaskScope s = bridge.bindTaskDeferred(taskAttemptId, gpuAddress, priority);
+                scope.set(s);
+                submit(new Op(s, false));
+            } else {
+                scope.set(bridge.bindTask(taskAttemptId, gpuAddress, priority));
+            }
             bindNanos.addAndGet(System.nanoTime() - t0);
             return true;
         } catch (Throwable t) {
@@ -199,7 +243,7 @@ public final class TaskBinder {
     /**
      * Ends the calling thread's task attempt: its leftover buffers are freed on its stream and
      * counted as leaks. With {@code spark.cudabridge.asyncRelease=true} (the default) the release
-     * is handed to the executor's release thread and this returns null at once (the task's
+     * is handed to the executor's lifecycle thread and this returns null at once (the task's
      * thread leaves its task now; the release, one call into Python, runs off the task's critical
      * path, and fewer task threads queue for the GIL); otherwise it releases here and returns the
      * report. Returns null as well if no task was bound. Never throws.
@@ -212,6 +256,12 @@ public final class TaskBinder {
             return null;
         }
         scope.remove();
+        String bf = s.bindFailure();
+        if (bf != null) {
+            bindFailures.incrementAndGet();
+            LOG.warning("cudabridge: task attempt " + s.taskAttemptId() + " on executor " + executorId
+                    + " could not be bound: " + oneLine(bf));
+        }
         if (asyncRelease && !shutDown) {
             try {
                 bridge.detach(); // this thread has no current task from now on
@@ -219,31 +269,51 @@ public final class TaskBinder {
                 // detach only clears a ThreadLocal
             }
             releasesPending.incrementAndGet();
-            releases.add(s);
+            submit(new Op(s, true));
             return null;
         }
         return release(s);
     }
 
-    private void releaseLoop() {
-        while (true) {
-            TaskScope s;
-            try {
-                s = releases.poll(200, TimeUnit.MILLISECONDS);
-            } catch (InterruptedException e) {
-                return;
-            }
-            if (s == null) {
-                if (shutDown) {
-                    return;
+    private void submit(Op op) {
+        ops.add(op);
+        if (lifecycleAsleep.get() && lifecycleAsleep.compareAndSet(true, false)) {
+            LockSupport.unpark(lifecycle);
+        }
+    }
+
+    private void lifecycleLoop() {
+        long lastWork = System.nanoTime();
+        while (!shutDown) {
+            Op op = ops.poll();
+            if (op != null) {
+                run(op);
+                lastWork = System.nanoTime();
+            } else if (System.nanoTime() - lastWork < IDLE_NANOS) {
+                LockSupport.parkNanos(this, POLL_NANOS);
+            } else {
+                lifecycleAsleep.set(true);
+                if (ops.isEmpty() && !shutDown) {   // checked after saying so: no wake-up is lost
+                    LockSupport.parkNanos(this, 1_000_000_000L);
                 }
-                continue;
+                lifecycleAsleep.set(false);
             }
-            try {
-                release(s);
-            } finally {
-                releasesPending.decrementAndGet();
+        }
+    }
+
+    private void run(Op op) {
+        if (!op.release) {
+            // Not if the task's own thread bound it first or the task ended already (then it
+            // never touched the GPU and is never bound in Python).
+            if (!shutDown && op.scope.applyBind()) {
+                bindsAhead.incrementAndGet();
             }
+            return;
+        }
+        try {
+            release(op.scope);
+        } finally {
+            releasesPending.decrementAndGet();
         }
     }
 
@@ -258,7 +328,11 @@ public final class TaskBinder {
         }
         long t0 = System.nanoTime();
         try {
+            boolean wasBound = s.isBound();
             ReleaseReport r = s.release();
+            if (!wasBound && !s.isBound()) {
+                bindsNeverApplied.incrementAndGet();
+            }
             releaseNanos.addAndGet(System.nanoTime() - t0);
             tasksReleased.incrementAndGet();
             if (r.leakedAllocations() > 0) {
@@ -293,10 +367,12 @@ public final class TaskBinder {
         m.put("plugin_tasks_released", tasksReleased.get());
         m.put("plugin_releases_pending", releasesPending.get());
         m.put("plugin_bind_failures", bindFailures.get());
+        m.put("plugin_binds_ahead", bindsAhead.get());                // applied on the lifecycle thread
+        m.put("plugin_binds_never_applied", bindsNeverApplied.get()); // ended before any GPU use or bind
         m.put("plugin_release_failures", releaseFailures.get());
         m.put("plugin_leaked_allocations", leakedAllocations.get());
         m.put("plugin_leaked_bytes", leakedBytes.get());
-        m.put("plugin_bind_us_total", bindNanos.get() / 1000);        // time the task threads spent in bindTask
+        m.put("plugin_bind_us_total", bindNanos.get() / 1000);        // time the task threads spent in onTaskStart's bind
         m.put("plugin_release_us_total", releaseNanos.get() / 1000);  // ... and in the release
         return m;
     }
@@ -362,25 +438,21 @@ public final class TaskBinder {
         if (shutDown) {
             return;
         }
-        // Finish the releases handed to the release thread first (their leaks are counted).
+        // Finish the releases handed to the lifecycle thread first (their leaks are counted).
         long deadline = System.nanoTime() + 10_000_000_000L;
         while (releasesPending.get() > 0 && System.nanoTime() < deadline) {
-            TaskScope s = releases.poll();
-            if (s != null) {
-                try {
-                    release(s);
-                } finally {
-                    releasesPending.decrementAndGet();
-                }
+            Op op = ops.poll();
+            if (op != null) {
+                run(op);
             } else {
                 Thread.onSpinWait();
             }
         }
         refresh();
         shutDown = true;
-        Thread r = releaser;
+        Thread r = lifecycle;
         if (r != null) {
-            r.interrupt();
+            LockSupport.unpark(r);
         }
         if (bridge != null) {
             try {

@@ -28,6 +28,8 @@ import org.cudabridge.spark.TaskBinder;
  *   [-Dspark.cudabridge.backend=cuda] [-Dcudabridge.python=.../python] \
  *   org.cudabridge.examples.TaskHarness [--tasks 256] [--threads 8] [--elements 65536] [--fail-first-attempt 3,7]
  *   [--bind-only] (tasks only bound and released: the plugin's own per-task cost)
+ *   [--gpu-address A] (each task's GPU resource address, as Spark's scheduler gives it; default none:
+ *   the executor's only GPU)
  * </pre>
  * Prints the same summary as the Spark job and exits 1 if any check fails (verify failures,
  * leaks not reclaimed as planned, memory still in use, a task not released).
@@ -42,6 +44,7 @@ public final class TaskHarness {
         boolean leak = true;
         boolean bindOnly = false;
         String summaryJson = null;
+        String gpuAddress = null;
         Set<Integer> failFirst = new HashSet<>();
         for (int i = 0; i < args.length; i++) {
             switch (args[i]) {
@@ -51,6 +54,7 @@ public final class TaskHarness {
                 case "--no-leak": leak = false; break;
                 case "--bind-only": bindOnly = true; leak = false; break;
                 case "--summary-json": summaryJson = args[++i]; break;
+                case "--gpu-address": gpuAddress = args[++i]; break;
                 case "--fail-first-attempt": failFirst.addAll(PartitionWork.partitions(args[++i])); break;
                 default:
                     throw new IllegalArgumentException("unknown argument " + args[i] + "; see the class comment");
@@ -74,6 +78,7 @@ public final class TaskHarness {
         final boolean leakIt = leak;
         final int total = tasks;
         final boolean onlyBind = bindOnly;
+        final String address = gpuAddress;
         AtomicInteger next = new AtomicInteger();
         AtomicLong attemptIds = new AtomicLong(1);
         AtomicInteger plannedFailures = new AtomicInteger();
@@ -86,7 +91,7 @@ public final class TaskHarness {
                 for (int p = next.getAndIncrement(); p < total; p = next.getAndIncrement()) {
                     for (int attempt = 0; ; attempt++) {
                         long id = attemptIds.getAndIncrement();
-                        binder.onTaskStart(id, null);                      // as onTaskStart
+                        binder.onTaskStart(id, address);                   // as onTaskStart
                         boolean ok = false;
                         try {
                             CudaBridge b = GpuTask.bridge();
