@@ -6,10 +6,12 @@ cudaStreamCreate/Destroy per task.
 
 * ``plugin`` (needs Spark; emulated device): example (a)'s job of ``--tasks`` short tasks in
   ``local[4]``, with ``--work host`` (the same data and checks, no GPU call) without the plugin
-  and with it (every task then bound and released through the bridge; with the default
-  ``bindAhead`` on the plugin's lifecycle thread, and with ``bindAhead=false`` on the task's
-  thread), and with ``--work gpu`` (plugin on; copies and a kernel per task, for scale;
-  ``--skip-gpu-work`` leaves it out). Each spark-submit runs the job
+  and with it (no task is then bound in Python: ``taskBind=lazy`` binds at a task's first GPU
+  call), with ``--work stream`` (the same, plus one ``stream()`` call per task: every task bound
+  and released in Python; with ``taskBind`` lazy, ahead and eager), and with ``--work gpu``
+  (plugin on; copies and a kernel per task, for scale; ``--skip-gpu-work`` leaves it out). The
+  process's CPU time in the task phase is reported beside the wall time (in local mode driver,
+  executor and Python share the process), and the lifecycle thread's own CPU time per task. Each spark-submit runs the job
   ``--rounds`` times; the first half of the rounds warms the JIT up (task phases fall for several
   rounds) and is dropped, the app's task phase is the median of the second half. ``--apps`` spark-submits per configuration, interleaved (A, B, C, A, ...)
   so that the machine's drift hits all alike; reported: median over apps and the spread
@@ -76,7 +78,10 @@ def run_app(work: str, plugin: bool, tasks: int, rounds: int, elements: int, mas
         s = json.loads(summary.read_text())
     per_round = [float(x) for x in re.findall(r"[\d.]+", s["task_phase_ms_rounds"])]
     warm = per_round[len(per_round) // 2:]   # the first half warms the JIT and Spark's caches up
-    return {"phase_ms": statistics.median(warm),
+    cpu_rounds = [float(x) for x in re.findall(r"[\d.]+", s.get("task_phase_cpu_ms_rounds", ""))]
+    cpu_warm = cpu_rounds[len(cpu_rounds) // 2:]
+    return {"phase_ms": statistics.median(warm), "cpu_rounds_ms": cpu_rounds,
+            "phase_cpu_ms": statistics.median(cpu_warm) if cpu_warm else None,
             "rounds_ms": per_round, "startup_ms": float(s["startup_ms"]), "wall_s": wall,
             "bridge_start_ms": s.get("statistics", {}).get("plugin_start_ms"), "stats": s.get("statistics", {}),
             "tasks_released": s.get("tasks_released"), "verify_failures": s["verify_failures"]}
@@ -113,8 +118,11 @@ def bench_plugin(args, rows: list, out: dict) -> None:
     from cudabridge.spark import build as b
 
     b.build()
-    configs = [("host, no plugin", "host", False, ()), ("host, plugin", "host", True, ()),
-               ("host, plugin, bindAhead=false", "host", True, ("spark.cudabridge.bindAhead=false",)),
+    configs = [("host, no plugin", "host", False, ()),
+               ("host, plugin", "host", True, ()),
+               ("stream, plugin", "stream", True, ()),
+               ("stream, plugin, taskBind=ahead", "stream", True, ("spark.cudabridge.taskBind=ahead",)),
+               ("stream, plugin, taskBind=eager", "stream", True, ("spark.cudabridge.taskBind=eager",)),
                ("gpu work, plugin", "gpu", True, ())]
     if args.skip_gpu_work:
         configs = configs[:-1]
@@ -126,42 +134,54 @@ def bench_plugin(args, rows: list, out: dict) -> None:
             print(f"app {i + 1}/{args.apps} {name:18} task phase {r['phase_ms']:8.1f} ms (rounds {r['rounds_ms']}), "
                   f"start-up {r['startup_ms']:.0f} ms", flush=True)
     base = [r["phase_ms"] for r in results["host, no plugin"]]
+    base_cpu = [r["phase_cpu_ms"] for r in results["host, no plugin"] if r["phase_cpu_ms"] is not None]
     for name, *_ in configs:
         phases = [r["phase_ms"] for r in results[name]]
+        cpus = [r["phase_cpu_ms"] for r in results[name] if r["phase_cpu_ms"] is not None]
         starts = [r["startup_ms"] for r in results[name]]
         med = statistics.median(phases)
         rows.append((f"task phase, {args.tasks} tasks: {name}", f"{med:.1f} ms",
                      f"spread {spread(phases)} over {len(phases)} apps; x{med / statistics.median(base):.3f} of no plugin"))
-        rows.append((f"start-up: {name}", f"{statistics.median(starts):.0f} ms", f"spread {spread(starts)}"))
+        if cpus and base_cpu:
+            mc = statistics.median(cpus)
+            rows.append((f"  process CPU in the task phase: {name}", f"{mc:.0f} ms",
+                         f"spread {spread(cpus)}; x{mc / statistics.median(base_cpu):.3f} of no plugin"))
+        rows.append((f"  start-up: {name}", f"{statistics.median(starts):.0f} ms", f"spread {spread(starts)}"))
         out[name] = results[name]
-    with_plugin = [r["phase_ms"] for r in results["host, plugin"]]
-    overhead = statistics.median(with_plugin) / statistics.median(base) - 1
-    # paired by app index (the same moment of the machine's drift)
-    paired = [w / n - 1 for w, n in zip(with_plugin, base)]
-    rows.append(("plugin overhead on the task phase", f"{100 * overhead:+.1f} %",
-                 f"paired per app: median {100 * statistics.median(paired):+.1f} %, spread "
-                 f"{100 * min(paired):+.1f} to {100 * max(paired):+.1f} % (target <= 3 %)"))
-    starts = [r["bridge_start_ms"] for r in results["host, plugin"] if r["bridge_start_ms"] is not None]
-    if starts:
-        rows.append(("bridge + service start in ExecutorPlugin.init", f"{statistics.median(starts):.0f} ms",
-                     f"spread {spread(starts)}"))
-    out["overhead"] = overhead
-    out["paired_overhead"] = paired
-    for name in ("host, plugin", "host, plugin, bindAhead=false"):
-        binds, releases, ahead = [], [], []
+    out["overhead"] = {}
+    for name, *_ in configs:
+        if name == "host, no plugin" or name.startswith("gpu"):
+            continue
+        with_plugin = [r["phase_ms"] for r in results[name]]
+        overhead = statistics.median(with_plugin) / statistics.median(base) - 1
+        # paired by app index (the same moment of the machine's drift)
+        paired = [w / n - 1 for w, n in zip(with_plugin, base)]
+        rows.append((f"plugin overhead on the task phase: {name}", f"{100 * overhead:+.1f} %",
+                     f"paired per app: median {100 * statistics.median(paired):+.1f} %, spread "
+                     f"{100 * min(paired):+.1f} to {100 * max(paired):+.1f} % (target <= 3 %)"))
+        out["overhead"][name] = {"median": overhead, "paired": paired}
+        binds, lifecycle, ahead, never = [], [], [], []
         for r in results[name]:
             st = r.get("stats") or {}
             n = st.get("plugin_tasks_started")
             if n:
                 binds.append(st["plugin_bind_us_total"] / n)
-                releases.append(st["plugin_release_us_total"] / n)
+                lifecycle.append(st.get("plugin_lifecycle_cpu_us", 0) / n)
                 ahead.append(st.get("plugin_binds_ahead", 0) / n)
+                never.append(st.get("plugin_binds_never_applied", 0) / n)
+        cpu_per_task = statistics.median(base_cpu) * 1000 / args.tasks if base_cpu else None
         if binds:
-            rows.append((f"in Spark, {name}: onTaskStart's bind on the task thread", f"{statistics.median(binds):.1f} us",
-                         f"spread {spread(binds)} (executor.plugin_bind_us_total per task)"))
-            rows.append((f"in Spark, {name}: release on the lifecycle thread", f"{statistics.median(releases):.1f} us",
-                         f"spread {spread(releases)}; binds applied ahead on the lifecycle thread: "
-                         f"{100 * statistics.median(ahead):.0f} %"))
+            rows.append((f"  {name}: onTaskStart on the task thread, per task", f"{statistics.median(binds):.1f} us",
+                         f"spread {spread(binds)} (executor.plugin_bind_us_total)"))
+            share = (f"; {100 * statistics.median(lifecycle) / cpu_per_task:.1f} % of the CPU per task without the "
+                     f"plugin ({cpu_per_task:.0f} us)") if cpu_per_task else ""
+            rows.append((f"  {name}: lifecycle thread CPU per task", f"{statistics.median(lifecycle):.1f} us",
+                         f"spread {spread(lifecycle)}{share}; bound ahead {100 * statistics.median(ahead):.0f} %, "
+                         f"never bound {100 * statistics.median(never):.0f} %"))
+    starts = [r["bridge_start_ms"] for r in results["host, plugin"] if r["bridge_start_ms"] is not None]
+    if starts:
+        rows.append(("bridge + service start in ExecutorPlugin.init", f"{statistics.median(starts):.0f} ms",
+                     f"spread {spread(starts)}"))
 
 
 # --- pool streams vs create/destroy per task ------------------------------------------------------

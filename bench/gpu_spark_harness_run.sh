@@ -12,6 +12,13 @@ timeout 300 "$JAVA_HOME/bin/java" -Dcudabridge.python="$(command -v python3)" -D
   --tasks 256 --threads 8 --elements 65536 --fail-first-attempt 3,7 --summary-json "$out/harness.json" >"$out/harness.log" 2>&1
 rc=$?
 echo "TaskHarness exit $rc"; grep -vE "^[0-9]{4}-|INFO" "$out/harness.log" | head -40
+# the other task-bind modes, and the task's GPU resource address given as Spark gives it
+for mode in ahead eager; do
+  timeout 120 "$JAVA_HOME/bin/java" -Dcudabridge.python="$(command -v python3)" -Dcudabridge.pythonpath="$PYTHONPATH"     -Dspark.cudabridge.backend=cuda -Dspark.cudabridge.taskBind=$mode -cp "$cp" org.cudabridge.examples.TaskHarness     --tasks 64 --threads 8 --elements 65536 --fail-first-attempt 5 --gpu-address 0     --summary-json "$out/harness-$mode.json" >"$out/harness-$mode.log" 2>&1
+  m=$?
+  echo "TaskHarness taskBind=$mode --gpu-address 0 exit $m: $(grep -E '^checks' "$out/harness-$mode.log")"
+  [ $m -eq 0 ] || rc=$m
+done
 timeout 200 python3 bench/bench_spark.py --part streams --backend cuda --out "$out" >"$out/bench_streams.log" 2>&1
 echo "bench_spark streams exit $?"; tail -15 "$out/bench_streams.log"
 exit $rc

@@ -61,7 +61,7 @@ static atomic_long g_states_created, g_states_deleted;
 /* Cached bound methods of the JavaHotPath, and helpers; owned references, never released. */
 static PyObject *m_stream, *m_allocate, *m_free, *m_free_many, *m_copy_in, *m_copy_out,
     *m_copy_in_direct, *m_copy_out_direct, *m_copy_device, *m_memset, *m_sync, *m_alloc_pinned,
-    *m_free_pinned, *m_ping, *m_thread_exit, *m_bind, *m_release, *f_error_info;
+    *m_free_pinned, *m_ping, *m_thread_exit, *m_bind, *m_release, *m_release_many, *f_error_info;
 
 /* Cached Java classes (global refs) and constructors. */
 static jclass c_cbe, c_oom, c_ise, c_iae, c_ioobe, c_npe, c_oome;
@@ -678,10 +678,12 @@ static char *run_bootstrap(JNIEnv *env, jobjectArray pythonpath, const char *lib
     Py_DECREF(mod);
     if (control == NULL) return format_python_failure("cudabridge: the Python bootstrap (cudabridge.jvm.bootstrap.start) failed");
     PyObject *hot = PyObject_GetAttrString(control, "hot");
-    if (hot == NULL || cache_method(control, "native_bind", &m_bind) || cache_method(control, "native_release", &m_release)) {
+    if (hot == NULL || cache_method(control, "native_bind", &m_bind) || cache_method(control, "native_release", &m_release)
+        || cache_method(control, "native_release_many", &m_release_many)) {
         Py_XDECREF(hot);
         Py_DECREF(control);
-        return format_python_failure("cudabridge: the bootstrap's control object lacks hot, native_bind or native_release");
+        return format_python_failure("cudabridge: the bootstrap's control object lacks hot, native_bind, native_release "
+                                     "or native_release_many");
     }
     Py_DECREF(control); /* the bound methods keep it alive */
     PyObject *errmod = PyImport_ImportModule("cudabridge.jvm.errors");
@@ -980,6 +982,84 @@ JNIEXPORT void JNICALL Java_org_cudabridge_NativeBridge_releaseTask(JNIEnv *env,
     }
     long long in[1] = {task};
     pair_call(env, m_release, in, 1, out, 0);
+}
+
+/* native_release_many((task, ...)) -> ((leaked allocations, leaked bytes) * n flat, messages or None),
+ * with (-1, -1) for a task whose release failed; GIL held. counts gets 2n values, *messages a
+ * malloc'ed copy of the messages (or NULL). */
+static void release_many_call(JNIEnv *env, const jlong *tasks, jint n, jlong *counts, char **messages) {
+    HOT_ENTER(, 0)
+    PyObject *tuple = PyTuple_New(n);
+    PyObject *r = NULL;
+    if (tuple != NULL) {
+        jint i = 0;
+        for (; i < n; i++) {
+            PyObject *v = PyLong_FromLongLong(tasks[i]);
+            if (v == NULL) break;
+            PyTuple_SET_ITEM(tuple, i, v);
+        }
+        if (i == n) r = PyObject_CallOneArg(m_release_many, tuple);
+        Py_DECREF(tuple);
+    }
+    if (r == NULL) {
+        capture_python_error(&err);
+    } else {
+        PyObject *flat = PyTuple_Check(r) && PyTuple_GET_SIZE(r) == 2 ? PyTuple_GET_ITEM(r, 0) : NULL;
+        PyObject *msg = flat ? PyTuple_GET_ITEM(r, 1) : NULL;
+        if (flat == NULL || !PyTuple_Check(flat) || PyTuple_GET_SIZE(flat) != 2 * (Py_ssize_t)n
+            || (msg != Py_None && !PyUnicode_Check(msg))) {
+            PyErr_SetString(PyExc_TypeError, "native_release_many returned something other than (counts, messages)");
+        } else {
+            for (Py_ssize_t k = 0; k < 2 * (Py_ssize_t)n && !PyErr_Occurred(); k++) {
+                counts[k] = PyLong_AsLongLong(PyTuple_GET_ITEM(flat, k));
+            }
+            if (!PyErr_Occurred() && msg != Py_None) {
+                const char *utf = PyUnicode_AsUTF8(msg);
+                if (utf != NULL && (*messages = strdup(utf)) == NULL) PyErr_NoMemory();
+            }
+        }
+        Py_DECREF(r);
+        if (PyErr_Occurred()) capture_python_error(&err);
+    }
+    HOT_LEAVE()
+    throw_captured(env, &err);
+}
+
+/* static native String releaseTasks(long[] tasks, int n, long[] out): releases n tasks in one
+ * call into Python (one GIL acquisition; the lifecycle thread batches the releases of tasks that
+ * ended close together). out[2i], out[2i+1] = task i's leaked allocations and bytes, or -1, -1
+ * if its release failed; returns the failures' messages, or null. Not gated. */
+JNIEXPORT jstring JNICALL Java_org_cudabridge_NativeBridge_releaseTasks(JNIEnv *env, jclass cls, jlongArray tasks,
+                                                                       jint n, jlongArray out) {
+    (void)cls;
+    if (tasks == NULL || out == NULL) {
+        throw_plain(env, c_npe, "java/lang/NullPointerException", "releaseTasks: tasks and out are required");
+        return NULL;
+    }
+    if (n < 0 || n > (*env)->GetArrayLength(env, tasks) || 2LL * n > (*env)->GetArrayLength(env, out)) {
+        throw_plain(env, c_ioobe, "java/lang/IndexOutOfBoundsException",
+                    "releaseTasks: n outside tasks, or out shorter than 2n");
+        return NULL;
+    }
+    if (n == 0) return NULL;
+    jlong *buf = malloc(sizeof(jlong) * 3 * (size_t)n); /* n task ids, then 2n counts */
+    if (buf == NULL) {
+        throw_plain(env, c_oome, "java/lang/OutOfMemoryError", "releaseTasks: malloc failed");
+        return NULL;
+    }
+    char *messages = NULL;
+    jstring result = NULL;
+    (*env)->GetLongArrayRegion(env, tasks, 0, n, buf);
+    if (!(*env)->ExceptionCheck(env)) {
+        release_many_call(env, buf, n, buf + n, &messages);
+        if (!(*env)->ExceptionCheck(env)) {
+            (*env)->SetLongArrayRegion(env, out, 0, 2 * n, buf + n);
+            if (messages != NULL) result = (*env)->NewStringUTF(env, messages);
+        }
+    }
+    free(messages);
+    free(buf);
+    return result;
 }
 
 /* With the strings copied: native_bind(task, gpu or None, priority) -> out = {stream, GPU ordinal}. */

@@ -13,7 +13,7 @@ import random
 import pytest
 
 from cudabridge.config import ServiceConfig
-from cudabridge.errors import InvalidArgument, InvalidFree, UnknownTask
+from cudabridge.errors import InvalidArgument, InvalidFree, PoolClosed, UnknownTask
 from cudabridge.jvm.hot_path import JavaHotPath
 from cudabridge.memory import native
 from cudabridge.service import CudaBridgeService
@@ -224,3 +224,26 @@ def test_core_holds_no_references_after_close(service):
             pass
     gc.collect()
     assert len(gc.get_objects()) - before < 50
+
+
+def test_release_many_releases_each_and_reports_failures_alone(service):
+    """The lifecycle thread's batched release: every task released in order, its leaks counted;
+    one task that cannot be released fails alone, with its message; the others still go."""
+    from cudabridge.jvm.control import BridgeControl
+
+    hot = JavaHotPath(service)
+    control = BridgeControl(service, hot, {})
+    for task in (1, 2, 3):
+        control.native_bind(task, None, "normal")
+    hot.allocate(1, 4096)
+    hot.allocate(3, 100)
+    hot.allocate(3, 200)
+    counts, messages = control.native_release_many((1, 99, 2, 3))
+    assert counts == (1, 4096, -1, -1, 0, 0, 2, 300)
+    assert messages is not None and messages.count("\n") == 0
+    assert messages.startswith("task 99: UnknownTask") and "not bound" in messages
+    assert service.registry.tasks_bound == 0 and control.releases == 3
+    assert control.native_release_many(()) == ((), None)
+    control.shutdown()
+    with pytest.raises(PoolClosed, match="releaseTasks after the cudabridge bridge was shut down"):
+        control.native_release_many((5,))

@@ -31,11 +31,11 @@ def run_harness(tmp_path, *args: str, conf: tuple[str, ...] = ()) -> tuple[subpr
     return proc, (json.loads(out.read_text()) if out.is_file() else {}), cp
 
 
-@pytest.mark.parametrize("bind_ahead", ["true", "false"])
-def test_harness_runs_without_spark(tmp_path, bind_ahead):
+@pytest.mark.parametrize("task_bind", ["lazy", "ahead", "eager"])
+def test_harness_runs_without_spark(tmp_path, task_bind):
     proc, s, cp = run_harness(tmp_path, "--tasks", "48", "--threads", "4", "--elements", "2048",
                               "--fail-first-attempt", "1,9,30", "--gpu-address", "0",
-                              conf=(f"-Dspark.cudabridge.bindAhead={bind_ahead}",))
+                              conf=(f"-Dspark.cudabridge.taskBind={task_bind}",))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "org.apache.spark" not in cp
     assert s["checks"] == "ok", s
@@ -46,17 +46,17 @@ def test_harness_runs_without_spark(tmp_path, bind_ahead):
     assert 32 - s["planned_failures"] <= s["distinct_streams_used"] <= 32, s
     st = s["statistics"]
     assert st["plugin_tasks_released"] == 51 and st["tasks_bound_total"] == 51
-    assert st["plugin_bind_failures"] == 0
-    if bind_ahead == "false":
+    assert st["plugin_bind_failures"] == 0 and st["plugin_binds_never_applied"] == 0  # every task used the GPU
+    if task_bind != "ahead":
         assert st["plugin_binds_ahead"] == 0
 
 
-@pytest.mark.parametrize("bind_ahead", ["true", "false"])
-def test_unknown_gpu_address_fails_each_task_with_the_reason(tmp_path, bind_ahead):
+@pytest.mark.parametrize("task_bind", ["lazy", "ahead", "eager"])
+def test_unknown_gpu_address_fails_each_task_with_the_reason(tmp_path, task_bind):
     """A task whose GPU address the executor does not own: its GPU calls fail with the reason
     (a deferred bind fails at the first one), the failure is counted, nothing is left bound."""
     proc, s, _ = run_harness(tmp_path, "--tasks", "6", "--threads", "2", "--elements", "256", "--gpu-address", "7",
-                             conf=(f"-Dspark.cudabridge.bindAhead={bind_ahead}",))
+                             conf=(f"-Dspark.cudabridge.taskBind={task_bind}",))
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "not owned by this executor" in proc.stderr and "could not be bound" in proc.stderr
     assert s["unexpected_failures"] == 12 and s["tasks_run"] == 0   # each partition tried twice

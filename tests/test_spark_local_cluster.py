@@ -49,6 +49,30 @@ def test_two_executors_each_with_its_own_service(tmp_path, work_dir_cleanup):
     assert apps, "the executors' work directory was not where FIELD-NOTES says"
 
 
+def test_gpu_addresses_from_spark_resource_scheduling(tmp_path, work_dir_cleanup):
+    """Each executor gets two GPUs from Spark's resource scheduling (a discovery script) and
+    each task one of them: the plugin gives the executor's addresses to its service and binds
+    each task to its own address's GPU. With two GPUs a bind without an address is refused
+    ("say which"), so every task bound proves the task's address reached the bind."""
+    sh.build()
+    script = tmp_path / "gpus.sh"
+    script.write_text('#!/bin/sh\necho \'{"name": "gpu", "addresses": ["0", "1"]}\'\n')
+    script.chmod(0o755)
+    gpu = {"spark.worker.resource.gpu.amount": "2", "spark.worker.resource.gpu.discoveryScript": str(script),
+           "spark.executor.resource.gpu.amount": "2", "spark.executor.resource.gpu.discoveryScript": str(script),
+           "spark.task.resource.gpu.amount": "1", "spark.cudabridge.emulated_devices": "2"}
+    run = sh.spark_submit(tmp_path, "local-cluster[2,1,1024]",
+                          [sh.examples_jar(), "--partitions", "8", "--elements", "1024", "--summary-json", "summary.json"],
+                          {**CLUSTER, **gpu}, timeout=180)
+    assert run.returncode == 0, run.explain()
+    s = run.summary()
+    assert s["tasks_run"] == 8 and s["verify_failures"] == 0, s
+    st = s["statistics"]
+    assert st["plugin_bind_failures"] == 0 and st["plugin_tasks_released"] == 8
+    assert st["streams"] == 2 * 2 * 36         # two GPUs per executor, a stream pool each
+    assert s["gpus_used"] >= 2, s
+
+
 def test_failed_service_does_not_relaunch_executors_forever(tmp_path, work_dir_cleanup):
     sh.build()
     run = sh.spark_submit(tmp_path, "local-cluster[2,1,1024]",

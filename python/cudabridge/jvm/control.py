@@ -58,6 +58,21 @@ class BridgeControl:
         self.check_open("releaseTask")
         return self.release_task(task)
 
+    def native_release_many(self, tasks: tuple[int, ...]) -> tuple[tuple[int, ...], str | None]:
+        """Release many tasks in one call (the plugin's lifecycle thread batches them): a flat
+        tuple of (leaked allocations, leaked bytes) per task, (-1, -1) where a release failed,
+        and the failures' messages. One failure does not stop the others' releases."""
+        self.check_open("releaseTasks")
+        out: list[int] = []
+        failures: list[str] = []
+        for task in tasks:
+            try:
+                out += self.release_task(task)
+            except Exception as exc:  # reported to Java per task; the rest are still released
+                out += (-1, -1)
+                failures.append(f"task {task}: {type(exc).__name__}: {exc}".replace("\n", " | "))
+        return tuple(out), ("\n".join(failures) if failures else None)
+
     def lookup_task(self, task: int) -> tuple[int, int]:
         return self.hot.stream(task)
 

@@ -840,6 +840,40 @@ public final class Harness {
         check(wrong.get() == 0, "every racer saw the one stream: " + wrong.get() + " wrong");
         check(stat(b, "tasks_bound_total") == bound0 + 2 + tasks, "each raced task bound exactly once in Python");
         check(stat(b, "tasks_bound") == 0 && b.tasksBound() == 0, "all released");
+        // (g) batched releases: one call into Python for the bound ones, each report in order; a
+        // release that fails in Python (released behind the Java API's back) fails alone
+        TaskScope g1 = b.bindTask(3000);
+        DeviceBuffer g1leak = b.allocate(1000);
+        TaskScope g2 = b.bindTaskDeferred(3001, null, "normal");   // never bound in Python
+        TaskScope g3 = b.bindTask(3002);
+        NativeBridge.releaseTask(3002, new long[2]);               // gone in Python, not in Java
+        TaskScope g4 = b.bindTask(3003);
+        ReleaseReport g4first = g4.release();                      // released already
+        TaskScope g5 = b.bindTask(3004);
+        DeviceBuffer g5a = b.allocate(10);
+        DeviceBuffer g5b = b.allocate(20);
+        ReleaseReport[] reps = b.releaseTasks(List.of(g1, g2, g3, g4, g5));
+        check(reps.length == 5, "a report per scope");
+        check(reps[0].failure() == null && reps[0].leakedAllocations() == 1 && reps[0].leakedBytes() == 1000,
+                "bound task's leak reclaimed: " + reps[0]);
+        check(reps[1].failure() == null && reps[1].leakedAllocations() == 0 && g2.wasNeverBound(), "never bound: " + reps[1]);
+        check(reps[2].failure() != null && reps[2].failure().contains("3002") && reps[2].failure().contains("not bound"),
+                "the failed release says why: " + reps[2]);
+        check(reps[3] == g4first, "a released scope gives its first report");
+        check(reps[4].failure() == null && reps[4].leakedAllocations() == 2 && reps[4].leakedBytes() == 30,
+                "the task after the failure released too: " + reps[4]);
+        check(!g1leak.isAlive() && !g5a.isAlive() && g1.isReleased() && g3.isReleased(), "all dead in Java");
+        check(g1.release() == reps[0], "a later release returns the batch's report");
+        check(b.releaseTasks(List.of()).length == 0, "an empty batch");
+        check(stat(b, "tasks_bound") == 0 && b.tasksBound() == 0, "nothing bound after the batch");
+        expect(NullPointerException.class, "releaseTasks null ids", () -> NativeBridge.releaseTasks(null, 0, new long[0]));
+        expect(IndexOutOfBoundsException.class, "releaseTasks n past the ids",
+                () -> NativeBridge.releaseTasks(new long[1], 2, new long[4]), "outside");
+        expect(IndexOutOfBoundsException.class, "releaseTasks out too short",
+                () -> NativeBridge.releaseTasks(new long[2], 2, new long[3]), "shorter");
+        long[] outs = new long[2];
+        check(NativeBridge.releaseTasks(new long[] {424242}, 1, outs) != null && outs[0] == -1,
+                "an unknown task id fails alone, with a message");
         result("deferred_bound_total", stat(b, "tasks_bound_total") - bound0);
         result("deferred_done", true);
     }

@@ -418,11 +418,76 @@ public final class CudaBridge {
         return scope.release();
     }
 
-    ReleaseReport releaseScope(TaskScope scope, boolean boundInPython) {
+    /**
+     * Releases many tasks with one call into Python for those bound there (the plugin's lifecycle
+     * thread batches the tasks that ended close together). Returns a report per scope, in order:
+     * a scope released already gets its first report, one whose release failed in Python a report
+     * whose {@link ReleaseReport#failure()} says why (the others are released all the same).
+     */
+    public ReleaseReport[] releaseTasks(List<TaskScope> scopes) {
+        int n = scopes.size();
+        ReleaseReport[] reports = new ReleaseReport[n];
+        long[] ids = new long[n];
+        int[] where = new int[n];
+        int k = 0;
+        for (int i = 0; i < n; i++) {
+            TaskScope s = scopes.get(i);
+            if (!s.isOwned()) {
+                throw new IllegalStateException("task " + s.taskAttemptId() + " was bound outside the Java API");
+            }
+        }
+        for (int i = 0; i < n; i++) {
+            TaskScope s = scopes.get(i);
+            Boolean inPython = s.beginRelease();
+            if (inPython == null) {
+                reports[i] = s.release(); // the first release's report
+                continue;
+            }
+            forget(s);
+            if (inPython && !shutDown) {
+                ids[k] = s.taskAttemptId();
+                where[k++] = i;
+            } else {
+                reports[i] = new ReleaseReport(s.taskAttemptId(), 0, 0);
+                s.endRelease(reports[i]);
+            }
+        }
+        if (k > 0) {
+            long[] out = new long[2 * k];
+            String messages;
+            try {
+                messages = NativeBridge.releaseTasks(ids, k, out);
+            } catch (RuntimeException e) { // the whole call failed (e.g. the service closed): say so for each
+                for (int j = 0; j < k; j++) {
+                    TaskScope s = scopes.get(where[j]);
+                    reports[where[j]] = ReleaseReport.failed(s.taskAttemptId(), String.valueOf(e.getMessage()));
+                    s.endRelease(reports[where[j]]);
+                }
+                return reports;
+            }
+            String[] lines = messages == null ? new String[0] : messages.split("\n");
+            int m = 0;
+            for (int j = 0; j < k; j++) {
+                TaskScope s = scopes.get(where[j]);
+                ReleaseReport r = out[2 * j] < 0
+                        ? ReleaseReport.failed(s.taskAttemptId(), m < lines.length ? lines[m++] : "release failed")
+                        : new ReleaseReport(s.taskAttemptId(), out[2 * j], out[2 * j + 1]);
+                s.endRelease(r);
+                reports[where[j]] = r;
+            }
+        }
+        return reports;
+    }
+
+    private void forget(TaskScope scope) {
         tasks.remove(scope.taskAttemptId(), scope);
         if (CURRENT.get() == scope) {
             CURRENT.remove();
         }
+    }
+
+    ReleaseReport releaseScope(TaskScope scope, boolean boundInPython) {
+        forget(scope);
         if (shutDown || !boundInPython) {
             return new ReleaseReport(scope.taskAttemptId(), 0, 0);
         }

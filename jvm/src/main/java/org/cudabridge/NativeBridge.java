@@ -105,6 +105,11 @@ public final class NativeBridge {
     /** Releases a task (frees what it still holds): {@code out[0..1]} = {leaked allocations, leaked bytes}. */
     public static native void releaseTask(long taskAttemptId, long[] out);
 
+    /** Releases {@code n} tasks in one call into Python: {@code out[2i..2i+1]} = task i's
+     *  {leaked allocations, leaked bytes}, or {-1, -1} if its release failed. Returns the
+     *  failures' messages (one line each), or null when every release succeeded. */
+    public static native String releaseTasks(long[] taskAttemptIds, int n, long[] out);
+
     /** {@code out[0..1]} = {handle, device pointer}. */
     public static native void allocate(long taskAttemptId, long bytes, long[] out);
 

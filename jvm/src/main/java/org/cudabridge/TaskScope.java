@@ -81,6 +81,10 @@ public final class TaskScope implements AutoCloseable {
     /** Whether the task is bound in Python (its stream is known). */
     public boolean isBound() { return state.get() == BOUND; }
 
+    /** Whether the task was released before anyone applied its deferred bind (it never used the
+     *  GPU and was never bound in Python). */
+    public boolean wasNeverBound() { return state.get() == CANCELLED; }
+
     /** Why the deferred bind of this task failed, or null (not failed, or not applied yet). */
     public String bindFailure() {
         if (state.get() != FAILED) {
@@ -131,22 +135,9 @@ public final class TaskScope implements AutoCloseable {
         }
         if (s == PENDING && state.compareAndSet(PENDING, BINDING)) {
             bindNow();
-        } else if (s == BINDING) {
-            boolean interrupted = false;
-            synchronized (this) {
-                while (state.get() == BINDING) {
-                    try {
-                        wait();
-                    } catch (InterruptedException e) {
-                        interrupted = true; // a bind is one short call: finish waiting, keep the flag
-                    }
-                }
-            }
-            if (interrupted) {
-                Thread.currentThread().interrupt();
-            }
         }
-        switch (state.get()) {
+        // Another thread may have taken the bind between the read and the CAS: wait for it.
+        switch (waitApplied()) {
             case BOUND:
                 return;
             case FAILED:
@@ -168,21 +159,36 @@ public final class TaskScope implements AutoCloseable {
             throw new IllegalStateException("task " + taskAttemptId + " was bound outside the Java API "
                     + "(attached with CudaBridge.attach); release it where it was bound");
         }
-        if (!releasing.compareAndSet(false, true)) {
+        Boolean inPython = beginRelease();
+        if (inPython == null) {
             ReleaseReport r = report;
             return r != null ? r : new ReleaseReport(taskAttemptId, 0, 0);
+        }
+        ReleaseReport r = bridge.releaseScope(this, inPython);
+        report = r;
+        return r;
+    }
+
+    /** The first call marks the task dead and says whether it must be released in Python
+     *  (false: never bound there); later calls return null. */
+    Boolean beginRelease() {
+        if (!releasing.compareAndSet(false, true)) {
+            return null;
         }
         // Dead in Java first: from here on every use of the task's buffers is refused in Java,
         // before Python frees them.
         released = true;
         // Never bound in Python (nobody applied the bind): nothing to release there. A bind being
         // applied now finishes first; a failed one left nothing in Python either.
-        boolean inPython = !state.compareAndSet(PENDING, CANCELLED) && waitApplied() == BOUND;
-        ReleaseReport r = bridge.releaseScope(this, inPython);
-        report = r;
-        return r;
+        return !state.compareAndSet(PENDING, CANCELLED) && waitApplied() == BOUND;
     }
 
+    void endRelease(ReleaseReport r) {
+        report = r;
+    }
+
+    /** The state once no bind is in progress (a bind is one short call: an interrupt does not
+     *  cut the wait short, and the flag is kept). */
     private int waitApplied() {
         boolean interrupted = false;
         synchronized (this) {

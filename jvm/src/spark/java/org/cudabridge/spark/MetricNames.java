@@ -40,8 +40,11 @@ public final class MetricNames {
         m.put("plugin_tasks_failed", "plugin_tasks_failed");
         m.put("plugin_releases_pending", "plugin_releases_pending");
         m.put("plugin_bind_failures", "plugin_bind_failures");
+        m.put("plugin_binds_ahead", "plugin_binds_ahead");
+        m.put("plugin_binds_never_applied", "plugin_binds_never_applied");
         m.put("plugin_bind_us_total", "plugin_bind_us_total");
         m.put("plugin_release_us_total", "plugin_release_us_total");
+        m.put("plugin_lifecycle_cpu_us", "plugin_lifecycle_cpu_us");
         GAUGES = Collections.unmodifiableMap(m);
     }
 

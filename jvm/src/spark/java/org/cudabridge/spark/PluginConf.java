@@ -32,9 +32,9 @@ public final class PluginConf {
     public static final String TASK_PRIORITY = PREFIX + "taskPriority";
     /** Release ended tasks on the executor's release thread (true) or on the task's thread (false). */
     public static final String ASYNC_RELEASE = PREFIX + "asyncRelease";
-    /** Bind a starting task in Python on the lifecycle thread, ahead of its first GPU call (true),
-     *  or on the task's thread in {@code onTaskStart} (false). */
-    public static final String BIND_AHEAD = PREFIX + "bindAhead";
+    /** When a starting task is bound in Python: lazy (at its first GPU call), ahead (on the
+     *  lifecycle thread, before its first GPU call if it can), eager (in onTaskStart). */
+    public static final String TASK_BIND = PREFIX + "taskBind";
     /** How old (ms) a statistics snapshot may be when a metrics sink reads the gauges (default 500). */
     public static final String METRICS_REFRESH_MS = PREFIX + "metrics.refreshMs";
     /** How often (ms) each executor sends its statistics to the driver plugin; 0: never (default 1000). */
@@ -51,7 +51,7 @@ public final class PluginConf {
         m.put(GPU_RESOURCE, new String[] {"gpu", "Spark resource name whose addresses are the executor's and task's GPUs"});
         m.put(TASK_PRIORITY, new String[] {"normal", "stream priority of task streams: normal or high"});
         m.put(ASYNC_RELEASE, new String[] {"true", "release ended tasks on the executor's lifecycle thread (off the task's path); false: on the task's thread"});
-        m.put(BIND_AHEAD, new String[] {"true", "bind a starting task in Python on the lifecycle thread, ahead of its first GPU call (which binds it itself if it comes first); false: in onTaskStart on the task's thread"});
+        m.put(TASK_BIND, new String[] {"lazy", "when a task is bound to a stream in Python: lazy (at its first GPU call, on its thread; a task that never uses the GPU is never bound), ahead (on the lifecycle thread, ahead of its first GPU call), eager (in onTaskStart, on its thread)"});
         m.put(METRICS_REFRESH_MS, new String[] {"500", "most age (ms) of the statistics snapshot behind the gauges"});
         m.put(REPORT_INTERVAL_MS, new String[] {"1000", "period (ms) of each executor's statistics report to the driver; 0 disables"});
         KEYS = Collections.unmodifiableMap(m);
@@ -107,7 +107,13 @@ public final class PluginConf {
 
     public boolean asyncRelease() { return getBoolean(ASYNC_RELEASE, true); }
 
-    public boolean bindAhead() { return getBoolean(BIND_AHEAD, true); }
+    public String taskBind() {
+        String v = get(TASK_BIND, "lazy").trim();
+        if (!v.equals("lazy") && !v.equals("ahead") && !v.equals("eager")) {
+            throw new IllegalArgumentException(TASK_BIND + "=" + v + ": expected lazy, ahead or eager");
+        }
+        return v;
+    }
 
     private boolean getBoolean(String key, boolean dflt) {
         String v = get(key, Boolean.toString(dflt)).trim();
@@ -125,7 +131,7 @@ public final class PluginConf {
     public void validate() {
         taskPriority();
         asyncRelease();
-        bindAhead();
+        taskBind();
         metricsRefreshMs();
         reportIntervalMs();
     }

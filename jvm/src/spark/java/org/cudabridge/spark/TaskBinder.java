@@ -1,6 +1,8 @@
 package org.cudabridge.spark;
 
+import java.util.ArrayList;
 import java.util.Collections;
+import java.util.List;
 import java.util.LinkedHashMap;
 import java.util.Map;
 import java.util.TreeMap;
@@ -28,12 +30,13 @@ import org.cudabridge.TaskScope;
  * Spark calls {@code onTaskSucceeded}/{@code onTaskFailed} on the task's thread, where
  * {@code TaskContext.get()} is already null.
  *
- * <p>The crossings into Python at a task's start and end run on one lifecycle thread, in the
- * order the tasks started and ended, so that task threads do not queue for the GIL there: on a
- * busy executor a thread waiting for the GIL waits for every other Python caller and for the OS
- * to schedule it (measured in Spark local[4] on 2 cores: 4-10 ms per bind on the task's thread,
- * against 80 us in a quiet JVM). A task's first GPU call binds it on its own thread if the
- * lifecycle thread has not got to it yet.
+ * <p>No task thread crosses into Python at a task's start or end: on a busy executor a thread
+ * waiting for the GIL waits for every other Python caller and for the OS to schedule it
+ * (measured in Spark local[4] on 2 cores: 2-10 ms per bind in onTaskStart, against 80 us in a
+ * quiet JVM). A task is bound in Python at its first GPU call ({@code taskBind=lazy}, the
+ * default: a task that never touches the GPU costs no Python call at all), or ahead of it on the
+ * lifecycle thread ({@code ahead}), or in onTaskStart ({@code eager}); it is released on the
+ * lifecycle thread, in the order tasks ended.
  */
 public final class TaskBinder {
     private static final Logger LOG = Logger.getLogger(TaskBinder.class.getName());
@@ -45,7 +48,7 @@ public final class TaskBinder {
     private final String priority;
     private final long refreshNanos;
     private final boolean asyncRelease;
-    private final boolean bindAhead;
+    private final String taskBind;          // lazy | ahead | eager
     /** Work of the lifecycle thread, in order: a scope to bind ahead, or one to release. */
     private final ConcurrentLinkedQueue<Op> ops = new ConcurrentLinkedQueue<>();
     /** The lifecycle thread is parked until woken (idle for a while); else it polls. */
@@ -68,23 +71,33 @@ public final class TaskBinder {
     final AtomicLong startNanos = new AtomicLong();
     final AtomicLong bindNanos = new AtomicLong();
     final AtomicLong releaseNanos = new AtomicLong();
+    /** CPU time of the lifecycle thread so far (its polls included), read on that thread. */
+    private volatile long lifecycleCpuNanos;
+    private volatile boolean flushing;
 
     private final Object snapshotLock = new Object();
     private volatile Map<String, Long> snapshot = Collections.emptyMap();
     private volatile long snapshotAt;
     private volatile boolean shutDown;
 
-    // While tasks come and go the lifecycle thread polls every POLL_NANOS instead of being woken
+    // While tasks come and go the lifecycle thread polls every POLL_NANOS (4 ms) instead of being woken
     // per task: on a busy executor the OS often runs a woken thread at once, preempting the task
     // thread that woke it (measured: about 1 ms per onTaskStart in Spark local[4] on 2 cores).
     // After IDLE_NANOS without work it parks until the next task wakes it (an idle executor
     // costs nothing).
-    private static final long POLL_NANOS = 1_000_000L;
+    private static final long POLL_NANOS = 4_000_000L;
     private static final long IDLE_NANOS = 200_000_000L;
+    // Releases of tasks that ended within BATCH_NANOS go to Python in one call (up to BATCH_MAX):
+    // each call into Python from this thread finds the interpreter's code and data evicted by
+    // the JVM's work since the last one (measured: a release costs 8 us warm, 100 us cold), and a
+    // batch pays that once. A release may so wait BATCH_NANOS; nothing waits for it but memory.
+    private static final long BATCH_NANOS = 20_000_000L;
+    private static final int BATCH_MAX = 64;
 
     private static final class Op {
         final TaskScope scope;
         final boolean release;
+        final long queuedAt = System.nanoTime();
 
         Op(TaskScope scope, boolean release) {
             this.scope = scope;
@@ -93,15 +106,15 @@ public final class TaskBinder {
     }
 
     private TaskBinder(String executorId, CudaBridge bridge, String failure, String priority, long refreshMs,
-                       boolean asyncRelease, boolean bindAhead) {
+                       boolean asyncRelease, String taskBind) {
         this.executorId = executorId;
         this.bridge = bridge;
         this.failure = failure;
         this.priority = priority;
         this.refreshNanos = refreshMs * 1_000_000L;
         this.asyncRelease = asyncRelease && bridge != null;
-        this.bindAhead = bindAhead && bridge != null;
-        if (this.asyncRelease || this.bindAhead) {
+        this.taskBind = taskBind;
+        if (bridge != null && (this.asyncRelease || taskBind.equals("ahead"))) {
             Thread t = new Thread(this::lifecycleLoop, "cudabridge-lifecycle-" + executorId);
             t.setDaemon(true);
             lifecycle = t;
@@ -123,20 +136,20 @@ public final class TaskBinder {
         String priority = "normal";
         long refreshMs = 500;
         boolean async = true;
-        boolean ahead = true;
+        String bind = "lazy";
         try {
             PluginConf conf = new PluginConf(sparkConf);
             conf.validate();
             priority = conf.taskPriority();
             refreshMs = conf.metricsRefreshMs();
             async = conf.asyncRelease();
-            ahead = conf.bindAhead();
+            bind = conf.taskBind();
             bridge = CudaBridge.start(conf.toOptions(gpuAddresses));
         } catch (Throwable t) { // never out of init: Spark would relaunch the executor forever
             reason = describe(t);
             bridge = null;
         }
-        TaskBinder b = new TaskBinder(executorId, bridge, reason, priority, refreshMs, async, ahead);
+        TaskBinder b = new TaskBinder(executorId, bridge, reason, priority, refreshMs, async, bind);
         b.startNanos.set(System.nanoTime() - t0);
         if (reason != null) {
             LOG.severe("cudabridge: executor " + executorId + " has NO GPU service; every GPU call of its tasks will "
@@ -151,7 +164,7 @@ public final class TaskBinder {
 
     /** A binder whose service is unavailable for {@code reason} (every GPU call fails with it). */
     static TaskBinder failed(String executorId, String reason) {
-        TaskBinder b = new TaskBinder(executorId, null, reason, "normal", 500, false, false);
+        TaskBinder b = new TaskBinder(executorId, null, reason, "normal", 500, false, "lazy");
         LOG.severe("cudabridge: executor " + executorId + " has NO GPU service; every GPU call of its tasks will "
                 + "fail with: " + oneLine(reason));
         current = b;
@@ -199,7 +212,7 @@ public final class TaskBinder {
 
     /**
      * Binds a task attempt on the calling thread (the task's own thread): in Java at once, in
-     * Python on the lifecycle thread ({@code spark.cudabridge.bindAhead}, the default) or here.
+     * Python as {@code spark.cudabridge.taskBind} says (at the first GPU call by default).
      * Never throws: a failure is counted, logged, and makes this task's GPU calls fail with its
      * reason (a deferred bind's failure reaches the task's first GPU call, and is counted when the
      * task ends).
@@ -221,12 +234,14 @@ public final class TaskBinder {
         }
         long t0 = System.nanoTime();
         try {
-            if (bindAhead) {
+            if (taskBind.equals("eager")) {
+                scope.set(bridge.bindTask(taskAttemptId, gpuAddress, priority));
+            } else {
                 TaskScope s = bridge.bindTaskDeferred(taskAttemptId, gpuAddress, priority);
                 scope.set(s);
-                submit(new Op(s, false));
-            } else {
-                scope.set(bridge.bindTask(taskAttemptId, gpuAddress, priority));
+                if (taskBind.equals("ahead")) {
+                    submit(new Op(s, false));
+                }
             }
             bindNanos.addAndGet(System.nanoTime() - t0);
             return true;
@@ -245,8 +260,9 @@ public final class TaskBinder {
      * counted as leaks. With {@code spark.cudabridge.asyncRelease=true} (the default) the release
      * is handed to the executor's lifecycle thread and this returns null at once (the task's
      * thread leaves its task now; the release, one call into Python, runs off the task's critical
-     * path, and fewer task threads queue for the GIL); otherwise it releases here and returns the
-     * report. Returns null as well if no task was bound. Never throws.
+     * path, and fewer task threads queue for the GIL); otherwise, and for a task never bound in
+     * Python (no Python call then), it releases here and returns the report. Returns null as well
+     * if no task was bound. Never throws.
      */
     public ReleaseReport onTaskEnd(boolean succeeded) {
         (succeeded ? tasksSucceeded : tasksFailed).incrementAndGet();
@@ -262,7 +278,7 @@ public final class TaskBinder {
             LOG.warning("cudabridge: task attempt " + s.taskAttemptId() + " on executor " + executorId
                     + " could not be bound: " + oneLine(bf));
         }
-        if (asyncRelease && !shutDown) {
+        if (asyncRelease && !shutDown && s.isBound()) {
             try {
                 bridge.detach(); // this thread has no current task from now on
             } catch (RuntimeException e) {
@@ -283,11 +299,20 @@ public final class TaskBinder {
     }
 
     private void lifecycleLoop() {
+        java.lang.management.ThreadMXBean mx = java.lang.management.ManagementFactory.getThreadMXBean();
+        boolean cpu = mx.isCurrentThreadCpuTimeSupported();
         long lastWork = System.nanoTime();
+        long window = taskBind.equals("ahead") ? 0 : BATCH_NANOS; // binds ahead must not wait
         while (!shutDown) {
-            Op op = ops.poll();
-            if (op != null) {
-                run(op);
+            Op head = ops.peek();
+            if (head != null && head.release && System.nanoTime() - head.queuedAt < window
+                    && releasesPending.get() < BATCH_MAX && !flushing) {
+                LockSupport.parkNanos(this, POLL_NANOS);   // more releases may join the batch
+            } else if (head != null) {
+                drain();
+                if (cpu) {
+                    lifecycleCpuNanos = mx.getCurrentThreadCpuTime();
+                }
                 lastWork = System.nanoTime();
             } else if (System.nanoTime() - lastWork < IDLE_NANOS) {
                 LockSupport.parkNanos(this, POLL_NANOS);
@@ -301,19 +326,71 @@ public final class TaskBinder {
         }
     }
 
-    private void run(Op op) {
-        if (!op.release) {
+    /** Runs every queued op in order: consecutive releases as one batch, binds one by one. */
+    private void drain() {
+        List<TaskScope> batch = new ArrayList<>();
+        Op op;
+        while ((op = ops.poll()) != null) {
+            if (op.release) {
+                batch.add(op.scope);
+                continue;
+            }
+            releaseBatch(batch);
             // Not if the task's own thread bound it first or the task ended already (then it
             // never touched the GPU and is never bound in Python).
             if (!shutDown && op.scope.applyBind()) {
                 bindsAhead.incrementAndGet();
             }
+        }
+        releaseBatch(batch);
+    }
+
+    private void releaseBatch(List<TaskScope> batch) {
+        if (batch.isEmpty()) {
             return;
         }
         try {
-            release(op.scope);
+            if (shutDown) {
+                return;
+            }
+            long t0 = System.nanoTime();
+            ReleaseReport[] reports;
+            try {
+                reports = bridge.releaseTasks(batch);
+            } catch (Throwable t) {
+                releaseFailures.addAndGet(batch.size());
+                LOG.warning("cudabridge: releasing " + batch.size() + " task attempts failed: " + oneLine(describe(t)));
+                return;
+            }
+            releaseNanos.addAndGet(System.nanoTime() - t0);
+            for (int i = 0; i < reports.length; i++) {
+                TaskScope s = batch.get(i);
+                ReleaseReport r = reports[i];
+                if (r.failure() != null) {
+                    releaseFailures.incrementAndGet();
+                    LOG.warning("cudabridge: releasing task attempt " + s.taskAttemptId() + " failed: "
+                            + oneLine(r.failure()));
+                    continue;
+                }
+                counted(s, r);
+            }
         } finally {
-            releasesPending.decrementAndGet();
+            releasesPending.addAndGet(-batch.size());
+            batch.clear();
+        }
+    }
+
+    private void counted(TaskScope s, ReleaseReport r) {
+        tasksReleased.incrementAndGet();
+        if (s.wasNeverBound()) {
+            bindsNeverApplied.incrementAndGet();
+        }
+        if (r.leakedAllocations() > 0) {
+            leakedAllocations.addAndGet(r.leakedAllocations());
+            leakedBytes.addAndGet(r.leakedBytes());
+            if (LOG.isLoggable(Level.FINE)) {
+                LOG.fine("cudabridge: " + r);
+            }
         }
     }
 
@@ -328,20 +405,9 @@ public final class TaskBinder {
         }
         long t0 = System.nanoTime();
         try {
-            boolean wasBound = s.isBound();
             ReleaseReport r = s.release();
-            if (!wasBound && !s.isBound()) {
-                bindsNeverApplied.incrementAndGet();
-            }
             releaseNanos.addAndGet(System.nanoTime() - t0);
-            tasksReleased.incrementAndGet();
-            if (r.leakedAllocations() > 0) {
-                leakedAllocations.addAndGet(r.leakedAllocations());
-                leakedBytes.addAndGet(r.leakedBytes());
-                if (LOG.isLoggable(Level.FINE)) {
-                    LOG.fine("cudabridge: " + r);
-                }
-            }
+            counted(s, r);
             return r;
         } catch (Throwable t) {
             releaseFailures.incrementAndGet();
@@ -368,12 +434,13 @@ public final class TaskBinder {
         m.put("plugin_releases_pending", releasesPending.get());
         m.put("plugin_bind_failures", bindFailures.get());
         m.put("plugin_binds_ahead", bindsAhead.get());                // applied on the lifecycle thread
-        m.put("plugin_binds_never_applied", bindsNeverApplied.get()); // ended before any GPU use or bind
+        m.put("plugin_binds_never_applied", bindsNeverApplied.get()); // ended before any GPU use: never bound in Python
         m.put("plugin_release_failures", releaseFailures.get());
         m.put("plugin_leaked_allocations", leakedAllocations.get());
         m.put("plugin_leaked_bytes", leakedBytes.get());
         m.put("plugin_bind_us_total", bindNanos.get() / 1000);        // time the task threads spent in onTaskStart's bind
         m.put("plugin_release_us_total", releaseNanos.get() / 1000);  // ... and in the release
+        m.put("plugin_lifecycle_cpu_us", lifecycleCpuNanos / 1000);   // the lifecycle thread's CPU time
         return m;
     }
 
@@ -440,12 +507,14 @@ public final class TaskBinder {
         }
         // Finish the releases handed to the lifecycle thread first (their leaks are counted).
         long deadline = System.nanoTime() + 10_000_000_000L;
+        Thread worker = lifecycle;
+        flushing = true; // the lifecycle thread releases what is queued without waiting for a batch
         while (releasesPending.get() > 0 && System.nanoTime() < deadline) {
-            Op op = ops.poll();
-            if (op != null) {
-                run(op);
+            if (worker != null && worker.isAlive()) {
+                LockSupport.unpark(worker);
+                LockSupport.parkNanos(200_000L);
             } else {
-                Thread.onSpinWait();
+                drain();
             }
         }
         refresh();

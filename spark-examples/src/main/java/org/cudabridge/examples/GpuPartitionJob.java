@@ -28,11 +28,13 @@ import org.cudabridge.spark.TaskBinder;
  *   --conf spark.driver.extraClassPath=$CP --conf spark.executor.extraClassPath=$CP \
  *   --conf spark.plugins=org.cudabridge.spark.CudaBridgePlugin \
  *   cudabridge-examples.jar [--partitions 64] [--elements 16384] [--no-leak] [--fail-first-attempt 3,7]
- *   [--work gpu|host] [--rounds 1] [--summary-json out.json] [--linger-ms 0]
+ *   [--work gpu|host|stream] [--rounds 1] [--summary-json out.json] [--linger-ms 0]
  * </pre>
  *
  * {@code --work host} runs the same data and checks on the host with no GPU call (the
- * benchmark's plugin-overhead baseline; it runs with or without the plugin).
+ * benchmark's plugin-overhead baseline; it runs with or without the plugin); {@code --work stream}
+ * does the same and asks for the task's stream once (the least a GPU task does: the plugin then
+ * binds and releases every task in Python).
  */
 public final class GpuPartitionJob {
     private GpuPartitionJob() {}
@@ -41,7 +43,7 @@ public final class GpuPartitionJob {
         int partitions = 64;
         int elements = 16384;
         boolean leak = true;
-        boolean gpu = true;
+        String work = "gpu";
         int rounds = 1;
         String summaryJson = null;
         long lingerMs = 0;
@@ -51,7 +53,7 @@ public final class GpuPartitionJob {
                 case "--partitions": partitions = Integer.parseInt(args[++i]); break;
                 case "--elements": elements = Integer.parseInt(args[++i]); break;
                 case "--no-leak": leak = false; break;
-                case "--work": gpu = parseWork(args[++i]); break;
+                case "--work": work = parseWork(args[++i]); break;
                 case "--rounds": rounds = Integer.parseInt(args[++i]); break;
                 case "--summary-json": summaryJson = args[++i]; break;
                 case "--linger-ms": lingerMs = Long.parseLong(args[++i]); break;
@@ -66,7 +68,8 @@ public final class GpuPartitionJob {
         JavaSparkContext sc = JavaSparkContext.fromSparkContext(spark.sparkContext());
         final int n = elements;
         final boolean leakIt = leak;
-        final boolean onGpu = gpu;
+        final boolean gpu = work.equals("gpu");
+        final String how = work;
         final Set<Integer> fails = failFirst;
         List<Integer> ids = new ArrayList<>();
         for (int p = 0; p < partitions; p++) {
@@ -74,22 +77,27 @@ public final class GpuPartitionJob {
         }
         List<PartitionWork.Result> results = null;
         long[] phaseNanos = new long[rounds];
+        long[] phaseCpuNanos = new long[rounds];   // the whole process: in local mode driver, executor and Python
         for (int round = 0; round < rounds; round++) {
+            long c0 = processCpuNanos();
             long t0 = System.nanoTime();
             results = sc.parallelize(ids, partitions).mapPartitionsWithIndex(
-                    (Integer index, Iterator<Integer> it) -> partition(index, n, leakIt, onGpu, fails), true)
+                    (Integer index, Iterator<Integer> it) -> partition(index, n, leakIt, how, fails), true)
                     .collect();
             phaseNanos[round] = System.nanoTime() - t0;
+            phaseCpuNanos[round] = processCpuNanos() - c0;
         }
         Summary s = Summary.of(results);
         long attempts = (long) partitions * rounds + (gpu ? failFirst.size() : 0);
-        s.put("work", gpu ? "gpu" : "host");
+        s.put("work", work);
         s.put("partitions", partitions).put("elements_per_partition", elements).put("rounds", rounds);
         s.put("task_attempts_expected", attempts);
         s.put("plugin", String.valueOf(spark.conf().getOption("spark.plugins").getOrElse(() -> "")));
         s.put("startup_ms", startupMs);
         s.put("task_phase_ms", fmt(phaseNanos[rounds - 1]));
         s.put("task_phase_ms_rounds", Arrays.toString(Arrays.stream(phaseNanos).mapToObj(GpuPartitionJob::fmt).toArray()));
+        s.put("task_phase_cpu_ms_rounds",
+                Arrays.toString(Arrays.stream(phaseCpuNanos).mapToObj(GpuPartitionJob::fmt).toArray()));
         String plugins = String.valueOf(spark.conf().getOption("spark.plugins").getOrElse(() -> ""));
         // Without the plugin (the benchmark's baseline) its classes are not even on the class path.
         Map<String, Long> stats = plugins.contains("CudaBridgePlugin")
@@ -114,14 +122,11 @@ public final class GpuPartitionJob {
         }
     }
 
-    private static boolean parseWork(String w) {
-        if (w.equals("gpu")) {
-            return true;
+    private static String parseWork(String w) {
+        if (w.equals("gpu") || w.equals("host") || w.equals("stream")) {
+            return w;
         }
-        if (w.equals("host")) {
-            return false;
-        }
-        throw new IllegalArgumentException("--work gpu|host, got " + w);
+        throw new IllegalArgumentException("--work gpu|host|stream, got " + w);
     }
 
     private static String fmt(long nanos) {
@@ -129,10 +134,11 @@ public final class GpuPartitionJob {
     }
 
     /** One task: the partition's GPU work on the task's stream (bound by the plugin). */
-    static Iterator<PartitionWork.Result> partition(int index, int elements, boolean leak, boolean gpu, Set<Integer> failFirst) {
+    static Iterator<PartitionWork.Result> partition(int index, int elements, boolean leak, String work,
+                                                    Set<Integer> failFirst) {
         TaskContext tc = TaskContext.get();
         PartitionWork.Result r;
-        if (gpu) {
+        if (work.equals("gpu")) {
             CudaBridge bridge = GpuTask.bridge(); // fails fast with the reason if the executor has no service
             if (tc.attemptNumber() == 0 && failFirst.contains(index)) {
                 PartitionWork.failAfterAllocating(bridge, index, elements);
@@ -141,6 +147,9 @@ public final class GpuPartitionJob {
         } else {
             r = PartitionWork.runOnHost(index, elements);
             r.taskAttemptId = tc.taskAttemptId();
+            if (work.equals("stream")) {
+                r.stream = GpuTask.bridge().stream();
+            }
         }
         r.attempt = tc.attemptNumber();
         r.executorId = SparkEnv.get().executorId();
@@ -169,5 +178,12 @@ public final class GpuPartitionJob {
             }
             return CudaBridgePlugin.awaitExecutorTotals(attempts, 15_000);
         }
+    }
+
+    /** CPU time of this process (every thread: the JVM's and, with the plugin, Python's), or -1. */
+    static long processCpuNanos() {
+        java.lang.management.OperatingSystemMXBean os = java.lang.management.ManagementFactory.getOperatingSystemMXBean();
+        return os instanceof com.sun.management.OperatingSystemMXBean
+                ? ((com.sun.management.OperatingSystemMXBean) os).getProcessCpuTime() : -1;
     }
 }

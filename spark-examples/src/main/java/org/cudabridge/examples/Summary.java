@@ -27,7 +27,7 @@ public final class Summary {
         return values.get(key);
     }
 
-    /** Tasks run, distinct streams (per executor), bytes moved, verify failures, checksum. */
+    /** Tasks run, distinct streams and GPUs (per executor), bytes moved, verify failures, checksum. */
     public static Summary of(Collection<PartitionWork.Result> results) {
         Summary s = new Summary();
         Set<String> streams = new HashSet<>();
@@ -35,9 +35,11 @@ public final class Summary {
         int bad = 0;
         int leaked = 0;
         Set<String> executors = new HashSet<>();
+        Set<String> gpus = new HashSet<>();
         for (PartitionWork.Result r : results) {
             streams.add(r.executorId + "/" + r.gpu + "/" + r.stream);
             executors.add(String.valueOf(r.executorId));
+            gpus.add(r.executorId + "/" + r.gpu);
             bytes += r.bytesMoved;
             bad += r.ok() ? 0 : 1;
             leaked += r.leakedOnPurpose;
@@ -45,6 +47,7 @@ public final class Summary {
         s.put("tasks_run", results.size());
         s.put("executors", executors.size());
         s.put("distinct_streams_used", streams.size());
+        s.put("gpus_used", gpus.size());                    // distinct (executor, GPU ordinal) pairs
         s.put("bytes_moved", bytes);
         s.put("verify_failures", bad);
         s.put("leaked_on_purpose", leaked);
