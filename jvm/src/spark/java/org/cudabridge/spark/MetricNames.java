@@ -45,6 +45,7 @@ public final class MetricNames {
         m.put("plugin_bind_us_total", "plugin_bind_us_total");
         m.put("plugin_release_us_total", "plugin_release_us_total");
         m.put("plugin_lifecycle_cpu_us", "plugin_lifecycle_cpu_us");
+        m.put("plugin_release_batches", "plugin_release_batches");
         GAUGES = Collections.unmodifiableMap(m);
     }
 

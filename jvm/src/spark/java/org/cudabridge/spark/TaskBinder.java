@@ -64,6 +64,7 @@ public final class TaskBinder {
     final AtomicLong tasksReleased = new AtomicLong();
     final AtomicLong bindFailures = new AtomicLong();
     final AtomicLong bindsAhead = new AtomicLong();
+    final AtomicLong releaseBatches = new AtomicLong();
     final AtomicLong bindsNeverApplied = new AtomicLong();
     final AtomicLong releaseFailures = new AtomicLong();
     final AtomicLong leakedAllocations = new AtomicLong();
@@ -73,31 +74,31 @@ public final class TaskBinder {
     final AtomicLong releaseNanos = new AtomicLong();
     /** CPU time of the lifecycle thread so far (its polls included), read on that thread. */
     private volatile long lifecycleCpuNanos;
-    private volatile boolean flushing;
 
     private final Object snapshotLock = new Object();
     private volatile Map<String, Long> snapshot = Collections.emptyMap();
     private volatile long snapshotAt;
     private volatile boolean shutDown;
 
-    // While tasks come and go the lifecycle thread polls every POLL_NANOS (4 ms) instead of being woken
-    // per task: on a busy executor the OS often runs a woken thread at once, preempting the task
-    // thread that woke it (measured: about 1 ms per onTaskStart in Spark local[4] on 2 cores).
+    // While tasks come and go the lifecycle thread wakes every POLL_NANOS and does all that was
+    // queued meanwhile, in one batch:
+    // - it is not woken per task: on a busy executor the OS often runs a woken thread at once,
+    //   preempting the task thread that woke it (measured: about 1 ms per onTaskStart in Spark
+    //   local[4] on 2 cores);
+    // - each call into Python from this thread finds the interpreter's code and data evicted by
+    //   the JVM's work since the last one (measured: a release costs 8 us warm, 100 us cold); a
+    //   batch pays that once;
+    // - each timed wake costs CPU (measured on this project's 2-core VM: 20-70 us a wake, whatever
+    //   the interval), so the interval is long: a release waits up to 20 ms (nothing but memory
+    //   waits for it), a bind ahead as long (a task's GPU call that comes first binds it itself).
     // After IDLE_NANOS without work it parks until the next task wakes it (an idle executor
     // costs nothing).
-    private static final long POLL_NANOS = 4_000_000L;
+    private static final long POLL_NANOS = 20_000_000L;
     private static final long IDLE_NANOS = 200_000_000L;
-    // Releases of tasks that ended within BATCH_NANOS go to Python in one call (up to BATCH_MAX):
-    // each call into Python from this thread finds the interpreter's code and data evicted by
-    // the JVM's work since the last one (measured: a release costs 8 us warm, 100 us cold), and a
-    // batch pays that once. A release may so wait BATCH_NANOS; nothing waits for it but memory.
-    private static final long BATCH_NANOS = 20_000_000L;
-    private static final int BATCH_MAX = 64;
 
     private static final class Op {
         final TaskScope scope;
         final boolean release;
-        final long queuedAt = System.nanoTime();
 
         Op(TaskScope scope, boolean release) {
             this.scope = scope;
@@ -302,19 +303,18 @@ public final class TaskBinder {
         java.lang.management.ThreadMXBean mx = java.lang.management.ManagementFactory.getThreadMXBean();
         boolean cpu = mx.isCurrentThreadCpuTimeSupported();
         long lastWork = System.nanoTime();
-        long window = taskBind.equals("ahead") ? 0 : BATCH_NANOS; // binds ahead must not wait
         while (!shutDown) {
-            Op head = ops.peek();
-            if (head != null && head.release && System.nanoTime() - head.queuedAt < window
-                    && releasesPending.get() < BATCH_MAX && !flushing) {
-                LockSupport.parkNanos(this, POLL_NANOS);   // more releases may join the batch
-            } else if (head != null) {
+            if (!ops.isEmpty()) {
                 drain();
                 if (cpu) {
                     lifecycleCpuNanos = mx.getCurrentThreadCpuTime();
                 }
                 lastWork = System.nanoTime();
-            } else if (System.nanoTime() - lastWork < IDLE_NANOS) {
+            }
+            if (shutDown) {
+                return;
+            }
+            if (System.nanoTime() - lastWork < IDLE_NANOS) {
                 LockSupport.parkNanos(this, POLL_NANOS);
             } else {
                 lifecycleAsleep.set(true);
@@ -363,6 +363,7 @@ public final class TaskBinder {
                 return;
             }
             releaseNanos.addAndGet(System.nanoTime() - t0);
+            releaseBatches.incrementAndGet();
             for (int i = 0; i < reports.length; i++) {
                 TaskScope s = batch.get(i);
                 ReleaseReport r = reports[i];
@@ -441,6 +442,7 @@ public final class TaskBinder {
         m.put("plugin_bind_us_total", bindNanos.get() / 1000);        // time the task threads spent in onTaskStart's bind
         m.put("plugin_release_us_total", releaseNanos.get() / 1000);  // ... and in the release
         m.put("plugin_lifecycle_cpu_us", lifecycleCpuNanos / 1000);   // the lifecycle thread's CPU time
+        m.put("plugin_release_batches", releaseBatches.get());        // calls into Python for batched releases
         return m;
     }
 
@@ -508,7 +510,6 @@ public final class TaskBinder {
         // Finish the releases handed to the lifecycle thread first (their leaks are counted).
         long deadline = System.nanoTime() + 10_000_000_000L;
         Thread worker = lifecycle;
-        flushing = true; // the lifecycle thread releases what is queued without waiting for a batch
         while (releasesPending.get() > 0 && System.nanoTime() < deadline) {
             if (worker != null && worker.isAlive()) {
                 LockSupport.unpark(worker);
