@@ -126,6 +126,9 @@ def bench_plugin(args, rows: list, out: dict) -> None:
                ("gpu work, plugin", "gpu", True, ())]
     if args.skip_gpu_work:
         configs = configs[:-1]
+    if args.configs:
+        wanted = {c.strip() for c in args.configs.split(";")} | {"host, no plugin"}
+        configs = [c for c in configs if c[0] in wanted]
     results: dict[str, list[dict]] = {name: [] for name, *_ in configs}
     for i in range(args.apps):
         for name, work, plugin, extra in configs:
@@ -245,6 +248,8 @@ def main() -> int:
     p.add_argument("--elements", type=int, default=1024, help="ints per task (short tasks)")
     p.add_argument("--master", default="local[4]")
     p.add_argument("--skip-gpu-work", action="store_true", help="plugin part: leave out the GPU-work configuration")
+    p.add_argument("--configs", default="", help="plugin part: only these configurations, ';'-separated "
+                   "(e.g. 'host, plugin;stream, plugin'; the baseline always runs)")
     p.add_argument("--backend", default="emulated", help="backend of the streams part")
     p.add_argument("--stream-tasks", type=int, default=2000)
     p.add_argument("--stream-batches", type=int, default=7)

@@ -10,7 +10,7 @@ cp="$(python3 -m cudabridge classpath):bench/out/jvm-classes"
 java=("$JAVA_HOME/bin/java" -Dcudabridge.python="$(command -v python3)" -Dcudabridge.pythonpath="$PYTHONPATH"
       -Dspark.cudabridge.backend=cuda -cp "$cp" org.cudabridge.harness.Harness)
 status=0
-for scenario in "smoke" "stress 16 2000" "errors" "race event-deferred" "race naive" "threads 400 16" "gate 8"; do
+for scenario in "smoke" "stress 16 2000" "errors" "race event-deferred" "race naive" "threads 400 16" "gate 8" "deferred 8"; do
   extra=()
   case $scenario in
     errors) extra=(-Dspark.cudabridge.pool_limit=64m) ;;
@@ -22,7 +22,7 @@ for scenario in "smoke" "stress 16 2000" "errors" "race event-deferred" "race na
   timeout 300 "${java[0]}" "${extra[@]}" "${java[@]:1}" $scenario >"$log" 2>&1
   rc=$?
   echo "scenario '$scenario': exit $rc"
-  grep -E "^(RESULT (a_intact|b_intact|same_block|created|deleted|cycles|sparse_calls|looper_min_pairs|handoffs)|FAIL)" "$log" | cut -c1-240 | head -8
+  grep -E "^(RESULT (a_intact|b_intact|same_block|created|deleted|cycles|sparse_calls|looper_min_pairs|handoffs|deferred_bound_total)|FAIL)" "$log" | cut -c1-240 | head -8
   [ "$scenario" = "race naive" ] || [ $rc -eq 0 ] || status=1
 done
 timeout 400 python3 bench/bench_jvm.py --backend cuda --n 50000 --copies 100 --seconds 1 --rounds 3 >"$out/bench_jvm.log" 2>&1
