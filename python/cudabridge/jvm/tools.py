@@ -79,6 +79,7 @@ def interpreter(c: "BridgeControl") -> dict[str, Any]:
         "executable": sys.executable,
         "version": list(sys.version_info[:3]),
         "gc_objects": len(gc.get_objects()),
+        "gc_frozen": gc.get_freeze_count(),   # objects alive at start-up, skipped by collections
     }
 
 
