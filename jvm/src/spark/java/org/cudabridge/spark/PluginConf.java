@@ -51,7 +51,7 @@ public final class PluginConf {
         m.put(GPU_RESOURCE, new String[] {"gpu", "Spark resource name whose addresses are the executor's and task's GPUs"});
         m.put(TASK_PRIORITY, new String[] {"normal", "stream priority of task streams: normal or high"});
         m.put(ASYNC_RELEASE, new String[] {"true", "release ended tasks on the executor's lifecycle thread (off the task's path); false: on the task's thread"});
-        m.put(TASK_BIND, new String[] {"lazy", "when a task is bound to a stream in Python: lazy (at its first GPU call, on its thread; a task that never uses the GPU is never bound), ahead (on the lifecycle thread, ahead of its first GPU call), eager (in onTaskStart, on its thread)"});
+        m.put(TASK_BIND, new String[] {"lazy", "when a task is bound to a stream in Python: lazy (at its first GPU call, on its thread; a task that never uses the GPU is never bound), ahead (on the lifecycle thread within 20 ms, ahead of its first GPU call), eager (in onTaskStart, on its thread)"});
         m.put(METRICS_REFRESH_MS, new String[] {"500", "most age (ms) of the statistics snapshot behind the gauges"});
         m.put(REPORT_INTERVAL_MS, new String[] {"1000", "period (ms) of each executor's statistics report to the driver; 0 disables"});
         KEYS = Collections.unmodifiableMap(m);
