@@ -923,6 +923,20 @@ static int make_longs(PyObject **out, const long long *vals, int n, captured_err
     return 0;
 }
 
+/* A new tuple of n ints, or NULL with the Python error set (GIL held). */
+static PyObject *long_tuple(const jlong *vals, jint n) {
+    PyObject *tuple = PyTuple_New(n);
+    for (jint i = 0; tuple != NULL && i < n; i++) {
+        PyObject *v = PyLong_FromLongLong(vals[i]);
+        if (v == NULL) {
+            Py_CLEAR(tuple);
+        } else {
+            PyTuple_SET_ITEM(tuple, i, v);
+        }
+    }
+    return tuple;
+}
+
 /* Parses a 2-tuple of ints (GIL held). */
 static int parse_pair(PyObject *r, long long *a, long long *b, captured_error *err) {
     if (!PyTuple_Check(r) || PyTuple_GET_SIZE(r) != 2) {
@@ -989,16 +1003,10 @@ JNIEXPORT void JNICALL Java_org_cudabridge_NativeBridge_releaseTask(JNIEnv *env,
  * malloc'ed copy of the messages (or NULL). */
 static void release_many_call(JNIEnv *env, const jlong *tasks, jint n, jlong *counts, char **messages) {
     HOT_ENTER(, 0)
-    PyObject *tuple = PyTuple_New(n);
+    PyObject *tuple = long_tuple(tasks, n);
     PyObject *r = NULL;
     if (tuple != NULL) {
-        jint i = 0;
-        for (; i < n; i++) {
-            PyObject *v = PyLong_FromLongLong(tasks[i]);
-            if (v == NULL) break;
-            PyTuple_SET_ITEM(tuple, i, v);
-        }
-        if (i == n) r = PyObject_CallOneArg(m_release_many, tuple);
+        r = PyObject_CallOneArg(m_release_many, tuple);
         Py_DECREF(tuple);
     }
     if (r == NULL) {
@@ -1163,21 +1171,11 @@ JNIEXPORT void JNICALL Java_org_cudabridge_NativeBridge_ping(JNIEnv *env, jclass
 /* One Python call for `count` frees (the handles were read from Java before the GIL is taken). */
 static void free_many_call(JNIEnv *env, const jlong *vals, jint count) {
     HOT_ENTER(, 1)
-    PyObject *tuple = PyTuple_New(count);
+    PyObject *tuple = long_tuple(vals, count);
     if (tuple == NULL) {
         capture_python_error(&err);
     } else {
-        int ok = 1;
-        for (jint i = 0; i < count; i++) {
-            PyObject *v = PyLong_FromLongLong(vals[i]);
-            if (v == NULL) {
-                capture_python_error(&err);
-                ok = 0;
-                break;
-            }
-            PyTuple_SET_ITEM(tuple, i, v);
-        }
-        if (ok) call_void(m_free_many, &tuple, 1, &err);
+        call_void(m_free_many, &tuple, 1, &err);
         Py_DECREF(tuple);
     }
     HOT_LEAVE()

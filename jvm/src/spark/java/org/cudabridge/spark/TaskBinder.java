@@ -350,35 +350,44 @@ public final class TaskBinder {
             return;
         }
         try {
-            if (shutDown) {
-                return;
-            }
-            long t0 = System.nanoTime();
-            ReleaseReport[] reports;
-            try {
-                reports = bridge.releaseTasks(batch);
-            } catch (Throwable t) {
-                releaseFailures.addAndGet(batch.size());
-                LOG.warning("cudabridge: releasing " + batch.size() + " task attempts failed: " + oneLine(describe(t)));
-                return;
-            }
-            releaseNanos.addAndGet(System.nanoTime() - t0);
-            releaseBatches.incrementAndGet();
-            for (int i = 0; i < reports.length; i++) {
-                TaskScope s = batch.get(i);
-                ReleaseReport r = reports[i];
-                if (r.failure() != null) {
-                    releaseFailures.incrementAndGet();
-                    LOG.warning("cudabridge: releasing task attempt " + s.taskAttemptId() + " failed: "
-                            + oneLine(r.failure()));
-                    continue;
-                }
-                counted(s, r);
-            }
+            release(batch);
         } finally {
             releasesPending.addAndGet(-batch.size());
             batch.clear();
         }
+    }
+
+    /** Releases the scopes with one call into Python, counting and logging each; a report per
+     *  scope, null where its release failed (or after shutdown). Never throws. */
+    private ReleaseReport[] release(List<TaskScope> scopes) {
+        ReleaseReport[] reports = new ReleaseReport[scopes.size()];
+        if (shutDown) {
+            return reports;
+        }
+        long t0 = System.nanoTime();
+        ReleaseReport[] got;
+        try {
+            got = bridge.releaseTasks(scopes);
+        } catch (Throwable t) {
+            releaseFailures.addAndGet(scopes.size());
+            LOG.warning("cudabridge: releasing " + scopes.size() + " task attempt(s) failed: " + oneLine(describe(t)));
+            return reports;
+        }
+        releaseNanos.addAndGet(System.nanoTime() - t0);
+        releaseBatches.incrementAndGet();
+        for (int i = 0; i < got.length; i++) {
+            TaskScope s = scopes.get(i);
+            ReleaseReport r = got[i];
+            if (r.failure() != null) {
+                releaseFailures.incrementAndGet();
+                LOG.warning("cudabridge: releasing task attempt " + s.taskAttemptId() + " failed: "
+                        + oneLine(r.failure()));
+                continue;
+            }
+            counted(s, r);
+            reports[i] = r;
+        }
+        return reports;
     }
 
     private void counted(TaskScope s, ReleaseReport r) {
@@ -401,20 +410,7 @@ public final class TaskBinder {
     }
 
     private ReleaseReport release(TaskScope s) {
-        if (shutDown) {
-            return null;
-        }
-        long t0 = System.nanoTime();
-        try {
-            ReleaseReport r = s.release();
-            releaseNanos.addAndGet(System.nanoTime() - t0);
-            counted(s, r);
-            return r;
-        } catch (Throwable t) {
-            releaseFailures.incrementAndGet();
-            LOG.warning("cudabridge: releasing task attempt " + s.taskAttemptId() + " failed: " + oneLine(describe(t)));
-            return null;
-        }
+        return release(Collections.singletonList(s))[0];
     }
 
     /** The task attempt bound on the calling thread, or -1. */
@@ -442,7 +438,7 @@ public final class TaskBinder {
         m.put("plugin_bind_us_total", bindNanos.get() / 1000);        // time the task threads spent in onTaskStart's bind
         m.put("plugin_release_us_total", releaseNanos.get() / 1000);  // ... and in the release
         m.put("plugin_lifecycle_cpu_us", lifecycleCpuNanos / 1000);   // the lifecycle thread's CPU time
-        m.put("plugin_release_batches", releaseBatches.get());        // calls into Python for batched releases
+        m.put("plugin_release_batches", releaseBatches.get());        // release calls (one task or a batch)
         return m;
     }
 
