@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import gc
 import random
+import threading
+import time
 
 import pytest
 
@@ -142,7 +144,7 @@ def test_bad_inputs_are_refused_and_change_nothing(service):
     before = (dict(hot._live), hot.counters, service.memory_pool(0).statistics().in_use_bytes)
     with pytest.raises(UnknownTask, match="not bound"):
         hot.allocate(8, 4096)
-    with pytest.raises(UnknownTask):
+    with pytest.raises(InvalidArgument, match="task attempt id must be an int, got str"):
         hot.allocate("7", 4096)
     with pytest.raises(InvalidArgument):
         hot.allocate(7, -1)
@@ -183,29 +185,48 @@ def test_free_many_of_many_checks_duplicates(service):
 
 
 @pytest.mark.parametrize("fast_path", [pytest.param("native", marks=needs_core), "python"])
-def test_release_during_allocate_leaves_nothing_behind(service, fast_path):
-    """A release on another thread that runs while the pool is in Python (its slow path) must not
-    leave an allocation that belongs to nobody: the hot path gives it back and refuses."""
+def test_release_waits_for_an_allocate_in_progress_and_refuses_later_ones(service, fast_path):
+    """A release that begins while an allocate of its task is inside the pool (its slow path, say)
+    waits for it, then reclaims it with the task; an allocate that comes after the release began
+    is refused and changes nothing. Without the task lease the release reclaimed only what it
+    saw, and the allocation finished afterwards belonged to nobody."""
     reg = service.registry
     pool = service.memory_pool(0)
     real = pool.allocate
+    inside, go_on = threading.Event(), threading.Event()
 
-    def allocate_then_release(size, stream, owner=None):
-        a = real(size, stream, owner)
-        reg.unbind(owner)           # what the other thread's release would do meanwhile
-        return a
+    def slow_allocate(size, stream, owner=None):
+        inside.set()
+        go_on.wait(10)
+        return real(size, stream, owner)
 
-    pool.allocate = allocate_then_release
-    try:
-        hot = JavaHotPath(service, fast_path=fast_path)
-        reg.bind(3)
-        with pytest.raises(UnknownTask, match="not bound"):
-            hot.allocate(3, 4096)
-    finally:
-        pool.allocate = real
+    hot = JavaHotPath(service, fast_path=fast_path)
+    reg.bind(3)
+    pool.allocate = slow_allocate
+    hot._allocators[0] = slow_allocate
+    if hot._core is not None:  # the C twin holds the allocator it was built with: rebuild it
+        hot._core = hot._native_core(fast_path)
+    got, reports = [], []
+    t = threading.Thread(target=lambda: got.append(hot.allocate(3, 4096)))
+    t.start()
+    assert inside.wait(10)
+    r = threading.Thread(target=lambda: reports.append(reg.unbind(3)))
+    r.start()
+    deadline = time.monotonic() + 10
+    while 3 in reg.leases and time.monotonic() < deadline:
+        time.sleep(0.001)
+    time.sleep(0.05)
+    assert not reports, "the release finished while an allocate of its task was in progress"
+    with pytest.raises(UnknownTask):
+        hot.allocate(3, 4096)      # the release has begun: refused
+    go_on.set()
+    t.join(10)
+    r.join(10)
+    pool.allocate = real
+    assert len(got) == 1 and reports[0].leaked_allocations == 1   # reclaimed with the task
     assert hot.live_handles == 0
     assert pool.statistics().live_allocations == 0
-    assert hot.counters["allocations"] == 0
+    assert hot.counters["allocations"] == 1
 
 
 @needs_core

@@ -4,14 +4,20 @@ A task is bound once (Spark's ``onTaskStart``); every thread of the task then ge
 stream, whichever thread asks. Unbinding (``onTaskSucceeded`` / ``onTaskFailed``) frees,
 asynchronously on the task's stream, whatever the task still holds, and reports it as leaks.
 Bindings are keyed by task attempt id, never by thread: Spark reuses task threads.
+
+Release excludes every operation that queues GPU work for the task (see :class:`TaskLease`):
+once ``unbind`` has begun, no allocation, copy or kernel of the task is queued any more, and
+what the release reclaims is everything the task will ever have held.
 """
 
 from __future__ import annotations
 
 import logging
+import operator
 import threading
+import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING, Callable, Mapping
 
 from .errors import InvalidArgument, PoolClosed, UnknownTask
 
@@ -48,12 +54,58 @@ class ReleaseReport:
     leaked_bytes: int
 
 
+def task_id_of(value: object) -> int:
+    """A task attempt id from any ``operator.index()`` type except ``bool``; never negative.
+    (``1.0`` or ``True`` would otherwise find task 1 in a dict.)"""
+    if value.__class__ is not int:
+        if isinstance(value, bool):
+            raise InvalidArgument(f"task attempt id must be an int, got a bool ({value!r})")
+        try:
+            value = operator.index(value)
+        except TypeError:
+            raise InvalidArgument(f"task attempt id must be an int, got {type(value).__name__} ({value!r})") from None
+    if value < 0:
+        raise InvalidArgument(f"task attempt id must be non-negative, got {value}")
+    return value
+
+
+class TaskLease:
+    """Admission of a bound task's operations; release closes it and waits until none is inside.
+
+    Every operation that queues GPU work for the task (allocate, copies, memsets, kernels)
+    runs between :meth:`TaskRegistry.enter` and :meth:`TaskRegistry.leave`. Invariant: once
+    ``open`` is False and ``inside`` is empty, no operation of the task is in progress and none
+    can start, so nothing is queued for it and nothing more will be owned by it.
+
+    Lock-free under the GIL, so that the hot path never queues on a lock: ``inside`` holds the
+    thread ident of each operation in progress (``list.append`` / ``list.remove`` are each one
+    atomic operation) and ``open`` is a plain flag. Enter appends, then reads ``open``; release
+    clears ``open``, then waits for ``inside`` to be empty. In any interleaving either the
+    entering thread sees the lease closed (and backs out) or the release sees it inside (and
+    waits for it). The C hot path (``jvm/_hotcore.c``) follows the same two steps.
+    """
+
+    __slots__ = ("binding", "inside", "open")
+
+    def __init__(self, binding: "TaskBinding") -> None:
+        self.binding = binding
+        self.inside: list[int] = []
+        self.open = True
+
+
 class TaskRegistry:
+    # How long a release waits for an operation of its task still in progress before it logs
+    # that it is still waiting (it keeps waiting: the operations' own host waits have deadlines).
+    DRAIN_WARN_S = 5.0
+
     def __init__(self, gpus: Mapping[int, GpuResources]) -> None:
         if not gpus:
             raise InvalidArgument("a task registry needs at least one GPU")
         self._gpus = dict(gpus)
-        self._bindings: dict[int, TaskBinding] = {}
+        # task attempt id -> its lease (binding and admission). Read without the lock by the hot
+        # paths (the C twin of the Java hot path included: ``leases``); written under the lock.
+        self._leases: dict[int, TaskLease] = {}
+        self._release_listeners: list[Callable[[TaskBinding], None]] = []
         self._stream_use: dict[int, int] = {}
         self._lock = threading.Lock()
         self._local = threading.local()
@@ -67,10 +119,19 @@ class TaskRegistry:
                                   f"(owned: {sorted(self._gpus)})")
         return res
 
+    @property
+    def leases(self) -> Mapping[int, TaskLease]:
+        """Task attempt id -> lease; what the Java hot path's C twin reads (never writes)."""
+        return self._leases
+
+    def on_release(self, listener: Callable[[TaskBinding], None]) -> None:
+        """Call ``listener(binding)`` at every release, after the task's operations have drained
+        and before its memory is reclaimed (the Java hot path drops its handles there)."""
+        self._release_listeners.append(listener)
+
     def bind(self, task_id: int, gpu: int | None = None, priority: str = "normal") -> TaskBinding:
         """Bind a task to a stream of ``gpu`` (an ordinal; default: the only GPU)."""
-        if isinstance(task_id, bool) or not isinstance(task_id, int) or task_id < 0:
-            raise InvalidArgument(f"task attempt id must be a non-negative int, got {task_id!r}")
+        task_id = task_id_of(task_id)
         if gpu is None:
             if len(self._gpus) != 1:
                 raise InvalidArgument(f"task {task_id}: the executor owns GPUs {sorted(self._gpus)}; say which")
@@ -79,20 +140,36 @@ class TaskRegistry:
         with self._lock:
             if self._closed:
                 raise PoolClosed("bind after the task registry was closed")
-            if task_id in self._bindings:
-                raise InvalidArgument(f"task {task_id} is bound already (to GPU {self._bindings[task_id].gpu})")
+            if task_id in self._leases:
+                raise InvalidArgument(f"task {task_id} is bound already (to GPU {self._leases[task_id].binding.gpu})")
             stream = res.streams.acquire(priority)
             binding = TaskBinding(task_id, res.ordinal, res.address, stream, priority)
-            self._bindings[task_id] = binding
+            self._leases[task_id] = TaskLease(binding)
             self._stream_use[stream] = self._stream_use.get(stream, 0) + 1
             self.tasks_bound_total += 1
         return binding
 
     def binding(self, task_id: int) -> TaskBinding:
-        b = self._bindings.get(task_id)
-        if b is None:
+        lease = self._leases.get(task_id) if task_id.__class__ is int else self._leases.get(task_id_of(task_id))
+        if lease is None:
             raise UnknownTask(f"task {task_id!r} is not bound")
-        return b
+        return lease.binding
+
+    def enter(self, task_id: int) -> TaskLease:
+        """Admit one operation of the task (see :class:`TaskLease`); pair with :meth:`leave`.
+        Raises :class:`UnknownTask` if the task is not bound or its release has begun."""
+        lease = self._leases.get(task_id) if task_id.__class__ is int else self._leases.get(task_id_of(task_id))
+        if lease is None:
+            raise UnknownTask(f"task {task_id!r} is not bound")
+        lease.inside.append(threading.get_ident())
+        if not lease.open:
+            lease.inside.remove(threading.get_ident())
+            raise UnknownTask(f"task {task_id!r} is being released")
+        return lease
+
+    @staticmethod
+    def leave(lease: TaskLease) -> None:
+        lease.inside.remove(threading.get_ident())
 
     def stream(self, task_id: int) -> int:
         return self.binding(task_id).stream
@@ -116,39 +193,76 @@ class TaskRegistry:
 
     def allocate(self, task_id: int, size: int) -> "Allocation":
         """Memory on the task's GPU, ordered on its stream, owned by the task."""
-        b = self.binding(task_id)
-        return self._gpus[b.gpu].memory.allocate(size, b.stream, owner=task_id)
+        lease = self.enter(task_id)
+        try:
+            b = lease.binding
+            return self._gpus[b.gpu].memory.allocate(size, b.stream, owner=b.task_id)
+        finally:
+            lease.inside.remove(threading.get_ident())
 
     def unbind(self, task_id: int) -> ReleaseReport:
-        """Release the task: free what it still holds (asynchronously, on its stream)."""
+        """Release the task: refuse its new operations, wait for those in progress, then free
+        what it still holds (asynchronously, on its stream)."""
+        task_id = task_id_of(task_id)
         with self._lock:
-            b = self._bindings.pop(task_id, None)
-            if b is None:
+            lease = self._leases.get(task_id)
+            if lease is None:
                 raise UnknownTask(f"task {task_id!r} is not bound")
+            if threading.get_ident() in lease.inside:
+                raise InvalidArgument(f"task {task_id} cannot be released from inside one of its own "
+                                      f"operations on this thread")
+            del self._leases[task_id]
+            lease.open = False
+            b = lease.binding
             n = self._stream_use[b.stream] - 1
             if n:
                 self._stream_use[b.stream] = n
             else:
                 del self._stream_use[b.stream]
+        self._drain(lease)
+        for listener in self._release_listeners:
+            listener(b)
         count, nbytes = self._gpus[b.gpu].memory.release_owner(task_id)
         if getattr(self._local, "task", None) == task_id:
             self._local.task = None
         return ReleaseReport(task_id, count, nbytes)
 
+    def _drain(self, lease: TaskLease) -> None:
+        """Wait (GIL released) until no operation of the closed lease is in progress."""
+        if not lease.inside:
+            return
+        start = time.monotonic()
+        warn_at = start + self.DRAIN_WARN_S
+        pause = 0.0
+        while lease.inside:
+            time.sleep(pause)
+            pause = min(0.001, pause * 2 or 0.00002)
+            now = time.monotonic()
+            if now >= warn_at:
+                log.warning("release of task %d: still waiting after %.0f s for operations in progress on "
+                            "thread(s) %s", lease.binding.task_id, now - start, sorted(set(lease.inside)))
+                warn_at = now + self.DRAIN_WARN_S
+
     @property
     def tasks_bound(self) -> int:
-        return len(self._bindings)
+        return len(self._leases)
 
     @property
     def streams_in_use(self) -> int:
         return len(self._stream_use)
 
     def bound_tasks(self) -> list[int]:
-        return list(self._bindings)
+        return list(self._leases)
 
     def close(self) -> list[ReleaseReport]:
         """Release every task still bound. Idempotent."""
         with self._lock:
             self._closed = True
-            tasks = list(self._bindings)
-        return [self.unbind(t) for t in tasks]
+            tasks = list(self._leases)
+        reports = []
+        for t in tasks:
+            try:
+                reports.append(self.unbind(t))
+            except UnknownTask:
+                pass  # released by its own thread meanwhile
+        return reports

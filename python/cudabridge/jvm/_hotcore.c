@@ -6,13 +6,19 @@
  * kept thread state. The crossing itself is cheap (an empty call is about 0.2 us); what cost a
  * Java allocate+free pair 2x the pool's own pair was the Python frames around the pool's C fast
  * path: a binding lookup, a handle table insert, counters, each a few bytecodes. Here each of
- * those is one C-API call on the same containers the Python side uses (the registry's bindings,
+ * those is one C-API call on the same containers the Python side uses (the registry's leases,
  * the hot path's handle table), so Python and C can be mixed freely: forget_task, sweep and the
  * copies stay in Python and see exactly what this code wrote.
  *
  * Thread safety: every method runs with the GIL held and touches the shared containers only in
  * single C-API calls between which no Python code runs, except where it calls back into Python
  * (the pool's slow path, set_device, error messages), after which it re-reads what it needs.
+ * allocate runs inside the task's lease exactly as TaskRegistry.enter / leave do
+ * (task_registry.py, TaskLease): append this thread's ident to lease.inside, then read
+ * lease.open; on the way out remove the ident. A release clears open, then waits for inside to
+ * empty, so an allocation either completes before the release reclaims or is refused.
+ * Arguments that are not exact ints (a bool, a float, an int subclass) go to the Python
+ * reference, which normalizes or refuses them: a dict lookup would take True or 1.0 for 1.
  * Free-threaded builds are not supported (the loader falls back to Python there).
  */
 #define PY_SSIZE_T_CLEAN
@@ -24,11 +30,11 @@
 #define GPU_MASK (MAX_GPUS - 1)
 #define SMALL_BATCH 16          /* free_many checks duplicates pairwise up to this many */
 
-static PyObject *s_stream, *s_gpu, *s_id, *s_ptr, *s_alive;
+static PyObject *s_stream, *s_gpu, *s_id, *s_ptr, *s_binding, *s_inside, *s_open, *s_task_id;
 
 typedef struct {
     PyObject_HEAD
-    PyObject *bindings;                 /* the registry's task id -> TaskBinding dict */
+    PyObject *leases;                   /* the registry's task id -> TaskLease mapping (read only) */
     PyObject *live;                     /* handle -> Allocation, shared with JavaHotPath */
     PyObject *allocators[MAX_GPUS];     /* per GPU ordinal: pool.allocate(size, stream, owner) */
     PyObject *frees[MAX_GPUS];          /* per GPU ordinal: pool.free(allocation) */
@@ -36,11 +42,14 @@ typedef struct {
     PyObject *unknown_task;             /* registry.binding: raises UnknownTask with its message */
     PyObject *not_live;                 /* JavaHotPath._refuse(handle, call): raises InvalidFree */
     PyObject *refuse_many;              /* JavaHotPath._refuse_many(handles): raises InvalidFree */
+    PyObject *enter;                    /* registry.enter(task): the reference's admission, for its errors */
+    PyObject *py_allocate;              /* the Python reference allocate(task, size), for odd argument types */
     long long allocations, frees_count, batched_frees, batches;
 } HotCore;
 
 static int hc_traverse(HotCore *self, visitproc visit, void *arg) {
-    Py_VISIT(self->bindings); Py_VISIT(self->live); Py_VISIT(self->set_device);
+    Py_VISIT(self->leases); Py_VISIT(self->live); Py_VISIT(self->set_device);
+    Py_VISIT(self->enter); Py_VISIT(self->py_allocate);
     Py_VISIT(self->unknown_task); Py_VISIT(self->not_live); Py_VISIT(self->refuse_many);
     for (int i = 0; i < MAX_GPUS; i++) {
         Py_VISIT(self->allocators[i]);
@@ -50,7 +59,8 @@ static int hc_traverse(HotCore *self, visitproc visit, void *arg) {
 }
 
 static int hc_clear(HotCore *self) {
-    Py_CLEAR(self->bindings); Py_CLEAR(self->live); Py_CLEAR(self->set_device);
+    Py_CLEAR(self->leases); Py_CLEAR(self->live); Py_CLEAR(self->set_device);
+    Py_CLEAR(self->enter); Py_CLEAR(self->py_allocate);
     Py_CLEAR(self->unknown_task); Py_CLEAR(self->not_live); Py_CLEAR(self->refuse_many);
     for (int i = 0; i < MAX_GPUS; i++) {
         Py_CLEAR(self->allocators[i]);
@@ -88,16 +98,19 @@ static int fill_per_gpu(PyObject *map, PyObject **slots, const char *what) {
 }
 
 static int hc_init(HotCore *self, PyObject *args, PyObject *kwds) {
-    static char *kw[] = {"bindings", "live", "allocators", "frees", "set_device", "unknown_task", "not_live",
-                         "refuse_many", NULL};
-    PyObject *bindings, *live, *allocators, *frees, *set_device, *unknown_task, *not_live, *refuse_many;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!O!OOOOOO:HotCore", kw, &PyDict_Type, &bindings, &PyDict_Type,
+    static char *kw[] = {"leases", "live", "allocators", "frees", "set_device", "unknown_task", "not_live",
+                         "refuse_many", "enter", "py_allocate", NULL};
+    PyObject *leases, *live, *allocators, *frees, *set_device, *unknown_task, *not_live, *refuse_many, *enter,
+        *py_allocate;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!O!OOOOOOOO:HotCore", kw, &PyDict_Type, &leases, &PyDict_Type,
                                      &live, &allocators, &frees, &set_device, &unknown_task, &not_live,
-                                     &refuse_many))
+                                     &refuse_many, &enter, &py_allocate))
         return -1;
     if (!PyCallable_Check(unknown_task) || !PyCallable_Check(not_live) || !PyCallable_Check(refuse_many) ||
+        !PyCallable_Check(enter) || !PyCallable_Check(py_allocate) ||
         (set_device != Py_None && !PyCallable_Check(set_device))) {
-        PyErr_SetString(PyExc_TypeError, "HotCore: unknown_task, not_live, refuse_many and set_device (or None) must be callable");
+        PyErr_SetString(PyExc_TypeError, "HotCore: unknown_task, not_live, refuse_many, enter, py_allocate and "
+                                         "set_device (or None) must be callable");
         return -1;
     }
     hc_clear(self);
@@ -109,7 +122,9 @@ static int hc_init(HotCore *self, PyObject *args, PyObject *kwds) {
             return -1;
         }
     }
-    Py_INCREF(bindings); self->bindings = bindings;
+    Py_INCREF(leases); self->leases = leases;
+    Py_INCREF(enter); self->enter = enter;
+    Py_INCREF(py_allocate); self->py_allocate = py_allocate;
     Py_INCREF(live); self->live = live;
     if (set_device != Py_None) { Py_INCREF(set_device); self->set_device = set_device; }
     Py_INCREF(unknown_task); self->unknown_task = unknown_task;
@@ -156,14 +171,44 @@ static int binding_fields(PyObject *b, PyObject **stream, long *gpu) {
     return *stream == NULL ? -1 : 0;
 }
 
+/* The lease of an exact-int task (borrowed), or NULL with UnknownTask raised as Python words it. */
+static PyObject *lease_of(HotCore *self, PyObject *task) {
+    PyObject *lease = PyDict_GetItemWithError(self->leases, task); /* borrowed */
+    if (lease == NULL && !PyErr_Occurred()) raise_unknown_task(self, task);
+    return lease;
+}
+
 static PyObject *hc_stream(HotCore *self, PyObject *task) {
-    PyObject *b = PyDict_GetItemWithError(self->bindings, task); /* borrowed */
-    if (b == NULL) return PyErr_Occurred() ? NULL : raise_unknown_task(self, task);
+    PyObject *b;
+    if (PyLong_CheckExact(task)) {
+        PyObject *lease = lease_of(self, task);
+        if (lease == NULL) return NULL;
+        b = PyObject_GetAttr(lease, s_binding);
+    } else {
+        b = PyObject_CallOneArg(self->unknown_task, task); /* registry.binding: normalizes or refuses */
+    }
+    if (b == NULL) return NULL;
     PyObject *stream;
     long gpu;
-    if (binding_fields(b, &stream, &gpu) < 0) return NULL;
-    PyObject *r = Py_BuildValue("(Nl)", stream, gpu);
-    return r;
+    int rc = binding_fields(b, &stream, &gpu);
+    Py_DECREF(b);
+    if (rc < 0) return NULL;
+    return Py_BuildValue("(Nl)", stream, gpu);
+}
+
+/* Remove one occurrence of this thread's ident from lease.inside (TaskRegistry.leave). */
+static void leave_lease(PyObject *inside, unsigned long ident) {
+    PyObject *et, *ev, *etb;
+    PyErr_Fetch(&et, &ev, &etb);
+    for (Py_ssize_t i = PyList_GET_SIZE(inside) - 1; i >= 0; i--) {
+        PyObject *item = PyList_GET_ITEM(inside, i);
+        if (PyLong_CheckExact(item) && PyLong_AsUnsignedLong(item) == ident) {
+            if (PyList_SetSlice(inside, i, i + 1, NULL) < 0) PyErr_Clear();
+            break;
+        }
+    }
+    if (PyErr_Occurred()) PyErr_Clear();
+    PyErr_Restore(et, ev, etb);
 }
 
 /* allocate(task, size) -> (handle, device pointer) */
@@ -173,45 +218,61 @@ static PyObject *hc_allocate(HotCore *self, PyObject *const *args, Py_ssize_t na
         return NULL;
     }
     PyObject *task = args[0], *size = args[1];
-    PyObject *b = PyDict_GetItemWithError(self->bindings, task);
-    if (b == NULL) return PyErr_Occurred() ? NULL : raise_unknown_task(self, task);
-    Py_INCREF(b); /* compared by identity after the pool's call, which may run Python code */
-    PyObject *stream = NULL, *a = NULL, *id = NULL, *ptr = NULL, *handle = NULL;
-    long gpu;
-    if (binding_fields(b, &stream, &gpu) < 0) goto fail;
+    if (!PyLong_CheckExact(task)) return PyObject_Vectorcall(self->py_allocate, args, 2, NULL);
+    PyObject *lease = lease_of(self, task);
+    if (lease == NULL) return NULL;
+    Py_INCREF(lease);
+    PyObject *inside = PyObject_GetAttr(lease, s_inside);
+    if (inside == NULL || !PyList_CheckExact(inside)) {
+        if (inside != NULL) PyErr_SetString(PyExc_SystemError, "cudabridge hot core: lease.inside is not a list");
+        Py_XDECREF(inside);
+        Py_DECREF(lease);
+        return NULL;
+    }
+    unsigned long ident = PyThread_get_thread_ident();
+    PyObject *me = PyLong_FromUnsignedLong(ident);
+    if (me == NULL || PyList_Append(inside, me) < 0) {
+        Py_XDECREF(me);
+        Py_DECREF(inside);
+        Py_DECREF(lease);
+        return NULL;
+    }
+    Py_DECREF(me);
+    PyObject *b = NULL, *stream = NULL, *owner = NULL, *a = NULL, *id = NULL, *ptr = NULL, *handle = NULL,
+             *out = NULL;
+    long gpu = -1;
+    PyObject *open = PyObject_GetAttr(lease, s_open);
+    int is_open = open ? PyObject_IsTrue(open) : -1;
+    Py_XDECREF(open);
+    if (is_open < 0) goto done;
+    if (!is_open) {
+        /* The release has begun: refuse with the reference's words (its enter raises). */
+        leave_lease(inside, ident);
+        PyObject *r = PyObject_CallOneArg(self->enter, task);
+        if (r != NULL) { /* cannot happen: a closed lease never reopens */
+            Py_DECREF(r);
+            PyErr_Format(PyExc_RuntimeError, "task %R was released during the call", task);
+        }
+        goto out_left;
+    }
+    b = PyObject_GetAttr(lease, s_binding);
+    if (b == NULL || binding_fields(b, &stream, &gpu) < 0) goto done;
+    owner = PyObject_GetAttr(b, s_task_id);
+    if (owner == NULL) goto done;
     if (self->allocators[gpu] == NULL) {
         PyErr_Format(PyExc_ValueError, "task %R is bound to GPU %ld, which this hot path has no pool for", task, gpu);
-        goto fail;
+        goto done;
     }
     if (self->set_device != NULL) {
         PyObject *o = PyLong_FromLong(gpu);
         PyObject *r = o ? PyObject_CallOneArg(self->set_device, o) : NULL;
         Py_XDECREF(o);
-        if (r == NULL) goto fail;
+        if (r == NULL) goto done;
         Py_DECREF(r);
     }
-    PyObject *call[3] = {size, stream, task};
+    PyObject *call[3] = {size, stream, owner};
     a = PyObject_Vectorcall(self->allocators[gpu], call, 3, NULL);
-    if (a == NULL) goto fail;
-    /* A release of the task on another thread may have run while the pool was in Python (its
-     * slow path): the registry reclaims only what it saw, so an allocation made after it would
-     * belong to nobody. Give it back and refuse, as if the task had been released first. */
-    PyObject *now = PyDict_GetItemWithError(self->bindings, task);
-    if (now != b) {
-        if (now == NULL && PyErr_Occurred()) goto fail_free;
-        PyObject *alive = PyObject_GetAttr(a, s_alive); /* the release may have reclaimed it */
-        int is_alive = alive ? PyObject_IsTrue(alive) : -1;
-        Py_XDECREF(alive);
-        if (is_alive < 0) goto fail;
-        if (is_alive) {
-            PyObject *r = PyObject_CallOneArg(self->frees[gpu], a);
-            Py_XDECREF(r);
-            if (r == NULL) goto fail;
-        }
-        Py_CLEAR(a);
-        raise_unknown_task(self, task);
-        goto fail;
-    }
+    if (a == NULL) goto done;
     id = PyObject_GetAttr(a, s_id);
     ptr = id ? PyObject_GetAttr(a, s_ptr) : NULL;
     if (ptr == NULL) goto fail_free;
@@ -223,8 +284,7 @@ static PyObject *hc_allocate(HotCore *self, PyObject *const *args, Py_ssize_t na
     }
     handle = PyLong_FromLongLong(idv << GPU_BITS | gpu);
     if (handle == NULL || PyDict_SetItem(self->live, handle, a) < 0) goto fail_free;
-    self->allocations++;
-    PyObject *out = PyTuple_Pack(2, handle, ptr);
+    out = PyTuple_Pack(2, handle, ptr);
     if (out == NULL) {
         /* Nothing reaches the caller: undo the handle and the allocation. */
         PyObject *et, *ev, *etb;
@@ -233,8 +293,8 @@ static PyObject *hc_allocate(HotCore *self, PyObject *const *args, Py_ssize_t na
         PyErr_Restore(et, ev, etb);
         goto fail_free;
     }
-    Py_DECREF(handle); Py_DECREF(id); Py_DECREF(ptr); Py_DECREF(a); Py_DECREF(stream); Py_DECREF(b);
-    return out;
+    self->allocations++;
+    goto done;
 
 fail_free: {
         /* The pool lent memory that cannot be handed out: return it, keep the first error. */
@@ -245,9 +305,12 @@ fail_free: {
         Py_XDECREF(r);
         PyErr_Restore(et, ev, etb);
     }
-fail:
-    Py_XDECREF(handle); Py_XDECREF(id); Py_XDECREF(ptr); Py_XDECREF(a); Py_XDECREF(stream); Py_DECREF(b);
-    return NULL;
+done:
+    leave_lease(inside, ident);
+out_left:
+    Py_XDECREF(handle); Py_XDECREF(id); Py_XDECREF(ptr); Py_XDECREF(a); Py_XDECREF(owner); Py_XDECREF(stream);
+    Py_XDECREF(b); Py_DECREF(inside); Py_DECREF(lease);
+    return out;
 }
 
 /* free(handle) */
@@ -370,7 +433,8 @@ static struct PyModuleDef hotcore_module = {
 
 PyMODINIT_FUNC PyInit__hotcore(void) {
 #define INTERN(var, text) if (((var) = PyUnicode_InternFromString(text)) == NULL) return NULL
-    INTERN(s_stream, "stream"); INTERN(s_gpu, "gpu"); INTERN(s_id, "id"); INTERN(s_ptr, "ptr"); INTERN(s_alive, "alive");
+    INTERN(s_stream, "stream"); INTERN(s_gpu, "gpu"); INTERN(s_id, "id"); INTERN(s_ptr, "ptr");
+    INTERN(s_binding, "binding"); INTERN(s_inside, "inside"); INTERN(s_open, "open"); INTERN(s_task_id, "task_id");
 #undef INTERN
     if (PyType_Ready(&HotCoreType) < 0) return NULL;
     PyObject *m = PyModule_Create(&hotcore_module);

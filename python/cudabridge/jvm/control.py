@@ -78,8 +78,8 @@ class BridgeControl:
 
     def release_task(self, task: int) -> tuple[int, int]:
         """Release the task; its buffers die in Java (the Java side marked them) and in Python
-        (their handles are dropped here) before the registry frees them on the task's stream."""
-        self.hot.forget_task(task)
+        (the hot path drops their handles when the registry's release has drained the task's
+        operations) before the registry frees them on the task's stream."""
         report = self.service.release_task(task)
         self.releases += 1
         self.leaks_released += report.leaked_allocations

@@ -30,6 +30,7 @@ import bisect
 import itertools
 import logging
 import threading
+from threading import get_ident
 from typing import TYPE_CHECKING, Any, Iterable
 
 from ..errors import InvalidArgument, InvalidFree, UnknownTask
@@ -39,6 +40,7 @@ from ..memory.native import supported as native_supported
 if TYPE_CHECKING:
     from ..memory import Allocation
     from ..service import CudaBridgeService
+    from ..task_registry import TaskBinding, TaskLease
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +60,7 @@ class JavaHotPath:
         self._service = service
         self._registry = service.registry
         self._binding = service.registry.binding
+        self._enter = service.registry.enter
         self._backend = service.backend
         # per GPU ordinal: the memory pool's allocate (bound once; the pool is fixed for the service's life)
         self._allocators = {o: res.memory.allocate for o, res in service.gpus.items()}
@@ -77,6 +80,8 @@ class JavaHotPath:
                                       "copies_out", "copies_direct", "memsets", "synchronizes"), 0)
         self._ids = itertools.count(1)
         self._core = self._native_core(fast_path)
+        # Drop a task's handles at its release, once its operations have drained.
+        service.registry.on_release(self._forget)
 
     def _native_core(self, choice: str) -> Any:
         """Install the C twin of the allocate/free methods (``_hotcore.c``) on this instance."""
@@ -90,9 +95,10 @@ class JavaHotPath:
                                       + (why or "not built (python -m cudabridge.memory.build_fastpath)"))
             return None
         core = module.HotCore(
-            bindings=self._service.registry._bindings, live=self._live, allocators=self._allocators,
+            leases=self._registry.leases, live=self._live, allocators=self._allocators,
             frees=self._frees, set_device=self._set_device if self._multi_gpu else None,
-            unknown_task=self._binding, not_live=self._refuse, refuse_many=self._refuse_many)
+            unknown_task=self._binding, not_live=self._refuse, refuse_many=self._refuse_many,
+            enter=self._enter, py_allocate=JavaHotPath.allocate.__get__(self))
         self.stream = core.stream  # type: ignore[method-assign]
         self.allocate = core.allocate  # type: ignore[method-assign]
         self.free = core.free  # type: ignore[method-assign]
@@ -128,21 +134,19 @@ class JavaHotPath:
 
     # memory ----------------------------------------------------------------------------------
     def allocate(self, task: int, size: int) -> tuple[int, int]:
-        """``size`` bytes for ``task`` on its stream: (handle, device pointer)."""
-        b = self._binding(task)
-        if self._multi_gpu:
-            self._set_device(b.gpu)
-        a = self._allocators[b.gpu](size, b.stream, task)
-        if self._registry._bindings.get(task) is not b:
-            # Released on another thread while the pool worked: the release reclaimed only what
-            # it saw, so an allocation it missed would belong to nobody. Give it back (unless
-            # the release reclaimed it) and refuse.
-            if a.alive:
-                self._frees[b.gpu](a)
-            self._binding(task)
-            raise UnknownTask(f"task {task!r} was released during the call")
-        hid = a.id << GPU_BITS | b.gpu
-        self._live[hid] = a
+        """``size`` bytes for ``task`` on its stream: (handle, device pointer). Runs inside the
+        task's lease (TaskLease): a release that has begun refuses it with UnknownTask, and a
+        release waits for it, so the allocation is reclaimed with the task if Java loses it."""
+        lease = self._enter(task)
+        try:
+            b = lease.binding
+            if self._multi_gpu:
+                self._set_device(b.gpu)
+            a = self._allocators[b.gpu](size, b.stream, b.task_id)
+            hid = a.id << GPU_BITS | b.gpu
+            self._live[hid] = a
+        finally:
+            lease.inside.remove(get_ident())
         self._counts["allocations"] += 1
         return hid, a.ptr
 
@@ -191,53 +195,80 @@ class JavaHotPath:
         return (f"{call}: device buffer handle {hid:#x} is not live (freed already, released with its task, "
                 f"or never handed out by this bridge)")
 
-    def _get(self, hid: int, call: str, offset: int, nbytes: int) -> "Allocation":
+    def _enter_buffer(self, hid: int, call: str, offset: int, nbytes: int) -> tuple["Allocation", "TaskLease"]:
+        """The live allocation behind ``hid`` with its task's lease entered (the caller leaves
+        it once the work is queued): no work is queued for a task whose release has begun."""
         a = self._live.get(hid)
-        if a is None or not a.alive:  # not alive: its task was released behind the bridge's back
+        if a is None:
             raise InvalidFree(self._why_not_live(hid, call))
-        if offset < 0 or nbytes < 0 or offset + nbytes > a.size:
+        try:
+            lease = self._enter(a.owner)
+        except UnknownTask:  # released (or being released) with its task
+            raise InvalidFree(self._why_not_live(hid, call)) from None
+        if not a.alive or offset < 0 or nbytes < 0 or offset + nbytes > a.size:
+            lease.inside.remove(get_ident())
+            if not a.alive:  # freed on another thread meanwhile
+                raise InvalidFree(self._why_not_live(hid, call))
             raise InvalidArgument(f"{call}: range [{offset}, {offset}+{nbytes}) is outside the buffer of {a.size} bytes")
         if self._multi_gpu:
             self._set_device(a.device)
-        return a
+        return a, lease
 
-    # copies ----------------------------------------------------------------------------------
+    # copies (each queued inside its buffer's task lease) ---------------------------------------
     def copy_in(self, hid: int, offset: int, view: memoryview) -> None:
         """Host (staged Java heap array: pageable memory) to device. Returns once the host bytes
         are staged: the caller reuses its staging buffer at once."""
-        a = self._get(hid, "copy_in", offset, len(view))
-        self._counts["copies_in"] += 1
-        self._backend.copy_to_device_async(a.ptr + offset, view, a.stream)
+        a, lease = self._enter_buffer(hid, "copy_in", offset, len(view))
+        try:
+            self._counts["copies_in"] += 1
+            self._backend.copy_to_device_async(a.ptr + offset, view, a.stream)
+        finally:
+            lease.inside.remove(get_ident())
 
     def copy_out(self, hid: int, offset: int, view: memoryview) -> None:
         """Device to host (staging memory: pageable); returns when the bytes are there."""
-        a = self._get(hid, "copy_out", offset, len(view))
-        self._counts["copies_out"] += 1
-        self._backend.copy_from_device_async(view, a.ptr + offset, a.stream)
+        a, lease = self._enter_buffer(hid, "copy_out", offset, len(view))
+        try:
+            self._counts["copies_out"] += 1
+            self._backend.copy_from_device_async(view, a.ptr + offset, a.stream)
+        finally:
+            lease.inside.remove(get_ident())
 
     def copy_in_direct(self, hid: int, offset: int, address: int, view: memoryview) -> None:
         """Direct ByteBuffer to device, asynchronous on the buffer's stream when the memory is
         pinned (the Java caller keeps the ByteBuffer alive and unchanged until a synchronize)."""
-        a = self._get(hid, "copy_in", offset, len(view))
-        self._counts["copies_direct"] += 1
-        self._backend.copy_to_device_async(a.ptr + offset, self._host(address, view), a.stream)
+        a, lease = self._enter_buffer(hid, "copy_in", offset, len(view))
+        try:
+            self._counts["copies_direct"] += 1
+            self._backend.copy_to_device_async(a.ptr + offset, self._host(address, view), a.stream)
+        finally:
+            lease.inside.remove(get_ident())
 
     def copy_out_direct(self, hid: int, offset: int, address: int, view: memoryview) -> None:
-        a = self._get(hid, "copy_out", offset, len(view))
-        self._counts["copies_direct"] += 1
-        self._backend.copy_from_device_async(self._host(address, view), a.ptr + offset, a.stream)
+        a, lease = self._enter_buffer(hid, "copy_out", offset, len(view))
+        try:
+            self._counts["copies_direct"] += 1
+            self._backend.copy_from_device_async(self._host(address, view), a.ptr + offset, a.stream)
+        finally:
+            lease.inside.remove(get_ident())
 
     def copy_device(self, dst: int, dst_offset: int, src: int, src_offset: int, nbytes: int) -> None:
         """Device to device, on the destination's stream; when the source lives on another
         stream that stream's work is ordered first by recording the source on it."""
-        d = self._get(dst, "copy_device", dst_offset, nbytes)
-        s = self._get(src, "copy_device", src_offset, nbytes)
-        if s.stream != d.stream:
-            # The source's stream may still be writing it: the copy runs after its queued work.
-            # record_stream also makes the source's free wait for the copy.
-            s.record_stream(d.stream)
-            self._order_after(s.stream, d.stream)
-        self._backend.memcpy_async(d.ptr + dst_offset, s.ptr + src_offset, nbytes, d.stream)
+        d, d_lease = self._enter_buffer(dst, "copy_device", dst_offset, nbytes)
+        try:
+            s, s_lease = self._enter_buffer(src, "copy_device", src_offset, nbytes)
+            try:
+                if s.stream != d.stream:
+                    # The source's stream may still be writing it: the copy runs after its queued
+                    # work. record_stream also makes the source's free wait for the copy.
+                    s.record_stream(d.stream)
+                    self._order_after(s.stream, d.stream)
+                self._backend.memcpy_async(d.ptr + dst_offset, s.ptr + src_offset, nbytes, d.stream)
+            finally:
+                s_lease.inside.remove(get_ident())
+        finally:
+            d_lease.inside.remove(get_ident())
 
     def _order_after(self, first: int, then: int) -> None:
         """Make later work on ``then`` wait, on the device, for what is queued on ``first`` now.
@@ -253,9 +284,12 @@ class JavaHotPath:
             backend.event_destroy(ev)
 
     def memset(self, hid: int, offset: int, value: int, nbytes: int) -> None:
-        a = self._get(hid, "memset", offset, nbytes)
-        self._counts["memsets"] += 1
-        self._backend.memset_async(a.ptr + offset, value, nbytes, a.stream)
+        a, lease = self._enter_buffer(hid, "memset", offset, nbytes)
+        try:
+            self._counts["memsets"] += 1
+            self._backend.memset_async(a.ptr + offset, value, nbytes, a.stream)
+        finally:
+            lease.inside.remove(get_ident())
 
     # pinned host memory ----------------------------------------------------------------------
     def alloc_pinned(self, nbytes: int) -> int:
@@ -297,17 +331,20 @@ class JavaHotPath:
 
     # task end --------------------------------------------------------------------------------
     def forget_task(self, task: int) -> list[int]:
-        """Drop the handles of ``task``'s live allocations (before the registry reclaims them at
-        release), so that ``_live`` never keeps a released task's allocations. Returns the
-        dropped handles."""
+        """Drop the handles of ``task``'s live allocations, so that ``_live`` never keeps a
+        released task's allocations (the registry's release does this by itself, through
+        :meth:`_forget`). Returns the dropped handles."""
         try:
             b = self._binding(task)
         except UnknownTask:
             return []
+        return self._forget(b)
+
+    def _forget(self, b: "TaskBinding") -> list[int]:
         pool = self._service.memory_pool(b.gpu)
         dropped = []
         pop = self._live.pop
-        for a in pool.owned_by(task):
+        for a in pool.owned_by(b.task_id):
             hid = a.id << GPU_BITS | b.gpu
             if pop(hid, None) is not None:
                 dropped.append(hid)
