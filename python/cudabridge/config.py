@@ -14,6 +14,8 @@ from typing import Any, Mapping
 from .errors import InvalidArgument
 
 SPARK_PREFIX = "spark.cudabridge."
+MIN_LIMIT_BYTES = 2 << 20   # a byte limit below one 2 MiB chunk makes a pool in which nothing fits
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
 @dataclass(frozen=True)
@@ -38,15 +40,16 @@ class ServiceConfig:
         "streams_per_gpu": "normal-priority streams in each GPU's pool (CUDA_DEVICE_MAX_CONNECTIONS follows it, up to 32)",
         "high_priority_streams": "high-priority streams in each GPU's pool",
         "stream_policy": "how a task's stream is picked: round-robin, or idle-first (queries streams)",
-        "pool_limit": "most device memory a GPU's pool reserves: bytes (8g, 512m) or a fraction of free memory (0.9)",
+        "pool_limit": "most device memory a GPU's pool reserves: bytes (1073741824, 512m, 8g; at least 2 MiB) "
+                      "or, written with a decimal point, a fraction of free memory in (0, 1] (0.9, 1.0)",
         "pool_initial": "device memory reserved when the pool starts (bytes, 0 for none)",
         "pool_growth": "how blocks above 1 MiB get memory: segment (one expandable virtual-memory segment, "
                        "physical pieces moved out of free holes), chunks (cudaMalloc chunks), auto (segment where supported)",
         "gpu_addresses": "Spark GPU addresses this executor owns; unset: every visible GPU",
         "gpu_address_map": "explicit address:ordinal pairs, for when addresses are not visible ordinals",
         "emulated_devices": "number of GPUs the emulated backend shows",
-        "emulated_memory": "memory of each emulated GPU (bytes, 16g)",
-        "log_level": "log level of the cudabridge loggers",
+        "emulated_memory": "memory of each emulated GPU (bytes, 16g; at least 2 MiB)",
+        "log_level": "log level of the cudabridge loggers: DEBUG, INFO, WARNING, ERROR or CRITICAL",
     }
 
     def __post_init__(self) -> None:
@@ -60,23 +63,28 @@ class ServiceConfig:
             raise InvalidArgument(f"spark.cudabridge.stream_policy={self.stream_policy!r}: expected round-robin or idle-first")
         if self.pool_growth not in ("auto", "segment", "chunks"):
             raise InvalidArgument(f"spark.cudabridge.pool_growth={self.pool_growth!r}: expected auto, segment or chunks")
+        if not isinstance(self.log_level, str) or self.log_level.upper() not in LOG_LEVELS:
+            raise InvalidArgument(f"spark.cudabridge.log_level={self.log_level!r}: expected one of {', '.join(LOG_LEVELS)}")
         self.limit()  # validate
-        parse_bytes(self.pool_initial, "pool_initial")
-        parse_bytes(self.emulated_memory, "emulated_memory")
+        parse_bytes(self.pool_initial, SPARK_PREFIX + "pool_initial")
+        parse_bytes(self.emulated_memory, SPARK_PREFIX + "emulated_memory", minimum=MIN_LIMIT_BYTES)
 
     def limit(self) -> tuple[int | None, float]:
-        """(bytes, None-fraction) or (None, fraction) from ``pool_limit``."""
+        """(bytes, None-fraction) or (None, fraction) from ``pool_limit``: a number with a
+        decimal point is a fraction of free memory in (0, 1]; anything else is bytes (a bare
+        integer, or with a suffix), at least 2 MiB. ``"1"`` is one byte (refused), not all."""
         text = str(self.pool_limit).strip()
-        try:
-            value = float(text)
-        except ValueError:
-            return parse_bytes(text, "pool_limit"), 1.0
-        if 0.0 < value <= 1.0 and ("." in text or value == 1.0):
+        if "." in text:
+            try:
+                value = float(text)
+            except ValueError:
+                raise InvalidArgument(f"spark.cudabridge.pool_limit={text!r}: expected bytes (1073741824, 512m, 8g) "
+                                      f"or a fraction of free memory in (0, 1] such as 0.9") from None
+            if not 0.0 < value <= 1.0:
+                raise InvalidArgument(f"spark.cudabridge.pool_limit={text!r}: a fraction of free memory must be "
+                                      f"in (0, 1]")
             return None, value
-        nbytes = parse_bytes(text, "pool_limit")
-        if nbytes <= 0:
-            raise InvalidArgument(f"spark.cudabridge.pool_limit={text!r}: expected a positive size or a fraction in (0, 1]")
-        return nbytes, 1.0
+        return parse_bytes(text, SPARK_PREFIX + "pool_limit", minimum=MIN_LIMIT_BYTES), 1.0
 
     @classmethod
     def from_mapping(cls, conf: Mapping[str, Any], prefix: str = SPARK_PREFIX) -> "ServiceConfig":
@@ -116,7 +124,14 @@ _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "m": 1 << 20, "mb": 1 << 2
           "g": 1 << 30, "gb": 1 << 30, "t": 1 << 40, "tb": 1 << 40}
 
 
-def parse_bytes(text: Any, name: str = "size") -> int:
+MAX_BYTES = (1 << 63) - 1   # byte counts are signed 64-bit in C and Java
+
+
+def parse_bytes(text: Any, name: str = "size", minimum: int = 0) -> int:
+    """Bytes from ``1073741824``, ``512m``, ``8g`` (binary units); refused below ``minimum``
+    and at 2**63 or more."""
+    if isinstance(text, bool):
+        raise InvalidArgument(f"{name}={text!r}: expected bytes such as 1073741824, 512m or 8g")
     s = str(text).strip().lower()
     num = s.rstrip("kmgtb")
     unit = s[len(num):]
@@ -126,4 +141,9 @@ def parse_bytes(text: Any, name: str = "size") -> int:
         raise InvalidArgument(f"{name}={text!r}: expected bytes such as 1073741824, 512m or 8g") from None
     if unit not in _UNITS or value < 0:
         raise InvalidArgument(f"{name}={text!r}: expected bytes such as 1073741824, 512m or 8g")
-    return value * _UNITS[unit]
+    nbytes = value * _UNITS[unit]
+    if nbytes > MAX_BYTES:
+        raise InvalidArgument(f"{name}={text!r}: {nbytes} bytes is 2**63 or more")
+    if nbytes < minimum:
+        raise InvalidArgument(f"{name}={text!r}: {nbytes} bytes is below the least accepted, {minimum} (2 MiB)")
+    return nbytes

@@ -165,6 +165,7 @@ typedef struct {
     PyTypeObject *alloc_type;
     PyObject *pool;
     PyObject *slow, *arena_of, *bad_size, *bad_free, *free_fenced;  /* pool's Python methods */
+    PyObject *allocate_normalized, *free_normalized;  /* ... for arguments that are not exact ints */
     PyObject *live_state, *alive, *freed;  /* LIVE (block state), ALIVE / FREED (allocation) */
     PyObject *all_arenas;  /* list of every StreamArena, the pool's own */
     PyObject *stream_query;  /* backend.stream_query, or None: no cross-stream step */
@@ -183,7 +184,8 @@ static int fp_traverse(FastPath *self, visitproc visit, void *arg) {
     Py_VISIT(self->arenas); Py_VISIT(self->live); Py_VISIT(self->owners);
     Py_VISIT(self->alloc_type); Py_VISIT(self->pool); Py_VISIT(self->slow);
     Py_VISIT(self->arena_of); Py_VISIT(self->bad_size); Py_VISIT(self->bad_free);
-    Py_VISIT(self->free_fenced); Py_VISIT(self->live_state); Py_VISIT(self->alive); Py_VISIT(self->freed);
+    Py_VISIT(self->free_fenced); Py_VISIT(self->allocate_normalized); Py_VISIT(self->free_normalized);
+    Py_VISIT(self->live_state); Py_VISIT(self->alive); Py_VISIT(self->freed);
     Py_VISIT(self->all_arenas); Py_VISIT(self->stream_query);
     return 0;
 }
@@ -192,7 +194,8 @@ static int fp_clear(FastPath *self) {
     Py_CLEAR(self->arenas); Py_CLEAR(self->live); Py_CLEAR(self->owners);
     Py_CLEAR(self->alloc_type); Py_CLEAR(self->pool); Py_CLEAR(self->slow);
     Py_CLEAR(self->arena_of); Py_CLEAR(self->bad_size); Py_CLEAR(self->bad_free);
-    Py_CLEAR(self->free_fenced); Py_CLEAR(self->live_state); Py_CLEAR(self->alive); Py_CLEAR(self->freed);
+    Py_CLEAR(self->free_fenced); Py_CLEAR(self->allocate_normalized); Py_CLEAR(self->free_normalized);
+    Py_CLEAR(self->live_state); Py_CLEAR(self->alive); Py_CLEAR(self->freed);
     Py_CLEAR(self->all_arenas); Py_CLEAR(self->stream_query);
     return 0;
 }
@@ -228,9 +231,11 @@ static int fp_init(FastPath *self, PyObject *args, PyObject *kwds) {
     PyObject *bad_size = PyObject_GetAttrString(pool, "_bad_size");
     PyObject *bad_free = PyObject_GetAttrString(pool, "_bad_free");
     PyObject *free_fenced = PyObject_GetAttrString(pool, "_free_fenced");
-    if (!slow || !arena_of || !bad_size || !bad_free || !free_fenced) {
+    PyObject *allocate_normalized = PyObject_GetAttrString(pool, "_allocate_normalized");
+    PyObject *free_normalized = PyObject_GetAttrString(pool, "_free_normalized");
+    if (!slow || !arena_of || !bad_size || !bad_free || !free_fenced || !allocate_normalized || !free_normalized) {
         Py_XDECREF(slow); Py_XDECREF(arena_of); Py_XDECREF(bad_size); Py_XDECREF(bad_free);
-        Py_XDECREF(free_fenced);
+        Py_XDECREF(free_fenced); Py_XDECREF(allocate_normalized); Py_XDECREF(free_normalized);
         return -1;
     }
     fp_clear(self);
@@ -244,6 +249,7 @@ static int fp_init(FastPath *self, PyObject *args, PyObject *kwds) {
     Py_INCREF(freed); self->freed = freed;
     self->slow = slow; self->arena_of = arena_of; self->bad_size = bad_size;
     self->bad_free = bad_free; self->free_fenced = free_fenced;
+    self->allocate_normalized = allocate_normalized; self->free_normalized = free_normalized;
     Py_INCREF(all_arenas); self->all_arenas = all_arenas;
     Py_INCREF(stream_query); self->stream_query = stream_query;
     self->max_request = max_request;
@@ -472,6 +478,10 @@ static PyObject *fp_allocate(FastPath *self, PyObject *const *args, Py_ssize_t n
     if (parse_allocate(args, nargs, kwnames, vals) < 0)
         return NULL;
     PyObject *size = vals[0], *stream = vals[1], *owner = vals[2];
+    /* Not exact ints (bool, float, an int subclass, unhashable): the pool's Python side makes
+     * them exact or refuses them, then calls this again. A dict would take True or 1.0 for 1. */
+    if (!PyLong_CheckExact(size) || !PyLong_CheckExact(stream) || (owner != Py_None && !PyLong_CheckExact(owner)))
+        return PyObject_Vectorcall(self->allocate_normalized, vals, 3, NULL);
 
     PyObject *arena = resolve_arena(self, stream, s_allocate);
     if (arena == NULL)
@@ -617,6 +627,9 @@ static PyObject *fp_free(FastPath *self, PyObject *const *args, Py_ssize_t nargs
     if (stream == Py_None) {
         arena = Py_TYPE(a) == self->alloc_type ? ((AllocationBase *)a)->arena : NULL;
         Py_XINCREF(arena);
+    } else if (!PyLong_CheckExact(stream)) {
+        PyObject *fargs[2] = {a, stream};
+        return PyObject_Vectorcall(self->free_normalized, fargs, 2, NULL);
     } else {
         arena = resolve_arena(self, stream, s_free);
         if (arena == NULL)

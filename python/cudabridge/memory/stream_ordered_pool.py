@@ -36,9 +36,10 @@ from __future__ import annotations
 
 import itertools
 import logging
+import operator
 import threading
 from collections import deque
-from typing import Hashable, Iterable
+from typing import Iterable
 
 from ..device import LEGACY_STREAM, PER_THREAD_STREAM, DeviceAllocationFailed, DeviceBackend
 from ..errors import InvalidArgument, InvalidFree, OutOfDeviceMemory, PoolClosed, UnknownStream
@@ -64,6 +65,34 @@ CHUNK_GRANULE = 2 << 20
 REUSE_POLICIES = ("event-deferred", "naive")
 FAST_PATHS = ("auto", "native", "python")
 GROWTHS = ("auto", "segment", "chunks")   # how blocks above SMALL_REQUEST get memory
+MAX_BYTES = (1 << 63) - 1       # sizes and limits are signed 64-bit byte counts (C, Java)
+MAX_HANDLE = (1 << 64) - 1      # stream handles are pointers (cudaStream_t)
+
+
+def index_int(value: object, what: str, kind: str = "an int") -> int:
+    """``value`` as an int: any ``operator.index()`` type except ``bool`` (``True`` is not 1 byte
+    nor stream 1, and ``1.0`` is not an int: a dict would take either for 1)."""
+    if value.__class__ is int:
+        return value  # type: ignore[return-value]
+    if isinstance(value, bool):
+        raise InvalidArgument(f"{what} must be {kind}, got a bool ({value!r})")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise InvalidArgument(f"{what} must be {kind}, got {type(value).__name__}") from None
+
+
+def stream_handle(value: object) -> int:
+    """A stream handle: an int in [0, 2**64) (0, 1 and 2 are the default streams)."""
+    h = index_int(value, "stream", "an int handle")
+    if not 0 <= h <= MAX_HANDLE:
+        raise InvalidArgument(f"stream handle {h} is not a cudaStream_t (an address in [0, 2**64))")
+    return h
+
+
+def owner_key(value: object) -> int | None:
+    """An owner: None or an int (a Spark task attempt id)."""
+    return None if value is None else index_int(value, "owner (a task attempt id)")
 
 
 class StreamOrderedMemoryPool:
@@ -96,12 +125,16 @@ class StreamOrderedMemoryPool:
             raise InvalidArgument(f"unknown fast_path {fast_path!r}; expected one of {FAST_PATHS}")
         if reuse_policy not in REUSE_POLICIES:
             raise InvalidArgument(f"unknown reuse_policy {reuse_policy!r}; expected one of {REUSE_POLICIES}")
-        if limit_bytes is not None and (not isinstance(limit_bytes, int) or limit_bytes <= 0):
-            raise InvalidArgument(f"limit_bytes must be a positive int, got {limit_bytes!r}")
-        if not 0.0 < limit_fraction <= 1.0:
-            raise InvalidArgument(f"limit_fraction must be in (0, 1], got {limit_fraction!r}")
-        if not isinstance(initial_bytes, int) or initial_bytes < 0:
-            raise InvalidArgument(f"initial_bytes must be a non-negative int, got {initial_bytes!r}")
+        if limit_bytes is not None:
+            limit_bytes = index_int(limit_bytes, "limit_bytes")
+            if not 0 < limit_bytes <= MAX_BYTES:
+                raise InvalidArgument(f"limit_bytes must be a positive int below 2**63, got {limit_bytes!r}")
+        if isinstance(limit_fraction, bool) or not isinstance(limit_fraction, (int, float)) \
+                or not 0.0 < limit_fraction <= 1.0:
+            raise InvalidArgument(f"limit_fraction must be a number in (0, 1], got {limit_fraction!r}")
+        initial_bytes = index_int(initial_bytes, "initial_bytes")
+        if not 0 <= initial_bytes <= MAX_BYTES:
+            raise InvalidArgument(f"initial_bytes must be a non-negative int below 2**63, got {initial_bytes!r}")
         self.backend = backend
         self.device = device
         self.reuse_policy = reuse_policy
@@ -109,9 +142,12 @@ class StreamOrderedMemoryPool:
         self._lock = threading.Lock()
         self._closed = False
         with self._on_device():
+            free, total = backend.mem_get_info()
             if limit_bytes is None:
-                free, _total = backend.mem_get_info()
                 limit_bytes = max(ALIGNMENT, int(free * limit_fraction) // ALIGNMENT * ALIGNMENT)
+        # A limit above the device's memory is allowed (growth fails there, then OOM), but
+        # address space is reserved for what the device can hold, not for the limit.
+        self._device_total = total
         if initial_bytes > limit_bytes:
             raise InvalidArgument(f"initial_bytes {initial_bytes} exceeds the pool limit {limit_bytes}")
         self.limit = limit_bytes
@@ -129,7 +165,7 @@ class StreamOrderedMemoryPool:
             self._add_arena(handle, "pool")
 
         self._live: set[Allocation] = set()
-        self._owners: dict[Hashable, dict[Allocation, None]] = {}
+        self._owners: dict[int, dict[Allocation, None]] = {}
         self._ids = itertools.count(1)
         self._ledger = UsageLedger()
         self._ledger_add = self._ledger.add
@@ -198,7 +234,8 @@ class StreamOrderedMemoryPool:
 
     # streams ---------------------------------------------------------------------------------
     def _add_arena(self, handle: int, kind: str) -> StreamArena:
-        if not isinstance(handle, int) or handle in (0, LEGACY_STREAM, PER_THREAD_STREAM):
+        handle = stream_handle(handle)
+        if handle in (0, LEGACY_STREAM, PER_THREAD_STREAM):
             raise InvalidArgument(f"stream handle {handle!r} cannot be added: 0, 1 and 2 are the default streams")
         if handle in self._arenas:
             raise InvalidArgument(f"stream {handle:#x} is already accepted by the pool of GPU {self.device}")
@@ -241,8 +278,10 @@ class StreamOrderedMemoryPool:
         return stream in self._arenas or stream == PER_THREAD_STREAM
 
     def _arena_of(self, stream: int, call: str) -> StreamArena:
-        if isinstance(stream, bool) or not isinstance(stream, int):
-            raise InvalidArgument(f"{call}: stream must be an int handle, got {type(stream).__name__}")
+        try:
+            stream = stream_handle(stream)
+        except InvalidArgument as exc:
+            raise InvalidArgument(f"{call}: {exc}") from None
         arena = self._arenas.get(stream)
         if arena is not None:
             return arena
@@ -257,22 +296,20 @@ class StreamOrderedMemoryPool:
                     self._all_arenas.append(arena)
                 self._local.ptds = arena
             return arena
-        if isinstance(stream, int) and not isinstance(stream, bool):
-            raise UnknownStream(f"{call}: stream {stream:#x} is not a stream of GPU {self.device}'s pool, the "
-                                f"legacy or per-thread default stream, or a registered stream")
-        raise InvalidArgument(f"{call}: stream must be an int handle, got {type(stream).__name__}")
+        raise UnknownStream(f"{call}: stream {stream:#x} is not a stream of GPU {self.device}'s pool, the "
+                            f"legacy or per-thread default stream, or a registered stream")
 
     # allocate --------------------------------------------------------------------------------
-    def allocate(self, size: int, stream: int, owner: Hashable | None = None) -> Allocation:
+    def allocate(self, size: int, stream: int, owner: int | None = None) -> Allocation:
         """``size`` bytes, 256-byte aligned, usable in stream order on ``stream``. ``owner`` (a
-        task attempt id, say) lets :meth:`release_owner` reclaim whatever it leaks."""
-        try:
-            arena = self._arenas.get(stream)
-        except TypeError:  # unhashable: _arena_of says what is wrong
-            arena = None
+        task attempt id, say) lets :meth:`release_owner` reclaim whatever it leaks. ``size``,
+        ``stream`` and ``owner`` take any ``operator.index()`` type except ``bool``."""
+        if size.__class__ is not int or stream.__class__ is not int or (owner is not None and owner.__class__ is not int):
+            return self._allocate_normalized(size, stream, owner)
+        arena = self._arenas.get(stream)
         if arena is None:
             arena = self._arena_of(stream, "allocate")
-        if size.__class__ is not int or size <= 0 or size > self._max_request:
+        if size <= 0 or size > self._max_request:
             self._bad_size(size)
         r = (size + 255) & -256
         lst = arena.bins.get(r)
@@ -299,6 +336,19 @@ class StreamOrderedMemoryPool:
         if not aid & 0x3FFF:
             self._ledger.fold()
         return a
+
+    def _allocate_normalized(self, size: object, stream: object, owner: object) -> Allocation:
+        """``allocate`` with arguments that are not exact ints: made exact (or refused, before
+        anything changes), then the fast path again (C or Python, whichever is installed)."""
+        self._arena_of(stream, "allocate")   # refuses a bad or unknown stream first, as allocate does
+        size = index_int(size, "allocation size")
+        owner = owner_key(owner)
+        return self.allocate(size, stream_handle(stream), owner)
+
+    def _free_normalized(self, a: Allocation, stream: object) -> None:
+        """``free`` with a stream that is not an exact int: made exact or refused first."""
+        self._arena_of(stream, "free")
+        return self.free(a, stream_handle(stream))
 
     def _bad_size(self, size: object) -> None:
         if isinstance(size, bool) or not isinstance(size, int):
@@ -480,7 +530,7 @@ class StreamOrderedMemoryPool:
         return blk
 
     def _new_segment(self, r: int) -> Chunk:
-        seg = Segment(self.backend, max(2 * self.limit, r), self._granularity)
+        seg = Segment(self.backend, max(2 * min(self.limit, self._device_total), r), self._granularity)
         chunk = Chunk(seg.ptr, 0, False, seg)
         self._chunks.append(chunk)
         self._segment_chunk = chunk
@@ -557,11 +607,10 @@ class StreamOrderedMemoryPool:
         allocated on, plus any recorded with :meth:`record_stream`)."""
         if stream is None:
             arena = a._arena if a.__class__ is Allocation else None
+        elif stream.__class__ is not int:
+            return self._free_normalized(a, stream)
         else:
-            try:
-                arena = self._arenas.get(stream)
-            except TypeError:
-                arena = None
+            arena = self._arenas.get(stream)
             if arena is None:
                 arena = self._arena_of(stream, "free")
         try:
@@ -574,6 +623,7 @@ class StreamOrderedMemoryPool:
             if owned is not None:
                 owned.pop(a, None)
         blk = a._block
+        nbytes = blk.size   # read before the block is visible to other threads: a taker may cut it
         if a._extra is not None or arena.eager or self._naive:
             self._free_fenced(a, blk, arena)
         else:
@@ -586,7 +636,7 @@ class StreamOrderedMemoryPool:
             arena.recent.append(blk)
             if len(arena.recent) > arena.trim_at:
                 self._trim_recent(arena)
-        self._ledger_add(-blk.size)
+        self._ledger_add(-nbytes)
 
     def _bad_free(self, a: object) -> None:
         if not isinstance(a, Allocation):
@@ -656,9 +706,13 @@ class StreamOrderedMemoryPool:
             a._extra.append(arena)
 
     # owners ----------------------------------------------------------------------------------
-    def release_owner(self, owner: Hashable) -> tuple[int, int]:
+    def release_owner(self, owner: int) -> tuple[int, int]:
         """Free everything ``owner`` still holds, asynchronously on the streams it used, and
-        return (allocations, bytes) reclaimed: the owner's leaks."""
+        return (allocations, bytes) reclaimed: the owner's leaks.
+
+        The caller excludes allocations for ``owner`` while this runs (the TaskRegistry does,
+        with its task leases): one made concurrently may be missed."""
+        owner = owner_key(owner)
         owned = self._owners.pop(owner, None)
         count = nbytes = 0
         if not owned:
@@ -674,12 +728,13 @@ class StreamOrderedMemoryPool:
                 continue
             a._state = RELEASED
             blk = a._block
+            size = blk.size   # before the block is visible to other threads (a taker may cut it)
             if a._extra is not None or a._arena.eager or self._naive:
                 self._free_fenced(a, blk, a._arena)
             else:
                 blk.epoch = a._arena.epoch
                 a._arena.push(blk)
-            self._ledger_add(-blk.size)
+            self._ledger_add(-size)
             count += 1
             nbytes += a.size
         if count:
@@ -690,8 +745,8 @@ class StreamOrderedMemoryPool:
                         self.device, count, nbytes, owner)
         return count, nbytes
 
-    def owned_by(self, owner: Hashable) -> list[Allocation]:
-        return list(self._owners.get(owner, {}))
+    def owned_by(self, owner: int) -> list[Allocation]:
+        return list(self._owners.get(owner_key(owner), {}))
 
     # polling and reclaiming (lock held) ------------------------------------------------------
     def _advance(self, arena: StreamArena) -> int:
@@ -924,7 +979,9 @@ class StreamOrderedMemoryPool:
             free_in_arenas = sum(b.size for arena in self._all_arenas for b in arena.free_blocks())
             return PoolStatistics(
                 device=self.device,
-                in_use_bytes=self._ledger.in_use,
+                # a closed pool lends nothing: close() dropped every allocation and returned all
+                # memory; an allocate or free that raced the close may not have counted itself
+                in_use_bytes=0 if self._closed else self._ledger.in_use,
                 peak_in_use_bytes=self._ledger.peak,
                 reserved_bytes=self.reserved,
                 peak_reserved_bytes=self.peak_reserved,
@@ -934,7 +991,7 @@ class StreamOrderedMemoryPool:
                 waiting_on_events_bytes=self._waiting_bytes(),
                 largest_free_block_bytes=max(self._small.largest(), self._large.largest(), self._largest_in_arenas()),
                 allocations=self._ids_issued(),
-                live_allocations=len(self._live),
+                live_allocations=0 if self._closed else len(self._live),
                 events_created=self._events.created,
                 streams_accepted=len(self._all_arenas),
                 **self._counters_now(),
