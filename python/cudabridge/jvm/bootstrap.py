@@ -5,7 +5,9 @@ called ``CudaBridge.start``, with the GIL held. It
 
 1. binds JPype to the running JVM: JPype 1.7 cannot attach by itself; our library exports
    ``JNI_CreateJavaVM`` / ``JNI_GetCreatedJavaVMs`` returning the running VM, and
-   ``jpype.startJVM(jvmpath=<our library>)`` "starts" that one (FIELD-NOTES);
+   ``jpype.startJVM(jvmpath=<our library>)`` "starts" that one (FIELD-NOTES), then takes out the
+   JVM shutdown hook JPype registered (it interrupts the JVM's other threads at exit and stops
+   Python calls while Spark's hooks still make them: :func:`_remove_jpype_exit_hook`);
 2. creates the :class:`~cudabridge.service.CudaBridgeService` from the ``spark.cudabridge.*``
    keys Java passed;
 3. hands Java the control plane (a JPype proxy) through ``NativeBridge.installControl``;
@@ -48,6 +50,78 @@ def _bind_jpype(library: str) -> None:
     # JPype install Java signal handlers that hand ^C to Python. The JVM owns the signals. The
     # JVM options JPype builds are ignored: the VM exists already.
     jpype.startJVM(jvmpath=library, interrupt=True, classpath=[])
+    _remove_jpype_exit_hook()
+
+
+def _remove_jpype_exit_hook() -> bool:
+    """Takes out the JVM shutdown hook that ``jpype.startJVM`` registered; returns whether it did.
+
+    JPype assumes the JVM is Python's: its hook (``org.jpype.JPypeContext.shutdown``) interrupts
+    every non-daemon thread but its own, then stops all calls between Python and Java and frees
+    JPype's resources. Here the JVM is Spark's, and its shutdown runs concurrently with that hook:
+    the thread interrupted is Hadoop's ``ShutdownHookManager`` thread, which waits (interruptibly,
+    ``FutureTask.get``) for Spark's shutdown hook; it stops waiting, logs ``ShutdownHook ''
+    failed, java.lang.InterruptedException`` (``'ClientFinalizer'`` when the interrupt lands while
+    it waits for that hook instead) and goes on while Spark's hook, which shuts the executor plugin
+    and this service down, still runs and may find JPype stopped under it (measured: the service's
+    shutdown failed with ``Proxy called during shutdown`` in about one exit in four when Spark's
+    hook ran it). Any other shutdown hook of the JVM that sleeps or waits is interrupted the same
+    way. Python is never finalized here and the process ends with the JVM, so the hook has nothing
+    to clean up for us.
+
+    One consequence: JPype redirects ``java.lang.Runtime.addShutdownHook`` called *from Python* to
+    its own list, which only that hook ran; such hooks no longer run. Register them from Java (or
+    with Spark's or Hadoop's ShutdownHookManager).
+
+    Needs ``java.lang`` open to the class path (Spark's launcher passes
+    ``--add-opens=java.base/java.lang=ALL-UNNAMED`` to drivers and executors); without it the hook
+    stays, as before, and this says so at debug level.
+    """
+    from jpype import JClass, synchronized
+
+    try:
+        Class = JClass("java.lang.Class")
+        hooks_class = Class.forName("java.lang.ApplicationShutdownHooks")
+        field = hooks_class.getDeclaredField("hooks")
+        field.setAccessible(True)
+        with synchronized(hooks_class):   # ApplicationShutdownHooks' own lock
+            hooks = field.get(None)
+            threads = [] if hooks is None else list(hooks.keySet())
+        runtime = JClass("java.lang.Runtime").getRuntime()
+        removed = False
+        for thread in threads:
+            task = _runnable_of(thread)
+            if task is not None and str(task.getClass().getName()).startswith("org.jpype."):
+                removed = bool(runtime.removeShutdownHook(thread)) or removed
+        if not removed:
+            log.debug("JPype's JVM shutdown hook not found among %d hooks; left as it is", len(threads))
+        return removed
+    except Exception as exc:  # noqa: BLE001  (JPype's hook then stays, as it was)
+        log.debug("JPype's JVM shutdown hook left in place: %s", exc)
+        return False
+
+
+def _runnable_of(thread: Any) -> Any:
+    """The Runnable a (not started) Thread will run: its ``target`` field up to JDK 18, its
+    ``holder.task`` from JDK 19; None if neither is readable."""
+    from jpype import JClass
+
+    Thread = JClass("java.lang.Thread")
+    for path in (("target",), ("holder", "task")):
+        try:
+            obj, cls = thread, Thread.class_
+            for name in path:
+                f = cls.getDeclaredField(name)
+                f.setAccessible(True)
+                obj = f.get(obj)
+                if obj is None:
+                    break
+                cls = obj.getClass()
+            else:
+                return obj
+        except Exception:  # noqa: BLE001  (the other layout)
+            continue
+    return None
 
 
 def start(library: str, conf_json: str) -> Any:
