@@ -163,6 +163,18 @@ public final class CudaBridgeExecutorPlugin implements ExecutorPlugin {
         if (b != null) {
             b.shutdown();
             report(); // the final numbers, best effort (the driver may be gone)
+            // Through slf4j, not TaskBinder's java.util.logging: when this runs in a shutdown hook
+            // (Spark's, when the application exits without spark.stop(), or an executor's on
+            // SIGTERM) the JDK's LogManager hook may have reset java.util.logging already, and
+            // TaskBinder's own lines are lost.
+            String failed = b.shutdownFailure();
+            if (failed != null) {
+                LOG.warn("cudabridge: executor {} service shutdown failed: {}", b.executorId(), TaskBinder.oneLine(failed));
+            }
+            Map<String, Long> s = b.statistics();
+            LOG.info("cudabridge: executor {} plugin shut down: {} task attempt(s) released, {} leaked buffer(s) reclaimed",
+                    b.executorId(), s.getOrDefault("plugin_tasks_released", 0L),
+                    s.getOrDefault("plugin_leaked_allocations", 0L));
         }
     }
 }

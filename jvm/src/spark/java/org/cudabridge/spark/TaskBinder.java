@@ -79,6 +79,7 @@ public final class TaskBinder {
     private volatile Map<String, Long> snapshot = Collections.emptyMap();
     private volatile long snapshotAt;
     private volatile boolean shutDown;
+    private volatile String shutdownFailure;   // why the service's shutdown failed, or null
 
     // While tasks come and go the lifecycle thread wakes every POLL_NANOS and does all that was
     // queued meanwhile, in one batch:
@@ -524,7 +525,8 @@ public final class TaskBinder {
             try {
                 bridge.shutdown();
             } catch (Throwable t) {
-                LOG.warning("cudabridge: shutdown of executor " + executorId + "'s service failed: " + oneLine(describe(t)));
+                shutdownFailure = describe(t);
+                LOG.warning("cudabridge: shutdown of executor " + executorId + "'s service failed: " + oneLine(shutdownFailure));
             }
         }
         Map<String, Long> s = snapshot;
@@ -534,4 +536,8 @@ public final class TaskBinder {
     }
 
     public boolean isShutDown() { return shutDown; }
+
+    /** Why the service's shutdown failed (it threw), or null: also for a caller that logs through
+     *  something other than this class's java.util.logging, which the JDK resets at JVM exit. */
+    public String shutdownFailure() { return shutdownFailure; }
 }
