@@ -28,13 +28,15 @@ import org.cudabridge.spark.TaskBinder;
  *   --conf spark.driver.extraClassPath=$CP --conf spark.executor.extraClassPath=$CP \
  *   --conf spark.plugins=org.cudabridge.spark.CudaBridgePlugin \
  *   cudabridge-examples.jar [--partitions 64] [--elements 16384] [--no-leak] [--fail-first-attempt 3,7]
- *   [--work gpu|host|stream] [--rounds 1] [--summary-json out.json] [--linger-ms 0]
+ *   [--work gpu|host|stream] [--rounds 1] [--summary-json out.json] [--linger-ms 0] [--no-stop]
  * </pre>
  *
  * {@code --work host} runs the same data and checks on the host with no GPU call (the
  * benchmark's plugin-overhead baseline; it runs with or without the plugin); {@code --work stream}
  * does the same and asks for the task's stream once (the least a GPU task does: the plugin then
- * binds and releases every task in Python).
+ * binds and releases every task in Python). {@code --no-stop} leaves {@code spark.stop()} to
+ * Spark's shutdown hook, as many applications do: the plugin and the service then shut down while
+ * the JVM exits.
  */
 public final class GpuPartitionJob {
     private GpuPartitionJob() {}
@@ -47,6 +49,7 @@ public final class GpuPartitionJob {
         int rounds = 1;
         String summaryJson = null;
         long lingerMs = 0;
+        boolean stop = true;
         Set<Integer> failFirst = new HashSet<>();
         for (int i = 0; i < args.length; i++) {
             switch (args[i]) {
@@ -57,6 +60,7 @@ public final class GpuPartitionJob {
                 case "--rounds": rounds = Integer.parseInt(args[++i]); break;
                 case "--summary-json": summaryJson = args[++i]; break;
                 case "--linger-ms": lingerMs = Long.parseLong(args[++i]); break;
+                case "--no-stop": stop = false; break;
                 case "--fail-first-attempt": failFirst.addAll(PartitionWork.partitions(args[++i])); break;
                 default:
                     throw new IllegalArgumentException("unknown argument " + args[i] + "; see the class comment");
@@ -116,7 +120,9 @@ public final class GpuPartitionJob {
         if (lingerMs > 0) {
             Thread.sleep(lingerMs); // lets periodic metrics sinks report the final numbers
         }
-        spark.stop();
+        if (stop) {
+            spark.stop();
+        }
         if ((Integer) s.get("verify_failures") != 0) {
             System.exit(1);
         }
