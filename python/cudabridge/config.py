@@ -31,6 +31,7 @@ class ServiceConfig:
     gpu_address_map: str | None = None    # explicit "address:ordinal,..." override
     emulated_devices: int = 1             # GPUs the emulated backend shows
     emulated_memory: str = "16g"          # memory of each emulated GPU
+    host_wait_timeout: str = "300"        # seconds the pool waits for a stream before it gives up
     log_level: str = "INFO"
     extra: Mapping[str, Any] = field(default_factory=dict)
 
@@ -49,6 +50,8 @@ class ServiceConfig:
         "gpu_address_map": "explicit address:ordinal pairs, for when addresses are not visible ordinals",
         "emulated_devices": "number of GPUs the emulated backend shows",
         "emulated_memory": "memory of each emulated GPU (bytes, 16g; at least 2 MiB)",
+        "host_wait_timeout": "seconds the pool waits for a stream to finish before an allocation fails with "
+                             "HostWaitTimeout naming it (instead of hanging on a hung stream)",
         "log_level": "log level of the cudabridge loggers: DEBUG, INFO, WARNING, ERROR or CRITICAL",
     }
 
@@ -65,9 +68,21 @@ class ServiceConfig:
             raise InvalidArgument(f"spark.cudabridge.pool_growth={self.pool_growth!r}: expected auto, segment or chunks")
         if not isinstance(self.log_level, str) or self.log_level.upper() not in LOG_LEVELS:
             raise InvalidArgument(f"spark.cudabridge.log_level={self.log_level!r}: expected one of {', '.join(LOG_LEVELS)}")
+        self.wait_timeout_s()  # validate
         self.limit()  # validate
         parse_bytes(self.pool_initial, SPARK_PREFIX + "pool_initial")
         parse_bytes(self.emulated_memory, SPARK_PREFIX + "emulated_memory", minimum=MIN_LIMIT_BYTES)
+
+    def wait_timeout_s(self) -> float:
+        """``host_wait_timeout`` in seconds: a positive number."""
+        try:
+            value = float(str(self.host_wait_timeout).strip())
+        except ValueError:
+            value = float("nan")
+        if not 0 < value < float("inf"):
+            raise InvalidArgument(f"spark.cudabridge.host_wait_timeout={self.host_wait_timeout!r}: expected a positive "
+                                  f"number of seconds such as 300 or 0.5")
+        return value
 
     def limit(self) -> tuple[int | None, float]:
         """(bytes, None-fraction) or (None, fraction) from ``pool_limit``: a number with a

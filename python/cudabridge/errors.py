@@ -35,6 +35,13 @@ class UnknownTask(InvalidArgument):
     """A Spark task attempt id that is not bound."""
 
 
+# Errors after which the CUDA context is unusable: every later call in the process returns the
+# same error (the runtime's and the driver's codes agree): illegal address, launch timeout,
+# device-side assert, hardware stack error, illegal instruction, misaligned address, invalid
+# address space, invalid PC, launch failure, uncorrectable ECC error.
+STICKY_CODES = frozenset({700, 702, 710, 714, 715, 716, 717, 718, 719, 214})
+
+
 class CudaError(CudaBridgeError):
     """A CUDA call returned an error code. ``call`` names the call, ``code`` is the raw code."""
 
@@ -46,6 +53,20 @@ class CudaError(CudaBridgeError):
         if detail:
             message += f": {detail}"
         super().__init__(message)
+
+    @property
+    def sticky(self) -> bool:
+        """Whether the CUDA context is unusable after this error (only a new process recovers)."""
+        return self.code in STICKY_CODES
+
+
+class HostWaitTimeout(CudaBridgeError):
+    """A host wait for a stream passed its deadline (``host_wait_timeout``): the stream has not
+    finished work queued before the wait; it may be hung. Nothing was changed by the wait."""
+
+
+class DeviceUnusable(CudaBridgeError):
+    """The GPU's CUDA context is unusable after a sticky error; the executor must be replaced."""
 
 
 class OutOfDeviceMemory(CudaBridgeError, MemoryError):
@@ -74,3 +95,8 @@ class OutOfDeviceMemory(CudaBridgeError, MemoryError):
             f"in use {in_use}, reserved {reserved} of limit {limit}, "
             f"largest free block {largest_free}, waiting on events {waiting_on_events}"
         )
+
+
+class StreamOrderRace(CudaBridgeError):
+    """A device access not ordered after a conflicting earlier one, found by the emulated
+    backend's race detector."""

@@ -15,7 +15,7 @@ from typing import Any
 
 from .config import ServiceConfig, parse_bytes
 from .device import DeviceBackend, open_backend
-from .errors import PoolClosed
+from .errors import CudaError, DeviceUnusable, PoolClosed
 from .gpu_addresses import parse_address_map, resolve_gpu_addresses
 from .memory import Allocation, PoolStatistics, StreamOrderedMemoryPool
 from .stream_pool import StreamPool, ensure_hardware_queues
@@ -74,7 +74,8 @@ class CudaBridgeService:
                 try:
                     memory = StreamOrderedMemoryPool(backend, ordinal, streams.handles, limit_bytes=limit_bytes,
                                                      limit_fraction=fraction, initial_bytes=initial,
-                                                     growth=config.pool_growth)
+                                                     growth=config.pool_growth,
+                                                     host_wait_timeout_s=config.wait_timeout_s())
                 except BaseException:
                     streams.close()
                     raise
@@ -90,6 +91,7 @@ class CudaBridgeService:
         self.registry = TaskRegistry(gpus)
         self._by_address = {res.address: res.ordinal for res in gpus.values()}
         self._closed = False
+        self._unusable: CudaError | None = None   # the sticky error that made a GPU unusable
         self._lock = threading.Lock()
         log.info("cudabridge service up: backend %s, GPUs %s, %d+%d streams each",
                  backend.name, {a: o for a, o in mapping.items()}, config.streams_per_gpu, config.high_priority_streams)
@@ -106,6 +108,7 @@ class CudaBridgeService:
 
     def bind_task(self, task_id: int, gpu_address: str | None = None, priority: str = "normal") -> TaskBinding:
         self._check_open("bind_task")
+        self._check_usable("bind_task")
         ordinal = None if gpu_address is None else self.ordinal_of(gpu_address)
         return self.registry.bind(task_id, ordinal, priority)
 
@@ -113,7 +116,53 @@ class CudaBridgeService:
         return self.registry.unbind(task_id)
 
     def allocate(self, task_id: int, size: int) -> Allocation:
-        return self.registry.allocate(task_id, size)
+        if self._unusable is not None:
+            self._check_usable("allocate")
+        try:
+            return self.registry.allocate(task_id, size)
+        except CudaError as exc:
+            if exc.sticky:
+                self._mark_unusable(exc)
+                self._check_usable("allocate")
+            raise
+
+    # device health ---------------------------------------------------------------------------
+    def device_error(self) -> CudaError | None:
+        """The sticky CUDA error that made one of the executor's GPUs unusable, or None.
+
+        After such an error (an illegal address, a launch failure, an uncorrectable ECC error)
+        every call in the process fails: only a new process recovers, so the executor plugin asks
+        Spark for a new executor. Probes each GPU with one cheap call (``cudaMemGetInfo``, which
+        returns the sticky error) until one is found, then remembers it: from then on
+        ``bind_task`` and ``allocate`` fail fast with :class:`DeviceUnusable` naming it."""
+        if self._unusable is None and not self._closed:
+            backend = self.backend
+            prev = backend.get_device()
+            try:
+                for ordinal in self.gpus:
+                    try:
+                        backend.set_device(ordinal)
+                        backend.mem_get_info()
+                    except CudaError as exc:
+                        if exc.sticky:
+                            self._mark_unusable(exc)
+                            break
+            finally:
+                try:
+                    backend.set_device(prev)
+                except CudaError:
+                    pass
+        return self._unusable
+
+    def _mark_unusable(self, exc: CudaError) -> None:
+        if self._unusable is None:
+            self._unusable = exc
+            log.error("cudabridge: the CUDA context is unusable after %s; this executor must be replaced", exc)
+
+    def _check_usable(self, call: str) -> None:
+        if self._unusable is not None:
+            raise DeviceUnusable(f"{call}: the GPU is unusable after a sticky CUDA error ({self._unusable}); "
+                                 f"only a new executor process recovers")
 
     def memory_pool(self, ordinal: int = 0) -> StreamOrderedMemoryPool:
         return self.registry.gpu(ordinal).memory

@@ -42,10 +42,11 @@ from collections import deque
 from typing import Iterable
 
 from ..device import LEGACY_STREAM, PER_THREAD_STREAM, DeviceAllocationFailed, DeviceBackend
-from ..errors import InvalidArgument, InvalidFree, OutOfDeviceMemory, PoolClosed, UnknownStream
+from ..errors import CudaError, InvalidArgument, InvalidFree, OutOfDeviceMemory, PoolClosed, UnknownStream
 from .allocation import ALIVE, CLOSED, FREED, RELEASED, Allocation
 from .block import LIVE, PENDING, SAFE, UNMAPPED, Block, Chunk
 from .event_pool import EventPool
+from .host_wait import HostWait
 from .native import load as load_native
 from .native import supported as native_supported
 from .safe_free_index import SafeFreeIndex
@@ -65,6 +66,7 @@ CHUNK_GRANULE = 2 << 20
 REUSE_POLICIES = ("event-deferred", "naive")
 FAST_PATHS = ("auto", "native", "python")
 GROWTHS = ("auto", "segment", "chunks")   # how blocks above SMALL_REQUEST get memory
+DEFAULT_HOST_WAIT_TIMEOUT_S = 300.0   # the longest the pool waits for a stream before OOM
 MAX_BYTES = (1 << 63) - 1       # sizes and limits are signed 64-bit byte counts (C, Java)
 MAX_HANDLE = (1 << 64) - 1      # stream handles are pointers (cudaStream_t)
 
@@ -118,6 +120,7 @@ class StreamOrderedMemoryPool:
         reuse_policy: str = "event-deferred",
         fast_path: str = "auto",
         growth: str = "auto",
+        host_wait_timeout_s: float | None = DEFAULT_HOST_WAIT_TIMEOUT_S,
     ) -> None:
         if growth not in GROWTHS:
             raise InvalidArgument(f"unknown growth {growth!r}; expected one of {GROWTHS}")
@@ -135,6 +138,10 @@ class StreamOrderedMemoryPool:
         initial_bytes = index_int(initial_bytes, "initial_bytes")
         if not 0 <= initial_bytes <= MAX_BYTES:
             raise InvalidArgument(f"initial_bytes must be a non-negative int below 2**63, got {initial_bytes!r}")
+        try:
+            self._wait = HostWait(backend, host_wait_timeout_s)
+        except ValueError as exc:
+            raise InvalidArgument(f"host_wait_timeout_s: {exc}") from None
         self.backend = backend
         self.device = device
         self.reuse_policy = reuse_policy
@@ -264,7 +271,7 @@ class StreamOrderedMemoryPool:
                 raise InvalidArgument(f"stream {handle:#x} still has {users} live allocation(s); free them first")
             with self._on_device():
                 cur = self._advance(arena)
-                self.backend.stream_synchronize(handle)
+                self._wait.stream(handle, f"stream {arena.name}")
                 self.counters["host_syncs"] += 1
                 arena.completed = cur
                 self._reclaim(arena)
@@ -662,7 +669,14 @@ class StreamOrderedMemoryPool:
         stamps: dict[StreamArena, int] = {}
         for user in users:
             if user.eager and user.owned_by_caller():
-                stamps[user] = self._record_eager(user)
+                try:
+                    stamps[user] = self._record_eager(user)
+                except CudaError as exc:
+                    # No fence now: the block is reusable at once on this stream only, elsewhere
+                    # once this thread's next fence (which covers every earlier stamp) completes.
+                    log.warning("GPU %d: free of %r on %s could not record its event (%s)", self.device, a,
+                                user.name, exc)
+                    stamps[user] = user.epoch
             else:
                 stamps[user] = user.epoch
         if len(stamps) == 1:
@@ -685,7 +699,11 @@ class StreamOrderedMemoryPool:
             cur = arena.epoch
             arena.epoch = cur + 1
             ev = self._events.get()
-            backend.event_record(ev, PER_THREAD_STREAM)
+            try:
+                backend.event_record(ev, PER_THREAD_STREAM)
+            except BaseException:
+                self._events.put(ev)
+                raise
             arena.fences.append((cur, ev))
         finally:
             if prev != self.device:
@@ -762,7 +780,11 @@ class StreamOrderedMemoryPool:
             arena.completed = max(arena.completed, cur)
             return
         ev = self._events.get()
-        self.backend.event_record(ev, arena.handle)
+        try:
+            self.backend.event_record(ev, arena.handle)
+        except BaseException:
+            self._events.put(ev)   # never recorded: as good as new (a later cover records anew)
+            raise
         arena.fences.append((cur, ev))
         self.counters["events_recorded"] += 1
 
@@ -942,26 +964,22 @@ class StreamOrderedMemoryPool:
         return head
 
     def _host_sync(self) -> None:
-        """The last resort: block until every stream with blocks in flight has passed them."""
+        """The last resort: block until every stream with blocks in flight has passed them, each
+        wait bounded by ``host_wait_timeout`` (HostWaitTimeout names the stream)."""
         self.counters["host_syncs"] += 1
-        need_device_sync = False
-        snapshot: list[tuple[StreamArena, int]] = []
-        for arena in self._all_arenas:
+        for arena in list(self._all_arenas):
             if not (arena.recent or arena.fences) and not any(arena in b.extra for b in self._pending):
                 continue
             if arena.can_record():
                 cur = self._advance(arena)
-                self.backend.stream_synchronize(arena.handle)
+                self._wait.stream(arena.handle, f"stream {arena.name}")
                 arena.completed = max(arena.completed, cur)
                 self._poll(arena)
-            else:
-                need_device_sync = True
-                snapshot.append((arena, arena.epoch - 1))
-        if need_device_sync:
-            self.backend.device_synchronize()
-            for arena, stamp in snapshot:
+            elif arena.fences:
+                # Another thread's per-thread stream: only that thread can name it, but each of
+                # its frees recorded a fence (_record_eager), so its latest fence covers them all.
+                self._wait.event(arena.fences[-1][1], f"stream {arena.name}")
                 self._poll(arena)
-                arena.completed = max(arena.completed, stamp)
 
     # statistics ------------------------------------------------------------------------------
     def _waiting_bytes(self) -> int:
