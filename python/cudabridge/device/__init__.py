@@ -57,9 +57,11 @@ def gpu_visible() -> tuple[bool, str]:
 
 
 def open_backend(name: str = "auto", *, emulated_devices: int | None = None,
-                 emulated_memory_bytes: int | None = None) -> DeviceBackend:
+                 emulated_memory_bytes: int | None = None, race_check: bool | None = None) -> DeviceBackend:
     """Open a backend by name. The emulated backend's shape comes from the arguments or from
-    ``CUDABRIDGE_EMULATED_DEVICES`` / ``CUDABRIDGE_EMULATED_MEMORY`` (bytes)."""
+    ``CUDABRIDGE_EMULATED_DEVICES`` / ``CUDABRIDGE_EMULATED_MEMORY`` (bytes); ``race_check``
+    turns its stream-ordering race detector on or off (``None``: ``CUDABRIDGE_EMULATED_RACE_CHECK``,
+    off when unset). The CUDA backend has no race detector and ignores it."""
     if name not in BACKEND_NAMES:
         raise InvalidArgument(f"unknown device backend {name!r}; expected one of {', '.join(BACKEND_NAMES)}")
     if name == "auto":
@@ -76,4 +78,4 @@ def open_backend(name: str = "auto", *, emulated_devices: int | None = None,
     devices = emulated_devices if emulated_devices is not None else int(os.environ.get("CUDABRIDGE_EMULATED_DEVICES", "1"))
     memory = (emulated_memory_bytes if emulated_memory_bytes is not None
               else int(os.environ.get("CUDABRIDGE_EMULATED_MEMORY", str(16 << 30))))
-    return EmulatedBackend(devices=devices, memory_bytes=memory)
+    return EmulatedBackend(devices=devices, memory_bytes=memory, race_check=race_check)

@@ -21,6 +21,24 @@ What is modelled, because the service's correctness depends on it:
 * An error inside queued work (for example an out-of-bounds kernel write) is sticky, as CUDA's
   are: every later call on that device raises it.
 
+Race detector (``race_check=True``, or ``CUDABRIDGE_EMULATED_RACE_CHECK=1`` in the environment;
+off by default, because it costs every queued call a lock and some bookkeeping): like
+compute-sanitizer's racecheck, but for stream ordering. For each range of device addresses it
+keeps the last write (stream, position in that stream) and the reads since it, and raises
+:class:`~cudabridge.errors.StreamOrderRace` (naming both streams and the byte range, and also
+appending it to ``backend.races``) for any access not ordered after a conflicting earlier one
+(write after write, write after read, read after write). What orders two accesses: the same
+stream; an event wait (``stream_wait_event`` orders after the record latest at call time); or a
+host synchronization the host observed before queueing the later access: ``stream_synchronize``,
+``event_synchronize``, ``device_synchronize``, an ``event_query`` or ``stream_query`` that said
+done, a pageable ``copy_from_device_async`` (it returns only once complete). Destroying a stream
+is not one (``cudaStreamDestroy`` does not wait). The check happens when the work is queued,
+in the caller's thread and before anything is queued, so it does not depend on timing: a race
+is reported even where the scheduling happened to hide it. Accesses: ``memcpy_async`` (writes
+dst, reads src), ``copy_to_device_async`` (writes), ``copy_from_device_async`` (reads),
+``memset_async`` and ``fill_u32_async`` (write); ``spin_async`` touches nothing. ``free``,
+``mem_unmap`` and ``va_release`` forget their range's history. Host memory is not tracked.
+
 Not modelled: the implicit synchronization of the legacy stream with blocking streams (the
 service creates only non-blocking streams, and leaving it out only makes races easier to see),
 and stream priorities (accepted and reported, not scheduled).
@@ -32,13 +50,14 @@ import bisect
 import itertools
 import logging
 import mmap
+import os
 import threading
 import time
 import uuid
 from collections import deque
 from typing import Any, Callable
 
-from ..errors import CudaError
+from ..errors import CudaError, InvalidArgument, StreamOrderRace
 from .backend import (
     DEFAULT_STREAM,
     LEGACY_STREAM,
@@ -69,13 +88,24 @@ class _EmuStream:
     """An ordered queue of host callables, run by one worker thread."""
 
     __slots__ = ("device", "handle", "priority", "_queue", "_cond", "_enqueued", "_completed",
-                 "_worker", "_closed", "kind")
+                 "_worker", "_closed", "kind", "label", "clock", "host_seen", "observed")
 
     def __init__(self, device: "_EmuDevice", handle: int, priority: int, kind: str) -> None:
         self.device = device
         self.handle = handle
         self.priority = priority
         self.kind = kind
+        if kind == "per-thread":   # made on its owner thread, on first use there
+            self.label = f"per-thread stream of thread {threading.current_thread().name!r} ({handle:#x})"
+        elif kind == "legacy":
+            self.label = f"legacy stream of GPU {device.ordinal} ({handle:#x})"
+        else:
+            self.label = f"{kind} stream {handle:#x}" + (f" of GPU {device.ordinal}" if device.ordinal else "")
+        # race detector state (unused when it is off): the frontier clock, the host clock
+        # version last joined into it, and the own position the host has last seen complete
+        self.clock: dict[int, int] = {}
+        self.host_seen = -1
+        self.observed = -1
         self._queue: deque[Callable[[], None]] = deque()
         self._cond = threading.Condition(threading.Lock())
         self._enqueued = 0
@@ -148,12 +178,14 @@ def _noop() -> None:
 
 
 class _EmuEvent:
-    __slots__ = ("device", "stream", "seq")
+    __slots__ = ("device", "stream", "seq", "clock", "observed")
 
     def __init__(self, device: "_EmuDevice") -> None:
         self.device = device
         self.stream: _EmuStream | None = None
         self.seq = 0
+        self.clock: dict[int, int] = {}   # race detector: the stream's frontier at the latest record
+        self.observed = False             # ... and whether the host clock has it already
 
     def done(self) -> bool:
         stream = self.stream
@@ -324,7 +356,8 @@ class _EmuDevice:
             # The physical pages are gone: what a later mapping shows is not what was written.
             self._chunks[res.base].madvise(mmap.MADV_DONTNEED, ptr - res.base, nbytes)
 
-    def free(self, ptr: int) -> None:
+    def free(self, ptr: int) -> int:
+        """Free a ``malloc`` result; returns the bytes it spanned."""
         if ptr in self._reservations:
             raise _fail("cudaFree", _ERR_INVALID_VALUE, f"{ptr:#x} is a reservation (cuMemAddressFree), not a cudaMalloc")
         with self._lock:
@@ -333,10 +366,12 @@ class _EmuDevice:
                 raise _fail("cudaFree", _ERR_INVALID_VALUE, f"{ptr:#x} is not an allocation of GPU {self.ordinal}")
             del self._bases[bisect.bisect_left(self._bases, ptr)]
             self.used -= len(chunk)
+        span = len(chunk)
         try:
             chunk.close()
         except BufferError:
             pass  # a view of it is still referenced (a finished op's closure); GC unmaps it
+        return span
 
     def view(self, call: str, ptr: int, nbytes: int) -> memoryview:
         """The host memory behind [ptr, ptr+nbytes), which must lie inside one allocation."""
@@ -358,14 +393,353 @@ class _EmuDevice:
                     f"[{ptr:#x}, +{nbytes}) is not inside one allocation of GPU {self.ordinal}")
 
 
+# race detector ---------------------------------------------------------------------------------
+
+RACE_CHECK_ENV = "CUDABRIDGE_EMULATED_RACE_CHECK"
+
+
+def race_check_from_env() -> bool:
+    """``CUDABRIDGE_EMULATED_RACE_CHECK``: "1" on, "0" or unset off."""
+    value = os.environ.get(RACE_CHECK_ENV, "").strip()
+    if value in ("", "0"):
+        return False
+    if value == "1":
+        return True
+    raise InvalidArgument(f"{RACE_CHECK_ENV}={value!r}: expected 1 (race detector on) or 0 (off)")
+
+
+class _Seg:
+    """A byte range [start, end) with one access history: the last write as (stream handle,
+    position in that stream, call) or None, and the reads since it as {stream handle: (position,
+    call)} or None. ``reads`` dicts are never changed once made, so segments may share them."""
+
+    __slots__ = ("start", "end", "write", "reads")
+
+    def __init__(self, start: int, end: int, write: tuple[int, int, str] | None,
+                 reads: dict[int, tuple[int, str]] | None) -> None:
+        self.start = start
+        self.end = end
+        self.write = write
+        self.reads = reads
+
+
+def _join(into: dict[int, int], clock: dict[int, int]) -> bool:
+    """``into`` = elementwise max(into, clock); whether anything grew."""
+    grew = False
+    get = into.get
+    for k, v in clock.items():
+        if get(k, 0) < v:
+            into[k] = v
+            grew = True
+    return grew
+
+
+class _RaceDetector:
+    """Stream-ordering race detection with vector clocks (see the module docstring).
+
+    A clock maps a stream's handle to a position in that stream (its 1-based sequence number of
+    queued work). Each stream has a frontier clock: everything that its next queued work is
+    ordered after. An event carries a copy of its stream's frontier at record time. The host has
+    one clock for all its threads: whatever any host thread saw complete (a synchronize, a query
+    that said done, a pageable copy back). It is one clock, not one per thread, because the pool
+    passes such knowledge between threads through plain shared memory under the GIL (a block's
+    epoch, an arena's ``completed``), with no call the backend could see; a thread that queues
+    work after another thread observed a completion is ordered after it, as the pool assumes.
+
+    Work queued on a stream gets the clock join(stream frontier, host clock) and is checked then,
+    in the caller's thread, against the last write and the reads since it of every byte it
+    touches: deterministic, whatever the timing. Everything here runs under one lock, and work
+    is queued on its stream inside it, so that clock positions are queue positions.
+    """
+
+    def __init__(self, races: list) -> None:
+        self.lock = threading.Lock()
+        self.races = races
+        self.host: dict[int, int] = {}
+        self.host_version = 0                       # bumped whenever the host clock grows
+        self.labels: dict[int, str] = {}            # stream handle -> what the messages call it
+        self.retired: dict[int, dict[int, int]] = {}  # GPU -> join of its destroyed streams' frontiers
+        self.retiring: deque[tuple[int, dict[int, int]]] = deque()  # per-thread streams closed by GC
+        self._starts: list[int] = []                # the interval map: segment starts, sorted ...
+        self._segs: list[_Seg] = []                 # ... and the segments, disjoint
+
+    def add_stream(self, s: "_EmuStream") -> None:
+        self.labels[s.handle] = s.label
+
+    # clocks ---------------------------------------------------------------------------------
+    def _frontier(self, s: "_EmuStream") -> dict[int, int]:
+        """The stream's frontier, caught up with the host clock (joined only when it changed)."""
+        clock = s.clock
+        if s.host_seen != self.host_version:
+            _join(clock, self.host)
+            s.host_seen = self.host_version
+        return clock
+
+    def _observe(self, clock: dict[int, int]) -> None:
+        if _join(self.host, clock):
+            self.host_version += 1
+
+    def observe(self, clock: dict[int, int]) -> None:
+        with self.lock:
+            self._observe(clock)
+
+    # queueing -------------------------------------------------------------------------------
+    def enqueue(self, s: "_EmuStream", op: Callable[[], None], call: str,
+                reads: tuple[tuple[int, int], ...] = (), writes: tuple[tuple[int, int], ...] = (),
+                keep_clock: bool = False) -> tuple[int, dict[int, int] | None]:
+        """Check ``op``'s accesses ((address, bytes) pairs), queue it, record them. Returns its
+        sequence number and, with ``keep_clock``, a copy of its clock."""
+        with self.lock:
+            clock = self._frontier(s)
+            for ptr, n in reads:
+                hit = self._conflict(clock, ptr, ptr + n, False)
+                if hit is not None:
+                    self._raise(s, call, "read", hit)
+            for ptr, n in writes:
+                hit = self._conflict(clock, ptr, ptr + n, True)
+                if hit is not None:
+                    self._raise(s, call, "write", hit)
+            seq = s.enqueue(op)
+            sid = s.handle
+            clock[sid] = seq
+            for ptr, n in reads:
+                self._record_read(ptr, ptr + n, sid, (seq, call), clock)
+            for ptr, n in writes:   # after the reads: a copy onto itself ends as a write
+                self._record_write(ptr, ptr + n, (sid, seq, call))
+            return seq, (dict(clock) if keep_clock else None)
+
+    def record(self, ev: "_EmuEvent", s: "_EmuStream") -> None:
+        with self.lock:
+            clock = self._frontier(s)
+            seq = s.marker()
+            clock[s.handle] = seq
+            ev.stream, ev.seq, ev.clock, ev.observed = s, seq, dict(clock), False
+
+    def wait_event(self, s: "_EmuStream", ev: "_EmuEvent") -> None:
+        with self.lock:
+            source, seq, evclock = ev.stream, ev.seq, ev.clock  # the record latest at call time
+            if source is None:
+                return
+            clock = self._frontier(s)
+            _join(clock, evclock)
+            clock[s.handle] = s.enqueue(lambda: source.wait_for(seq))
+
+    # host observations ----------------------------------------------------------------------
+    def stream_idle(self, s: "_EmuStream") -> bool:
+        """``cudaStreamQuery``: when it says done, the host has seen the stream's frontier."""
+        with self.lock:   # nothing can be queued on s meanwhile: the frontier is what is done
+            if not s.idle():
+                return False
+            own = s.clock.get(s.handle, 0)
+            if s.observed != own:
+                self._observe(s.clock)
+                s.observed = own
+            return True
+
+    def stream_snapshot(self, s: "_EmuStream") -> tuple[dict[int, int], int] | None:
+        """The frontier before a stream synchronize (None: the host has seen it already)."""
+        with self.lock:
+            own = s.clock.get(s.handle, 0)
+            if s.observed == own:
+                return None
+            return dict(s.clock), own
+
+    def stream_synchronized(self, s: "_EmuStream", snap: tuple[dict[int, int], int] | None) -> None:
+        if snap is None:
+            return
+        with self.lock:
+            self._observe(snap[0])
+            if snap[1] > s.observed:
+                s.observed = snap[1]
+
+    def event_done(self, ev: "_EmuEvent") -> bool:
+        with self.lock:   # no record can change the event meanwhile
+            if not ev.done():
+                return False
+            if not ev.observed and ev.clock:
+                self._observe(ev.clock)
+                ev.observed = True
+            return True
+
+    def event_snapshot(self, ev: "_EmuEvent") -> tuple["_EmuStream | None", int, dict[int, int]]:
+        with self.lock:
+            return ev.stream, ev.seq, ev.clock
+
+    def retire(self, s: "_EmuStream") -> None:
+        """A destroyed stream: its frontier still counts for a device synchronize."""
+        with self.lock:
+            _join(self.retired.setdefault(s.device.ordinal, {}), s.clock)
+
+    def device_snapshot(self, ordinal: int, streams: list["_EmuStream"]) -> dict[int, int]:
+        with self.lock:
+            while self.retiring:
+                dev, clock = self.retiring.popleft()
+                _join(self.retired.setdefault(dev, {}), clock)
+            snap = dict(self.retired.get(ordinal, {}))
+            for s in streams:
+                _join(snap, s.clock)
+            return snap
+
+    # the interval map -----------------------------------------------------------------------
+    def _first(self, a: int) -> int:
+        """Index of the first segment that ends after ``a``."""
+        i = bisect.bisect_right(self._starts, a) - 1
+        if i < 0 or self._segs[i].end <= a:
+            i += 1
+        return i
+
+    def _conflict(self, clock: dict[int, int], a: int, b: int, writing: bool) -> list | None:
+        """The first conflict of an access of [a, b) with ``clock``: [kind, lo, hi, earlier],
+        widened over the following segments that conflict with the same earlier access."""
+        segs = self._segs
+        get = clock.get
+        found = None
+        for i in range(self._first(a), len(segs)):
+            seg = segs[i]
+            if seg.start >= b:
+                break
+            hit = None
+            w = seg.write
+            if w is not None and get(w[0], 0) < w[1]:
+                hit = ("write-after-write" if writing else "read-after-write", w)
+            elif writing and seg.reads:
+                for rsid, (rpos, rcall) in seg.reads.items():
+                    if get(rsid, 0) < rpos:
+                        hit = ("write-after-read", (rsid, rpos, rcall))
+                        break
+            if found is None:
+                if hit is not None:
+                    found = [hit[0], max(a, seg.start), min(b, seg.end), hit[1]]
+            elif hit is not None and hit[0] == found[0] and hit[1] == found[3] and seg.start == found[2]:
+                found[2] = min(b, seg.end)
+            else:
+                break
+        return found
+
+    def _raise(self, s: "_EmuStream", call: str, verb: str, found: list) -> None:
+        kind, lo, hi, (osid, opos, ocall) = found
+        other = self.labels.get(osid, f"stream {osid:#x}")
+        other_verb = "read" if kind == "write-after-read" else "write"
+        exc = StreamOrderRace(
+            f"{kind} race on [{lo:#x}, {hi:#x}) ({hi - lo} bytes): {call} ({verb}) queued on {s.label} "
+            f"is not ordered after {ocall} ({other_verb}, work #{opos} of that stream) on {other}: neither "
+            f"stream order, nor an event wait, nor a host synchronization observed before queueing orders them")
+        exc.kind = kind
+        exc.address = lo
+        exc.nbytes = hi - lo
+        exc.stream = s.label
+        exc.other_stream = other
+        exc.call = call
+        exc.other_call = ocall
+        self.races.append(exc)
+        raise exc
+
+    def _splice(self, i: int, j: int, new: list[_Seg]) -> None:
+        """Replace segments [i, j) by ``new``, merging equal neighbours that touch."""
+        segs = self._segs
+        lo = i - 1 if i > 0 else i
+        hi = j + 1 if j < len(segs) else j
+        merged: list[_Seg] = []
+        for seg in itertools.chain(segs[lo:i], new, segs[j:hi]):
+            if merged:
+                last = merged[-1]
+                if last.end == seg.start and last.write == seg.write and last.reads == seg.reads:
+                    last.end = seg.end
+                    continue
+            merged.append(seg)
+        segs[lo:hi] = merged
+        self._starts[lo:hi] = [seg.start for seg in merged]
+
+    def _span(self, a: int, b: int) -> tuple[int, int]:
+        segs = self._segs
+        i = j = self._first(a)
+        n = len(segs)
+        while j < n and segs[j].start < b:
+            j += 1
+        return i, j
+
+    def _record_write(self, a: int, b: int, write: tuple[int, int, str]) -> None:
+        i, j = self._span(a, b)
+        new = []
+        if i < j:
+            first, last = self._segs[i], self._segs[j - 1]
+            if first.start < a:
+                new.append(_Seg(first.start, a, first.write, first.reads))
+            new.append(_Seg(a, b, write, None))
+            if last.end > b:
+                new.append(_Seg(b, last.end, last.write, last.reads))
+        else:
+            new.append(_Seg(a, b, write, None))
+        self._splice(i, j, new)
+
+    def _record_read(self, a: int, b: int, sid: int, read: tuple[int, str], clock: dict[int, int]) -> None:
+        own = {sid: read}
+        i, j = self._span(a, b)
+        new = []
+        at = a
+        for seg in self._segs[i:j]:
+            if seg.start > at:
+                new.append(_Seg(at, seg.start, None, own))
+            if seg.start < a:
+                new.append(_Seg(seg.start, a, seg.write, seg.reads))
+            lo = seg.start if seg.start > a else a
+            hi = seg.end if seg.end < b else b
+            reads = own
+            if seg.reads:
+                # A read this one is ordered after can go: a write ordered after this read is
+                # ordered after that one too. Usually this leaves only this read.
+                keep = {k: v for k, v in seg.reads.items() if clock.get(k, 0) < v[0]}
+                if keep:
+                    keep[sid] = read
+                    reads = keep
+            new.append(_Seg(lo, hi, seg.write, reads))
+            if seg.end > b:
+                new.append(_Seg(b, seg.end, seg.write, seg.reads))
+            at = hi
+        if at < b:
+            new.append(_Seg(at, b, None, own))
+        self._splice(i, j, new)
+
+    def forget(self, a: int, b: int) -> None:
+        """The memory of [a, b) is gone (freed, unmapped): its history with it."""
+        with self.lock:
+            i, j = self._span(a, b)
+            if i == j:
+                return
+            first, last = self._segs[i], self._segs[j - 1]
+            new = []
+            if first.start < a:
+                new.append(_Seg(first.start, a, first.write, first.reads))
+            if last.end > b:
+                new.append(_Seg(b, last.end, last.write, last.reads))
+            self._segs[i:j] = new
+            self._starts[i:j] = [seg.start for seg in new]
+
+    def segments(self) -> list[tuple[int, int, tuple | None, dict | None]]:
+        """The interval map, for tests: (start, end, write, reads) per segment."""
+        with self.lock:
+            return [(seg.start, seg.end, seg.write, seg.reads) for seg in self._segs]
+
+
 class EmulatedBackend(DeviceBackend):
-    """See the module docstring. ``devices`` emulated GPUs of ``memory_bytes`` each."""
+    """See the module docstring. ``devices`` emulated GPUs of ``memory_bytes`` each.
+
+    ``race_check``: run the stream-ordering race detector (``None``: as
+    ``CUDABRIDGE_EMULATED_RACE_CHECK`` says, off when unset). Races found are raised as
+    :class:`~cudabridge.errors.StreamOrderRace` and also kept in :attr:`races`.
+    """
 
     name = "emulated"
 
-    def __init__(self, devices: int = 1, memory_bytes: int = 16 << 30) -> None:
+    def __init__(self, devices: int = 1, memory_bytes: int = 16 << 30, race_check: bool | None = None) -> None:
         if devices < 1:
             raise ValueError(f"an emulated backend needs at least one device, got {devices}")
+        if race_check is None:
+            race_check = race_check_from_env()
+        #: every race the detector found, in order (also raised); a test can check it is empty
+        #: even where the code under test swallowed the exception
+        self.races: list[StreamOrderRace] = []
+        self._race: _RaceDetector | None = _RaceDetector(self.races) if race_check else None
         self._devices = [_EmuDevice(i, memory_bytes) for i in range(devices)]
         self._handles = itertools.count(0x1000, 0x10)
         self._streams: dict[int, _EmuStream] = {}
@@ -375,6 +749,11 @@ class EmulatedBackend(DeviceBackend):
         self._ptds: list[_EmuStream] = []
         self._pinned: dict[int, Any] = {}
         self._closed = False
+
+    @property
+    def race_check(self) -> bool:
+        """Whether the stream-ordering race detector is on."""
+        return self._race is not None
 
     # helpers -------------------------------------------------------------------------------
     def _current(self) -> _EmuDevice:
@@ -396,6 +775,8 @@ class EmulatedBackend(DeviceBackend):
             with self._lock:
                 if dev.legacy is None:
                     dev.legacy = _EmuStream(dev, next(self._handles), 0, "legacy")
+                    if self._race is not None:
+                        self._race.add_stream(dev.legacy)
                 stream = dev.legacy
         else:
             stream = self._streams.get(handle)
@@ -437,6 +818,8 @@ class EmulatedBackend(DeviceBackend):
 
     def va_release(self, ptr: int, nbytes: int) -> None:
         self._current().va_release(ptr, nbytes)
+        if self._race is not None:
+            self._race.forget(ptr, ptr + nbytes)
 
     def phys_create(self, nbytes: int) -> int:
         return self._current().phys_create(nbytes)
@@ -449,6 +832,8 @@ class EmulatedBackend(DeviceBackend):
 
     def mem_unmap(self, ptr: int, nbytes: int) -> None:
         self._current().mem_unmap(ptr, nbytes)
+        if self._race is not None:
+            self._race.forget(ptr, ptr + nbytes)
 
     def mem_get_info(self) -> tuple[int, int]:
         dev = self._current()
@@ -461,11 +846,16 @@ class EmulatedBackend(DeviceBackend):
 
     def device_synchronize(self) -> None:
         dev = self._current()
-        for stream in list(self._streams.values()) + list(self._ptds) + [dev.legacy]:
-            if stream is not None and stream.device is dev:
-                stream.synchronize()
+        streams = [s for s in list(self._streams.values()) + list(self._ptds) + [dev.legacy]
+                   if s is not None and s.device is dev]
+        race = self._race
+        snap = race.device_snapshot(dev.ordinal, streams) if race is not None else None
+        for stream in streams:
+            stream.synchronize()
         if dev.sticky is not None:
             raise dev.sticky
+        if snap is not None:
+            race.observe(snap)
 
     # memory --------------------------------------------------------------------------------
     def malloc(self, nbytes: int) -> int:
@@ -474,7 +864,9 @@ class EmulatedBackend(DeviceBackend):
         return self._current().malloc(nbytes)
 
     def free(self, ptr: int) -> None:
-        self._current().free(ptr)
+        span = self._current().free(ptr)
+        if self._race is not None:
+            self._race.forget(ptr, ptr + span)
 
     # streams -------------------------------------------------------------------------------
     def stream_priority_range(self) -> tuple[int, int]:
@@ -484,6 +876,8 @@ class EmulatedBackend(DeviceBackend):
         dev = self._current()
         handle = next(self._handles)
         stream = _EmuStream(dev, handle, max(-5, min(0, priority)), "pool")
+        if self._race is not None:
+            self._race.add_stream(stream)
         self._streams[handle] = stream
         return handle
 
@@ -492,19 +886,33 @@ class EmulatedBackend(DeviceBackend):
         if s is None:
             raise _fail("cudaStreamDestroy", _ERR_INVALID_HANDLE, f"no stream {stream:#x}")
         s.close()
+        if self._race is not None:
+            # Not a host synchronization (cudaStreamDestroy returns at once in CUDA), but its
+            # work still counts for a later device synchronize.
+            self._race.retire(s)
 
     def stream_query(self, stream: int) -> bool:
-        return self._stream("cudaStreamQuery", stream).idle()
+        s = self._stream("cudaStreamQuery", stream)
+        if self._race is not None:
+            return self._race.stream_idle(s)
+        return s.idle()
 
     def stream_synchronize(self, stream: int) -> None:
         s = self._stream("cudaStreamSynchronize", stream)
+        race = self._race
+        snap = race.stream_snapshot(s) if race is not None else None
         s.synchronize()
         if s.device.sticky is not None:
             raise s.device.sticky
+        if race is not None:
+            race.stream_synchronized(s, snap)
 
     def stream_wait_event(self, stream: int, event: int) -> None:
         s = self._stream("cudaStreamWaitEvent", stream)
         ev = self._event("cudaStreamWaitEvent", event)
+        if self._race is not None:
+            self._race.wait_event(s, ev)
+            return
         source, seq = ev.stream, ev.seq  # the record that is latest now, not at run time
         if source is None:
             return
@@ -527,6 +935,9 @@ class EmulatedBackend(DeviceBackend):
         if s.device is not ev.device:
             raise _fail("cudaEventRecord", _ERR_INVALID_HANDLE,
                         f"event of GPU {ev.device.ordinal} recorded on a stream of GPU {s.device.ordinal}")
+        if self._race is not None:
+            self._race.record(ev, s)
+            return
         seq = s.marker()
         ev.stream, ev.seq = s, seq
 
@@ -534,15 +945,23 @@ class EmulatedBackend(DeviceBackend):
         ev = self._event("cudaEventQuery", event)
         if ev.device.sticky is not None:
             raise ev.device.sticky
+        if self._race is not None:
+            return self._race.event_done(ev)
         return ev.done()
 
     def event_synchronize(self, event: int) -> None:
         ev = self._event("cudaEventSynchronize", event)
-        stream, seq = ev.stream, ev.seq
+        race = self._race
+        if race is not None:
+            stream, seq, clock = race.event_snapshot(ev)
+        else:
+            stream, seq, clock = ev.stream, ev.seq, None
         if stream is not None:
             stream.wait_for(seq)
         if ev.device.sticky is not None:
             raise ev.device.sticky
+        if clock:
+            race.observe(clock)
 
     # copies --------------------------------------------------------------------------------
     def memcpy_async(self, dst: int, src: int, nbytes: int, stream: int) -> None:
@@ -554,7 +973,10 @@ class EmulatedBackend(DeviceBackend):
 
         def copy() -> None:
             d[:] = sv
-        s.enqueue(copy)
+        if self._race is None:
+            s.enqueue(copy)
+        else:
+            self._race.enqueue(s, copy, "cudaMemcpyAsync", reads=((src, nbytes),), writes=((dst, nbytes),))
 
     def alloc_pinned(self, nbytes: int) -> Any:
         import ctypes
@@ -582,7 +1004,11 @@ class EmulatedBackend(DeviceBackend):
 
         def copy() -> None:
             d[:] = view
-        s.enqueue(copy)
+        if self._race is None:
+            s.enqueue(copy)
+        else:
+            n = len(view)
+            self._race.enqueue(s, copy, "cudaMemcpyAsync", writes=((dst, n),) if n else ())
 
     def copy_from_device_async(self, host: Any, src: int, stream: int) -> None:
         view = host_view(host, writable=True)
@@ -591,11 +1017,20 @@ class EmulatedBackend(DeviceBackend):
 
         def copy() -> None:
             view[:] = sv
-        seq = s.enqueue(copy)
-        if not self._is_pinned(view):
+        pageable = not self._is_pinned(view)
+        race = self._race
+        if race is None:
+            seq, clock = s.enqueue(copy), None
+        else:
+            n = len(view)
+            seq, clock = race.enqueue(s, copy, "cudaMemcpyAsync", reads=((src, n),) if n else (),
+                                      keep_clock=pageable)
+        if pageable:
             s.wait_for(seq)  # pageable: CUDA returns only once the copy (and all before it) is done
             if s.device.sticky is not None:
                 raise s.device.sticky
+            if clock is not None:
+                race.observe(clock)  # the host saw it complete
 
     def memset_async(self, ptr: int, value: int, nbytes: int, stream: int) -> None:
         s = self._stream("cudaMemsetAsync", stream)
@@ -606,7 +1041,10 @@ class EmulatedBackend(DeviceBackend):
 
         def memset() -> None:
             d[:] = fill * len(d)
-        s.enqueue(memset)
+        if self._race is None:
+            s.enqueue(memset)
+        else:
+            self._race.enqueue(s, memset, "cudaMemsetAsync", writes=((ptr, nbytes),) if nbytes else ())
 
     def _device_of(self, ptr: int) -> _EmuDevice:
         index = (ptr - _ADDRESS_BASE) // _DEVICE_WINDOW
@@ -624,11 +1062,18 @@ class EmulatedBackend(DeviceBackend):
             if delay_s > 0:
                 time.sleep(delay_s)
             d[:] = word * count
-        s.enqueue(kernel)
+        if self._race is None:
+            s.enqueue(kernel)
+        else:
+            self._race.enqueue(s, kernel, "cudaLaunchKernel(fill_u32)",
+                               writes=((ptr, 4 * count),) if count > 0 else ())
 
     def spin_async(self, stream: int, seconds: float) -> None:
         s = self._stream("cudaLaunchKernel(spin)", stream)
-        s.enqueue(lambda: time.sleep(seconds))
+        if self._race is None:
+            s.enqueue(lambda: time.sleep(seconds))
+        else:  # touches no memory; queued through the detector so that positions stay exact
+            self._race.enqueue(s, lambda: time.sleep(seconds), "cudaLaunchKernel(spin)")
 
     def close(self) -> None:
         if self._closed:
@@ -655,6 +1100,8 @@ class _PerThreadStreams:
         stream = self._streams.get(dev.ordinal)
         if stream is None:
             stream = _EmuStream(dev, next(self._backend._handles), 0, "per-thread")
+            if self._backend._race is not None:
+                self._backend._race.add_stream(stream)
             self._streams[dev.ordinal] = stream
             with self._backend._lock:
                 self._backend._ptds.append(stream)
@@ -666,5 +1113,9 @@ class _PerThreadStreams:
                 with self._backend._lock:
                     self._backend._ptds.remove(stream)
                 stream.close()
+                if self._backend._race is not None:
+                    # no lock here (this may run inside any call, by GC): the detector takes
+                    # it in at the next device synchronize
+                    self._backend._race.retiring.append((stream.device.ordinal, stream.clock))
             except Exception:  # interpreter shutdown
                 pass
