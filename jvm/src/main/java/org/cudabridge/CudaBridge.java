@@ -152,7 +152,13 @@ public final class CudaBridge {
     /** Starts the bridge (idempotent: later calls return the running bridge). Throws
      *  {@link CudaBridgeException} with the Python error and traceback if Python, cudabridge or
      *  JPype cannot be started; the failure is also recorded for {@link #get()}. A failed start
-     *  may be retried (unless the interpreter itself failed to initialize). */
+     *  may be retried (unless the interpreter itself failed to initialize).
+     *
+     *  <p>Before anything is loaded, the library file is checked against the size and SHA-256 the
+     *  build recorded and for a sound ELF header and layout (a damaged library would crash the
+     *  JVM in the dynamic loader); before Python starts, the library checks that the Python
+     *  executable is a venv of the Python version it is linked to, or that installation's
+     *  interpreter. Either refusal is a {@link CudaBridgeException} saying what is wrong. */
     public static CudaBridge start(Options options) {
         Objects.requireNonNull(options, "options");
         CudaBridge running = instance;
@@ -241,7 +247,11 @@ public final class CudaBridge {
                     + "=<venv>/bin/python or CUDABRIDGE_PYTHON, or Options.python", "java");
         }
         String library = new File(o.library).getAbsolutePath();
-        NativeBridge.load(library);
+        // Checked before System.load (a truncated library crashes the JVM in the dynamic loader);
+        // the Python executable is checked by the library, before Python starts.
+        Path builtFile = nativePropertiesFile();
+        NativeBridge.load(library, LibraryCheck.recordedFor(Paths.get(library),
+                builtFile == null ? null : nativeProperties(), builtFile));
         NativeBridge.startPython(o.python, o.pythonPath.toArray(new String[0]), library, toJson(o.conf));
         ControlPlane plane = NativeBridge.control();
         if (plane == null) {
@@ -281,17 +291,21 @@ public final class CudaBridge {
         return Files.isRegularFile(p) ? p.toString() : null;
     }
 
+    /** The build's {@code cudabridge-native.properties} beside the jar, or null. */
+    private static Path nativePropertiesFile() {
+        Path dir = jarDirectory();
+        Path file = dir == null ? null : dir.resolve(NATIVE_PROPERTIES);
+        return file != null && Files.isRegularFile(file) ? file : null;
+    }
+
     private static Properties nativeProperties() {
         Properties p = new Properties();
-        Path dir = jarDirectory();
-        if (dir != null) {
-            Path file = dir.resolve(NATIVE_PROPERTIES);
-            if (Files.isRegularFile(file)) {
-                try (InputStream in = Files.newInputStream(file)) {
-                    p.load(in);
-                } catch (IOException e) {
-                    // defaults only: an unreadable file leaves them unset, and start says what is missing
-                }
+        Path file = nativePropertiesFile();
+        if (file != null) {
+            try (InputStream in = Files.newInputStream(file)) {
+                p.load(in);
+            } catch (IOException | IllegalArgumentException e) {
+                // defaults only: an unreadable file leaves them unset, and start says what is missing
             }
         }
         return p;

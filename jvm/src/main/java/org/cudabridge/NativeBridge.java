@@ -1,6 +1,7 @@
 package org.cudabridge;
 
 import java.nio.ByteBuffer;
+import java.nio.file.Paths;
 
 /**
  * The JNI natives of {@code libcudabridge_jni.so} (bridge/cudabridge_jni.c), and the slot where
@@ -27,8 +28,10 @@ public final class NativeBridge {
 
     private NativeBridge() {}
 
-    /** Loads the bridge library (once per JVM; a second call with another path is refused). */
-    static synchronized void load(String path) {
+    /** Loads the bridge library (once per JVM; a second call with another path is refused),
+     *  after {@link LibraryCheck} found the file sound ({@code recorded}: what the build recorded
+     *  for it, or null). */
+    static synchronized void load(String path, LibraryCheck.Recorded recorded) {
         if (loadedLibrary != null) {
             if (!loadedLibrary.equals(path)) {
                 throw new IllegalStateException("cudabridge: the bridge library " + loadedLibrary
@@ -37,6 +40,7 @@ public final class NativeBridge {
             return;
         }
         long hold = holdNanos(); // a bad value is refused before anything is loaded
+        LibraryCheck.verify(Paths.get(path), recorded);
         System.load(path);
         nativeInit();
         configureGate(!"false".equalsIgnoreCase(System.getProperty(GATE_PROPERTY, "true")), hold);
