@@ -39,6 +39,9 @@
 #ifndef CB_LIBPYTHON
 #error "CB_LIBPYTHON (the path of the libpython this library is linked to) must be defined by the build"
 #endif
+#ifndef CB_PYTHON_BASE
+#error "CB_PYTHON_BASE (the interpreter of the installation CB_LIBPYTHON belongs to) must be defined by the build"
+#endif
 
 #define CB_JNI_VERSION JNI_VERSION_1_8
 /* Java heap arrays are staged through a per-thread native buffer (the GC moves heap arrays, and a
@@ -486,51 +489,138 @@ static char *format_python_failure(const char *what) {
     return out;
 }
 
-/* The venv's Python version must be the one this library is linked to: reads pyvenv.cfg next
- * to bin/ (venv and virtualenv both write "version" or "version_info"). Returns NULL if fine,
- * else a malloc'ed message. A python outside any venv (no pyvenv.cfg) is accepted: Python then
- * finds its own prefix, and the bootstrap reports what it found. */
+/* Trims leading and trailing white space in place; returns the start. */
+static char *trim(char *s) {
+    while (*s == ' ' || *s == '\t') s++;
+    size_t n = strlen(s);
+    while (n > 0 && (s[n - 1] == ' ' || s[n - 1] == '\t' || s[n - 1] == '\n' || s[n - 1] == '\r')) s[--n] = '\0';
+    return s;
+}
+
+/* Whether `path` is (or is a symlink to) an executable regular file. */
+static int is_executable_file(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISREG(st.st_mode) && access(path, X_OK) == 0;
+}
+
+/*
+ * Checks cudabridge.python before anything of Python starts: an executable regular file (or a
+ * symlink to one) that is either
+ *  - a venv's python: pyvenv.cfg beside it or one level above its directory (venv, virtualenv
+ *    and uv write one), whose version (or version_info) is the major.minor this library is
+ *    linked to and whose home holds a python<major>.<minor>; or
+ *  - the interpreter of the installation this library is linked to (CB_PYTHON_BASE, from the
+ *    build), through any symlink.
+ * Anything else (/bin/false, a directory, another version's plain interpreter) is refused here:
+ * Python's own path search would not fail on it but quietly settle on another prefix (whatever
+ * stdlib lies near the executable, e.g. /usr for /usr/bin/false, or the compiled-in one), start
+ * an interpreter nobody asked for, and fail much later (cudabridge or JPype not importable).
+ * Returns NULL if fine, else a malloc'ed message saying what is wrong. Reads files only.
+ */
 static char *check_python(const char *python) {
     char *msg = NULL;
     size_t len = 0;
+    const int want_major = PY_MAJOR_VERSION, want_minor = PY_MINOR_VERSION;
     struct stat st;
     if (python == NULL || python[0] != '/') {
         appendf(&msg, &len, "cudabridge: the Python executable must be an absolute path, got '%s'",
                 python ? python : "(null)");
         return msg;
     }
-    if (stat(python, &st) != 0 || !S_ISREG(st.st_mode) || access(python, X_OK) != 0) {
-        appendf(&msg, &len, "cudabridge: no such Python executable: %s (%s)", python,
-                errno ? strerror(errno) : "not an executable file");
+    if (strlen(python) >= PATH_MAX) {
+        appendf(&msg, &len, "cudabridge: cudabridge.python is longer than PATH_MAX (%d): %.200s...", PATH_MAX, python);
         return msg;
     }
+    if (stat(python, &st) != 0) {
+        int err = errno;
+        struct stat lst;
+        char target[PATH_MAX];
+        ssize_t n = -1;
+        if (lstat(python, &lst) == 0 && S_ISLNK(lst.st_mode)) n = readlink(python, target, sizeof target - 1);
+        if (n >= 0) {
+            target[n] = '\0';
+            appendf(&msg, &len, "cudabridge: no such Python executable: %s (a symlink to %s, which does not exist: "
+                    "%s)", python, target, strerror(err));
+        } else {
+            appendf(&msg, &len, "cudabridge: no such Python executable: %s (%s)", python, strerror(err));
+        }
+        return msg;
+    }
+    if (S_ISDIR(st.st_mode)) {
+        appendf(&msg, &len, "cudabridge: cudabridge.python=%s is a directory, not a Python executable: give the "
+                "venv's interpreter (e.g. %s/bin/python)", python, python);
+        return msg;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        appendf(&msg, &len, "cudabridge: cudabridge.python=%s is not a regular file (mode %06o), not a Python "
+                "executable", python, (unsigned)st.st_mode);
+        return msg;
+    }
+    if (access(python, X_OK) != 0) {
+        appendf(&msg, &len, "cudabridge: cudabridge.python=%s is not executable (mode %04o: %s)", python,
+                (unsigned)(st.st_mode & 07777), strerror(errno));
+        return msg;
+    }
+
+    /* pyvenv.cfg beside the executable, or one level above its directory (<venv>/bin/python). */
     char dir[PATH_MAX];
     snprintf(dir, sizeof dir, "%s", python);
-    char *slash = strrchr(dir, '/');
-    if (slash == NULL) return NULL;
-    *slash = '\0'; /* .../venv/bin */
-    char cfg[PATH_MAX + 32];
+    *strrchr(dir, '/') = '\0'; /* python is absolute: there is a '/' */
+    char cfg[PATH_MAX + 16], tried[2][PATH_MAX + 16];
+    int ntried = 0;
     FILE *f = NULL;
     for (int up = 0; up < 2 && f == NULL; up++) {
         snprintf(cfg, sizeof cfg, "%s/pyvenv.cfg", dir);
-        f = fopen(cfg, "r");
+        snprintf(tried[ntried++], sizeof tried[0], "%s", cfg);
+        struct stat cst;
+        if (stat(cfg, &cst) == 0 && S_ISREG(cst.st_mode)) f = fopen(cfg, "r");
         if (f == NULL) {
-            slash = strrchr(dir, '/');
+            char *slash = strrchr(dir, '/');
             if (slash == NULL) break;
             *slash = '\0';
         }
     }
-    if (f == NULL) return NULL;
-    char line[1024];
-    int major = -1, minor = -1;
-    while (fgets(line, sizeof line, f) != NULL) {
-        char key[64];
+
+    if (f == NULL) {
+        /* No venv: only the interpreter of the installation we are linked to will do. */
+        char real[PATH_MAX], base[PATH_MAX];
+        if (realpath(python, real) != NULL && realpath(CB_PYTHON_BASE, base) != NULL && strcmp(real, base) == 0)
+            return NULL;
+        appendf(&msg, &len,
+                "cudabridge: cudabridge.python=%s is not a Python %d.%d interpreter or venv: no pyvenv.cfg beside it "
+                "and it is not %s (the interpreter whose libpython this bridge library is linked to: %s; looked for ",
+                python, want_major, want_minor, CB_PYTHON_BASE, CB_LIBPYTHON);
+        for (int i = 0; i < ntried; i++) appendf(&msg, &len, "%s%s", i ? " and " : "", tried[i]);
+        appendf(&msg, &len, ")");
+        const char *name = strrchr(realpath(python, real) != NULL ? real : python, '/') + 1;
         int a, b;
-        if (sscanf(line, " %63[a-z_] = %d.%d", key, &a, &b) == 3 &&
-            (strcmp(key, "version") == 0 || strcmp(key, "version_info") == 0)) {
+        if (sscanf(name, "python%d.%d", &a, &b) == 2) {
+            if (a != want_major || b != want_minor)
+                appendf(&msg, &len, "; by its name (%s) it is Python %d.%d", name, a, b);
+            else
+                appendf(&msg, &len, "; by its name (%s) it is a Python %d.%d of another installation, which "
+                        "this library is not linked to", name, a, b);
+        }
+        appendf(&msg, &len, ". Give a Python %d.%d venv's <venv>/bin/python, or rebuild the library with the python "
+                "you mean (python -m cudabridge build --native-only)", want_major, want_minor);
+        return msg;
+    }
+
+    char line[PATH_MAX + 64], home[PATH_MAX];
+    int major = -1, minor = -1, have_home = 0;
+    while (fgets(line, sizeof line, f) != NULL) {
+        char *eq = strchr(line, '=');
+        if (eq == NULL) continue;
+        *eq = '\0';
+        char *key = trim(line), *value = trim(eq + 1);
+        int a, b;
+        if ((strcmp(key, "version") == 0 || strcmp(key, "version_info") == 0) && major < 0 &&
+            sscanf(value, "%d.%d", &a, &b) == 2) {
             major = a;
             minor = b;
-            break;
+        } else if (strcmp(key, "home") == 0 && !have_home) {
+            snprintf(home, sizeof home, "%s", value);
+            have_home = 1;
         }
     }
     fclose(f);
@@ -538,13 +628,27 @@ static char *check_python(const char *python) {
         appendf(&msg, &len, "cudabridge: %s has no 'version' line; cannot check the venv's Python version", cfg);
         return msg;
     }
-    if (major != PY_MAJOR_VERSION || minor != PY_MINOR_VERSION) {
+    if (major != want_major || minor != want_minor) {
         appendf(&msg, &len,
                 "cudabridge: the virtual environment of %s is Python %d.%d (%s), but this bridge library is "
                 "linked to Python %d.%d (%s); rebuild the library with that venv's python "
                 "(python -m cudabridge build --native-only) or point cudabridge.python at a %d.%d venv",
-                python, major, minor, cfg, PY_MAJOR_VERSION, PY_MINOR_VERSION, CB_LIBPYTHON, PY_MAJOR_VERSION,
-                PY_MINOR_VERSION);
+                python, major, minor, cfg, want_major, want_minor, CB_LIBPYTHON, want_major, want_minor);
+        return msg;
+    }
+    if (!have_home || home[0] == '\0') {
+        appendf(&msg, &len, "cudabridge: %s has no 'home' line: cudabridge.python=%s is not in a usable venv "
+                "(Python finds the venv's base installation through home)", cfg, python);
+        return msg;
+    }
+    char base_exe[PATH_MAX + 32];
+    snprintf(base_exe, sizeof base_exe, "%s/python%d.%d", home, want_major, want_minor);
+    if (!is_executable_file(base_exe)) {
+        appendf(&msg, &len,
+                "cudabridge: the virtual environment of %s says home = %s (%s), but there is no Python %d.%d "
+                "there (no executable %s): its base installation was removed or is another version; recreate "
+                "the venv with a Python %d.%d (e.g. %s -m venv)",
+                python, home, cfg, want_major, want_minor, base_exe, want_major, want_minor, CB_PYTHON_BASE);
         return msg;
     }
     return NULL;

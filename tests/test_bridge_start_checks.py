@@ -1,7 +1,13 @@
-"""What the Java start checks before it loads anything, with a real ``java`` process: the bridge
-library (checked in Java before ``System.load``): the size and SHA-256 the build recorded, and
-its ELF header and layout. Before, a truncated library killed the JVM with SIGBUS inside the
-dynamic loader (exit 134), so ``tryStart`` could not report anything.
+"""What the Java start checks before it loads or starts anything, with a real ``java`` process:
+
+* the Python executable (checked by the bridge library before Python starts): it must exist, be
+  an executable regular file, and be a venv of the Python version the library is linked to or
+  that installation's own interpreter. Before, ``/bin/false`` or another version's interpreter
+  started the library's own interpreter and failed much later ("JPype is not importable ...
+  /bin/false -m pip install JPype1");
+* the bridge library (checked in Java before ``System.load``): the size and SHA-256 the build
+  recorded, and its ELF header and layout. Before, a truncated library killed the JVM with SIGBUS
+  inside the dynamic loader (exit 134), so ``tryStart`` could not report anything.
 
 Each start here goes through ``CudaBridge.tryStart`` (the harness's ``startfail`` scenario): the
 JVM must exit normally, the failure be recorded, and ``CudaBridge.get()`` fail fast with it.
@@ -9,12 +15,14 @@ JVM must exit normally, the failure be recorded, and ``CudaBridge.get()`` fail f
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import os
 import shutil
 import stat
 import struct
 import sys
+import sysconfig
 from pathlib import Path
 
 import pytest
@@ -22,11 +30,130 @@ import pytest
 from cudabridge.jvm import build as jvm_build
 from test_jvm_bridge import Run, _message, bare_jar, harness, run_java  # noqa: F401  (fixtures)
 
+LINKED = sysconfig.get_python_version()
+
+
 def start_fails(cp: str, python: str, jvm: list[str]) -> tuple[Run, str]:
     r = run_java(cp, "startfail", python, jvm=jvm, timeout=120)
     r.ok()  # exit 0, no FAIL: get() after the failed start failed fast with the recorded reason
     assert r["started"] == "false"
     return r, " ".join(_message(r).split())
+
+
+# --- the Python executable ------------------------------------------------------------------------
+
+def _not_a_python(python: str, msg: str) -> None:
+    assert f"cudabridge.python={python} is not a Python {LINKED} interpreter or venv: no pyvenv.cfg beside it " \
+           f"and it is not {jvm_build.base_interpreter()}" in msg, msg
+    # refused before Python started: not the late "JPype is not importable" of the wrong interpreter
+    assert "JPype" not in msg and "Traceback" not in msg, msg
+
+
+def test_nonexistent_python_is_refused(bare_jar):
+    cp, jvm = bare_jar
+    r, msg = start_fails(cp, "/nonexistent/venv/bin/python", jvm)
+    assert r["failure_type"] == "startup"
+    assert "no such Python executable: /nonexistent/venv/bin/python (No such file or directory)" in msg, msg
+
+
+def test_dangling_symlink_python_says_where_it_points(bare_jar, tmp_path):
+    cp, jvm = bare_jar
+    link = tmp_path / "python"
+    os.symlink(tmp_path / "gone" / "python3", link)
+    _, msg = start_fails(cp, str(link), jvm)
+    assert f"no such Python executable: {link} (a symlink to {tmp_path / 'gone' / 'python3'}, which does not exist" \
+           in msg, msg
+
+
+def test_directory_as_python_is_refused(bare_jar, tmp_path):
+    cp, jvm = bare_jar
+    _, msg = start_fails(cp, str(tmp_path), jvm)
+    assert f"cudabridge.python={tmp_path} is a directory, not a Python executable" in msg, msg
+
+
+def test_non_executable_file_is_refused(bare_jar, tmp_path):
+    cp, jvm = bare_jar
+    f = tmp_path / "python"
+    f.write_text("#!/bin/sh\n")
+    f.chmod(0o644)
+    if os.access(f, os.X_OK):
+        pytest.skip("running as a user for whom every file is executable")
+    _, msg = start_fails(cp, str(f), jvm)
+    assert f"cudabridge.python={f} is not executable (mode 0644" in msg, msg
+
+
+def test_bin_false_is_refused_before_python_starts(bare_jar):
+    cp, jvm = bare_jar
+    false = shutil.which("false") or "/bin/false"
+    r, msg = start_fails(cp, false, jvm)
+    assert r["failure_type"] == "startup"
+    _not_a_python(false, msg)
+
+
+def _other_version_interpreters() -> list[str]:
+    found = []
+    for pattern in ("/usr/bin/python3.*", "/usr/local/bin/python3.*", "/root/.pyenv/versions/*/bin/python[23].*",
+                    os.path.expanduser("~/.pyenv/versions/*/bin/python[23].*")):
+        for path in sorted(glob.glob(pattern)):
+            name = os.path.basename(path)
+            version = name[len("python"):]
+            if version.replace(".", "").isdigit() and version != LINKED and os.access(path, os.X_OK) \
+                    and path not in found:
+                found.append(path)
+    return found
+
+
+def test_plain_interpreter_of_another_version_is_refused(bare_jar):
+    others = _other_version_interpreters()
+    if not others:
+        pytest.skip(f"no Python other than {LINKED} on this machine")
+    cp, jvm = bare_jar
+    other = others[-1]
+    _, msg = start_fails(cp, other, jvm)
+    _not_a_python(other, msg)
+    assert f"by its name ({os.path.basename(other)}) it is Python {os.path.basename(other)[6:]}" in msg, msg
+
+
+def test_other_installation_of_the_linked_version_is_refused(bare_jar):
+    base = Path(os.path.realpath(jvm_build.base_interpreter()))
+    other = next((p for p in [f"/usr/bin/python{LINKED}", f"/usr/local/bin/python{LINKED}"]
+                  if os.access(p, os.X_OK) and Path(os.path.realpath(p)) != base), None)
+    if other is None:
+        pytest.skip(f"no second Python {LINKED} installation on this machine")
+    cp, jvm = bare_jar
+    _, msg = start_fails(cp, other, jvm)
+    _not_a_python(other, msg)
+    assert "of another installation" in msg, msg
+
+
+def test_venv_whose_home_has_no_such_python_is_refused(bare_jar, tmp_path):
+    cp, jvm = bare_jar
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    os.symlink(sys.executable, venv / "bin" / "python")
+    (venv / "pyvenv.cfg").write_text(f"home = {tmp_path / 'removed'}\nversion = {sys.version.split()[0]}\n")
+    _, msg = start_fails(cp, str(venv / "bin" / "python"), jvm)
+    assert f"says home = {tmp_path / 'removed'}" in msg and f"no executable {tmp_path / 'removed'}/python{LINKED}" \
+           in msg, msg
+
+
+def test_venv_without_home_line_is_refused(bare_jar, tmp_path):
+    cp, jvm = bare_jar
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    os.symlink(sys.executable, venv / "bin" / "python")
+    (venv / "pyvenv.cfg").write_text(f"version_info = {sys.version.split()[0]}.final.0\n")
+    _, msg = start_fails(cp, str(venv / "bin" / "python"), jvm)
+    assert "has no 'home' line" in msg, msg
+
+
+def test_the_venv_passes_the_check_and_starts(bare_jar):
+    """A venv of the linked version is accepted (its base interpreter is too: the start-up tests
+    in test_jvm_bridge.py get past the check to the bootstrap's import with it)."""
+    cp, jvm = bare_jar
+    r = run_java(cp, "startfail", sys.executable, jvm=jvm, timeout=120)
+    r.ok()
+    assert r["started"] == "true", r.out
 
 
 # --- the bridge library ---------------------------------------------------------------------------
@@ -72,6 +199,7 @@ def test_build_records_size_and_sha256(harness):
     lib = jvm_build.library_path()
     assert props["library.size"] == str(lib.stat().st_size)
     assert props["library.sha256"] == hashlib.sha256(lib.read_bytes()).hexdigest()
+    assert props["python.base"] == str(jvm_build.base_interpreter())
 
 
 def test_truncated_library_is_refused_not_a_jvm_crash(lib_copy):

@@ -170,6 +170,17 @@ def libpython() -> tuple[Path, Path]:
     return lib, include
 
 
+def base_interpreter() -> Path:
+    """The interpreter of the installation that owns the libpython we link: the one plain
+    (non-venv) Python executable the library accepts as ``cudabridge.python``; a venv must name
+    an installation of the same major.minor as its ``home``. ``sys.base_prefix`` is computed at
+    run time (a relocated installation's ``BINDIR`` may be where it was built, not where it is)."""
+    exe = Path(sys.base_prefix) / "bin" / f"python{sysconfig.get_python_version()}"
+    if exe.is_file():
+        return exe
+    return Path(os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable))
+
+
 def file_sha256(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -199,7 +210,7 @@ def _recorded_build_current(out: Path) -> bool:
     byte for byte: a library changed after its build (truncated by a full disk or an interrupted
     copy) is rebuilt rather than having its damage recorded as the reference."""
     props = read_properties()
-    if props.get("python") != sys.executable:
+    if props.get("python") != sys.executable or props.get("python.base") != str(base_interpreter()):
         return False
     try:
         size = out.stat().st_size
@@ -242,6 +253,7 @@ def build_native(force: bool = False) -> Path:
     src = c_source()
     out = library_path()
     lib, include = libpython()
+    base = base_interpreter()
     headers = [src.with_name(h) for h in HEADER_NAMES]
     hotcore = build_hot_core(force)
     log.debug("Java hot path's C twin: %s", hotcore)
@@ -262,6 +274,7 @@ def build_native(force: bool = False) -> Path:
            "-fvisibility=hidden",             # only JNIEXPORT symbols leave the library
            f"-I{include}", f"-I{jni_inc}", f"-I{md}",
            f'-DCB_LIBPYTHON="{lib}"',
+           f'-DCB_PYTHON_BASE="{base}"',     # the plain interpreter accepted as cudabridge.python
            str(src), "-o", str(tmp),
            str(lib), f"-Wl,-rpath,{lib.parent}", "-ldl", "-lpthread"]
     _run(cmd, "compiling the bridge library")
@@ -285,6 +298,7 @@ def _write_properties() -> None:
         f"pythonpath={esc(str(PACKAGE_DIR.parent))}",
         f"library={esc(str(library_path()))}",
         f"python.version={sysconfig.get_python_version()}",
+        f"python.base={esc(str(base_interpreter()))}",
         # Checked by CudaBridge before System.load: a damaged library is refused with a message
         # instead of crashing the JVM in the dynamic loader.
         f"library.size={library_path().stat().st_size}",
