@@ -68,9 +68,11 @@ class Run:
         assert self.rc == 0 and not self.fails, f"rc={self.rc}\n{self.out}\n--- stderr ---\n{self.err[-4000:]}"
 
 
-def run_java(cp: str, *args: str, jvm: list[str] | None = None, timeout: float = 300) -> Run:
+def run_java(cp: str, *args: str, jvm: list[str] | None = None, timeout: float = 300,
+             env: dict[str, str] | None = None) -> Run:
     cmd = [_java(), "-Xcheck:jni", *(jvm or []), "-cp", cp, *EMULATED, HARNESS, *args]
-    return Run(subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT))
+    return Run(subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+                              env=None if env is None else {**os.environ, **env}))
 
 
 def test_smoke_all_copy_kinds_and_jni_checks(harness):
@@ -133,8 +135,11 @@ def test_seven_step_race_from_java_threads_stays_clean(harness):
 
 def test_seven_step_race_from_java_threads_naive_pool_corrupts(harness):
     """The same Java scenario on a deliberately naive pool shows the race: the test above can fail."""
+    # The emulated device's race detector (on for the suite, tests/conftest.py) would stop the
+    # racing write this test exists to show land; it is off here so the corruption is seen.
     r = run_java(harness, "race", "naive",
-                 jvm=["-Dspark.cudabridge.pool_limit=2m", "-Dspark.cudabridge.test_reuse_policy=naive"])
+                 jvm=["-Dspark.cudabridge.pool_limit=2m", "-Dspark.cudabridge.test_reuse_policy=naive"],
+                 env={"CUDABRIDGE_EMULATED_RACE_CHECK": "0"})
     r.ok()
     assert r["same_block"] == "true"
     assert not (r["a_intact"] == "true" and r["b_intact"] == "true"), r.out
