@@ -1,8 +1,13 @@
 import os
 
-import pytest
+# The emulated device's stream-ordering race detector is on for the whole suite, here at import
+# so that the emulated backends of the processes the tests start (the JVM bridge, Spark) inherit
+# it. A test that needs it off says so (EmulatedBackend(race_check=False)).
+os.environ["CUDABRIDGE_EMULATED_RACE_CHECK"] = "1"
 
-from cudabridge.device import EmulatedBackend, gpu_visible
+import pytest  # noqa: E402
+
+from cudabridge.device import EmulatedBackend, gpu_visible  # noqa: E402
 
 _VISIBLE, _WHY = gpu_visible()
 
@@ -19,8 +24,11 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture
 def emulated():
     backend = EmulatedBackend(devices=1, memory_bytes=1 << 30)
+    assert backend.race_check
     yield backend
     backend.close()
+    # Fails the test even where the code under test caught the StreamOrderRace.
+    assert not backend.races, "stream-ordering races: " + "; ".join(map(str, backend.races))
 
 
 @pytest.fixture

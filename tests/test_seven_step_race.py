@@ -1,8 +1,14 @@
 """The seven-step race, guarded: the event-deferred pool keeps both tasks' data intact; a
-deliberately naive reuse policy corrupts it in the same scenario (so the test can fail)."""
+deliberately naive reuse policy corrupts it in the same scenario (so the test can fail).
+
+The suite runs with the emulated device's race detector on (conftest.py): there the naive
+policy is refused at the first unordered access, whatever the timing; with the detector off it
+shows the corruption itself."""
 
 import pytest
 
+from cudabridge.device import EmulatedBackend
+from cudabridge.errors import StreamOrderRace
 from cudabridge.memory import StreamOrderedMemoryPool
 
 from pool_scenarios import seven_step, seven_step_per_thread
@@ -31,12 +37,46 @@ def test_event_deferred_pool_keeps_both_tasks_intact(emulated, limit):
         assert stats.gpu_waits == 0 and stats.host_syncs == 0
 
 
-def test_naive_reuse_corrupts(emulated):
-    sa, sb = emulated.stream_create(), emulated.stream_create()
-    with _pool(emulated, [sa, sb], reuse_policy="naive") as pool:
-        r = seven_step(emulated, pool, sa, sb, NBYTES, DELAY)
+@pytest.fixture
+def unchecked():
+    """An emulated device with the race detector off: the race runs and corrupts."""
+    backend = EmulatedBackend(devices=1, memory_bytes=1 << 30, race_check=False)
+    yield backend
+    backend.close()
+
+
+@pytest.fixture
+def checked():
+    """An emulated device with the race detector on, whose races the test inspects itself."""
+    backend = EmulatedBackend(devices=1, memory_bytes=1 << 30, race_check=True)
+    yield backend
+    backend.close()
+
+
+def test_naive_reuse_trips_the_race_detector(checked):
+    sa, sb = checked.stream_create(), checked.stream_create()
+    with _pool(checked, [sa, sb], reuse_policy="naive") as pool:
+        with pytest.raises(StreamOrderRace) as info:
+            seven_step(checked, pool, sa, sb, NBYTES, DELAY)
+        checked.stream_synchronize(sa)
+        checked.stream_synchronize(sb)
+    race = info.value
+    # Step 6: B's kernel writes the block that A's kernel (step 2) wrote, with nothing between.
+    assert race.kind == "write-after-write"
+    assert race.stream == f"pool stream {sb:#x}" and race.other_stream == f"pool stream {sa:#x}"
+    assert f"pool stream {sa:#x}" in str(race) and f"pool stream {sb:#x}" in str(race)
+    assert race.call == race.other_call == "cudaLaunchKernel(fill_u32)"
+    assert race.nbytes == NBYTES and f"{race.address:#x}" in str(race)
+    assert checked.races == [race]
+
+
+def test_naive_reuse_corrupts(unchecked):
+    sa, sb = unchecked.stream_create(), unchecked.stream_create()
+    with _pool(unchecked, [sa, sb], reuse_policy="naive") as pool:
+        r = seven_step(unchecked, pool, sa, sb, NBYTES, DELAY)
     assert r["same_block"]
     assert not (r["a_intact"] and r["b_intact"]), "the naive policy should have shown the race"
+    assert unchecked.races == []  # off means off
 
 
 def test_per_thread_default_streams_are_distinct(emulated):
@@ -49,9 +89,22 @@ def test_per_thread_default_streams_are_distinct(emulated):
     assert stats.events_created >= 1
 
 
-def test_per_thread_naive_corrupts(emulated):
-    with _pool(emulated, [], reuse_policy="naive") as pool:
-        r = seven_step_per_thread(emulated, pool, NBYTES, DELAY)
+def test_per_thread_naive_trips_the_race_detector(checked):
+    with _pool(checked, [], reuse_policy="naive") as pool:
+        with pytest.raises(StreamOrderRace) as info:
+            seven_step_per_thread(checked, pool, NBYTES, DELAY)
+    race = info.value
+    assert race.kind == "write-after-write" and race.nbytes == NBYTES
+    # Two threads' per-thread default streams: the same handle, two streams, both named.
+    assert race.stream.startswith("per-thread stream of thread ")
+    assert race.other_stream.startswith("per-thread stream of thread ")
+    assert race.stream != race.other_stream
+    assert checked.races == [race]
+
+
+def test_per_thread_naive_corrupts(unchecked):
+    with _pool(unchecked, [], reuse_policy="naive") as pool:
+        r = seven_step_per_thread(unchecked, pool, NBYTES, DELAY)
     assert r["same_block"]
     assert not (r["a_intact"] and r["b_intact"])
 
