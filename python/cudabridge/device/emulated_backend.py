@@ -635,20 +635,22 @@ class _RaceDetector:
         raise exc
 
     def _splice(self, i: int, j: int, new: list[_Seg]) -> None:
-        """Replace segments [i, j) by ``new``, merging equal neighbours that touch."""
-        segs = self._segs
-        lo = i - 1 if i > 0 else i
-        hi = j + 1 if j < len(segs) else j
+        """Replace segments [i, j) by ``new``, merging touching equal ones among them.
+
+        Touching segments are never equal (this keeps it so), and the segments an access
+        gives its range all carry that access's own, new record, so the only merges possible
+        are among ``new``: pieces of the range that had different histories before and the
+        same one now (a read over two reads that it orders after, say)."""
         merged: list[_Seg] = []
-        for seg in itertools.chain(segs[lo:i], new, segs[j:hi]):
+        for seg in new:
             if merged:
                 last = merged[-1]
                 if last.end == seg.start and last.write == seg.write and last.reads == seg.reads:
                     last.end = seg.end
                     continue
             merged.append(seg)
-        segs[lo:hi] = merged
-        self._starts[lo:hi] = [seg.start for seg in merged]
+        self._segs[i:j] = merged
+        self._starts[i:j] = [seg.start for seg in merged]
 
     def _span(self, a: int, b: int) -> tuple[int, int]:
         segs = self._segs
@@ -663,6 +665,9 @@ class _RaceDetector:
         new = []
         if i < j:
             first, last = self._segs[i], self._segs[j - 1]
+            if i + 1 == j and first.start == a and first.end == b:   # the same range again
+                first.write, first.reads = write, None
+                return
             if first.start < a:
                 new.append(_Seg(first.start, a, first.write, first.reads))
             new.append(_Seg(a, b, write, None))
@@ -1074,6 +1079,13 @@ class EmulatedBackend(DeviceBackend):
             s.enqueue(lambda: time.sleep(seconds))
         else:  # touches no memory; queued through the detector so that positions stay exact
             self._race.enqueue(s, lambda: time.sleep(seconds), "cudaLaunchKernel(spin)")
+
+    def launch_host_func(self, stream: int, fn: Callable[[], None]) -> None:
+        s = self._stream("cudaLaunchHostFunc", stream)
+        if self._race is None:
+            s.enqueue(fn)
+        else:  # touches no device memory; queued through the detector so that positions stay exact
+            self._race.enqueue(s, fn, "cudaLaunchHostFunc")
 
     def close(self) -> None:
         if self._closed:
