@@ -540,10 +540,11 @@ def test_a_write_replaces_the_reads_before_it(be):
 
 def test_agrees_with_a_per_byte_model_that_keeps_every_access(be):
     """Random work on three streams over 320 bytes (with gaps for a while), with random
-    orderings in between. The model keeps every access of every byte and calls two accesses ordered when the later one's clock
-    (taken from the detector's frontier and host clocks: the clock rules are tested above) has
-    reached the earlier one's position; the detector keeps only the last write and the reads
-    since it, in merged ranges, and must agree on every access."""
+    orderings in between. The model keeps every access of every byte and calls two accesses
+    ordered when the later one's clock (taken from the detector's frontier and host clocks: the
+    clock rules are tested above) has reached the earlier one's position; the detector keeps
+    only the last write and the reads since it, in merged ranges, and must agree on every
+    access."""
     import random
 
     rng = random.Random(1234)
