@@ -10,7 +10,7 @@ stream on every thread.
 from __future__ import annotations
 
 import abc
-from typing import Any
+from typing import Any, Callable
 
 LEGACY_STREAM = 1
 PER_THREAD_STREAM = 2
@@ -177,6 +177,12 @@ class DeviceBackend(abc.ABC):
     @abc.abstractmethod
     def spin_async(self, stream: int, seconds: float) -> None:
         """A kernel that only spins; chains of these show whether streams run concurrently."""
+
+    def launch_host_func(self, stream: int, fn: Callable[[], None]) -> None:
+        """Queue a host function on ``stream`` (``cudaLaunchHostFunc``): it runs once the work queued
+        before it has completed, and later work waits for it. It must not call the device. Where
+        the backend has no such call it raises NotImplementedError."""
+        raise NotImplementedError(f"{self.name}: no cudaLaunchHostFunc")
 
     def close(self) -> None:
         """Release backend-wide resources (worker threads, modules). Idempotent."""
