@@ -110,3 +110,35 @@ class FaultyBackend:
     def close(self) -> None:
         self.release_all()
         self.inner.close()
+
+
+def from_env(backend: Any) -> "FaultyBackend":
+    """For the ``backend_wrapper`` test setting in a Spark executor (``faulty_backend:from_env``):
+    faults described by environment variables (``spark.executorEnv.*``).
+
+    ``CUDABRIDGE_FAULT_STICKY_AFTER_COPIES=N``: after the N-th copy to the device, the stream it
+    was queued on fails as an out-of-bounds kernel does (a sticky error); with
+    ``CUDABRIDGE_FAULT_ONCE_FILE=path`` only in the first process that creates that file, so that
+    the executor Spark starts in its place runs clean."""
+    import os
+
+    faulty = FaultyBackend(backend)
+    after = int(os.environ.get("CUDABRIDGE_FAULT_STICKY_AFTER_COPIES", "0"))
+    once = os.environ.get("CUDABRIDGE_FAULT_ONCE_FILE")
+    if after > 0:
+        count = [0]
+        inner_copy = backend.copy_to_device_async
+
+        def copy_to_device_async(dst: int, host: Any, stream: int) -> None:
+            inner_copy(dst, host, stream)
+            count[0] += 1
+            if count[0] == after:
+                if once:
+                    try:
+                        os.close(os.open(once, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+                    except FileExistsError:
+                        return
+                faulty.make_sticky(stream)
+
+        faulty.copy_to_device_async = copy_to_device_async  # type: ignore[method-assign]
+    return faulty

@@ -88,3 +88,30 @@ def test_failed_service_does_not_relaunch_executors_forever(tmp_path, work_dir_c
     app = sorted(work_dir_cleanup.glob("app-*"), key=lambda p: p.stat().st_mtime)[-1]
     executors = [p for p in app.iterdir() if p.is_dir()]
     assert len(executors) == 2, [p.name for p in executors]
+
+
+def test_an_executor_whose_gpu_became_unusable_is_replaced(tmp_path, work_dir_cleanup):
+    """A sticky CUDA error in one executor (injected through the backend_wrapper test setting:
+    tests/faulty_backend.py, after its 3rd copy to the device): the task fails, the plugin sees the
+    GPU is unusable and exits the executor with code 20, Spark starts a new executor and the
+    job completes with every partition checked."""
+    sh.build()
+    tests_dir = str(Path(__file__).resolve().parent)
+    once = tmp_path / "sticky-once"
+    conf = {**CLUSTER, "spark.cudabridge.pythonPath": tests_dir,
+            "spark.cudabridge.backend_wrapper": "faulty_backend:from_env",
+            "spark.executorEnv.CUDABRIDGE_FAULT_STICKY_AFTER_COPIES": "3",
+            "spark.executorEnv.CUDABRIDGE_FAULT_ONCE_FILE": str(once),
+            "spark.task.maxFailures": "4"}
+    run = sh.spark_submit(tmp_path, "local-cluster[2,1,1024]",
+                          [sh.examples_jar(), "--partitions", "12", "--elements", "1024", "--no-leak",
+                           "--summary-json", "summary.json"], conf, timeout=240)
+    assert run.returncode == 0, run.explain()
+    assert once.exists(), "the fault was never injected"
+    s = run.summary()
+    assert s["tasks_run"] >= 12 and s["verify_failures"] == 0, s
+    assert "exited with code 20" in run.stderr, run.explain()
+    app = sorted(work_dir_cleanup.glob("app-*"), key=lambda p: p.stat().st_mtime)[-1]
+    logs = "".join(p.read_text(errors="replace") for p in app.glob("*/stderr"))
+    assert "the GPU is unusable" in logs and "exiting with code 20" in logs
+    assert len([p for p in app.iterdir() if p.is_dir()]) >= 3   # the replacement executor

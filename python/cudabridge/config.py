@@ -31,6 +31,7 @@ class ServiceConfig:
     gpu_address_map: str | None = None    # explicit "address:ordinal,..." override
     emulated_devices: int = 1             # GPUs the emulated backend shows
     emulated_memory: str = "16g"          # memory of each emulated GPU
+    backend_wrapper: str | None = None    # test setting: "module:callable" wrapping the backend
     host_wait_timeout: str = "300"        # seconds the pool waits for a stream before it gives up
     log_level: str = "INFO"
     extra: Mapping[str, Any] = field(default_factory=dict)
@@ -50,6 +51,9 @@ class ServiceConfig:
         "gpu_address_map": "explicit address:ordinal pairs, for when addresses are not visible ordinals",
         "emulated_devices": "number of GPUs the emulated backend shows",
         "emulated_memory": "memory of each emulated GPU (bytes, 16g; at least 2 MiB)",
+        "backend_wrapper": "test setting, unset in production: module:callable (on the executor's Python path) "
+                           "that takes the device backend and returns the backend the service uses "
+                           "(fault injection: tests/faulty_backend.py)",
         "host_wait_timeout": "seconds the pool waits for a stream to finish before an allocation fails with "
                              "HostWaitTimeout naming it (instead of hanging on a hung stream)",
         "log_level": "log level of the cudabridge loggers: DEBUG, INFO, WARNING, ERROR or CRITICAL",

@@ -15,7 +15,7 @@ from typing import Any
 
 from .config import ServiceConfig, parse_bytes
 from .device import DeviceBackend, open_backend
-from .errors import CudaError, DeviceUnusable, PoolClosed
+from .errors import CudaError, DeviceUnusable, InvalidArgument, PoolClosed
 from .gpu_addresses import parse_address_map, resolve_gpu_addresses
 from .memory import Allocation, PoolStatistics, StreamOrderedMemoryPool
 from .stream_pool import StreamPool, ensure_hardware_queues
@@ -50,6 +50,21 @@ class ServiceStatistics:
         return d
 
 
+def _wrap_backend(spec: str, backend: DeviceBackend) -> DeviceBackend:
+    """The ``backend_wrapper`` test setting: ``module:callable`` applied to the opened backend."""
+    import importlib
+
+    module, _, name = spec.partition(":")
+    try:
+        wrap = getattr(importlib.import_module(module), name or "wrap")
+        wrapped = wrap(backend)
+    except Exception as exc:
+        backend.close()
+        raise InvalidArgument(f"spark.cudabridge.backend_wrapper={spec!r}: {type(exc).__name__}: {exc}") from exc
+    log.warning("device backend wrapped by %s (a test setting)", spec)
+    return wrapped
+
+
 class CudaBridgeService:
     def __init__(self, config: ServiceConfig | None = None, backend: DeviceBackend | None = None) -> None:
         self.config = config = config or ServiceConfig()
@@ -59,6 +74,8 @@ class CudaBridgeService:
             ensure_hardware_queues(config.streams_per_gpu + config.high_priority_streams)
             backend = open_backend(config.backend, emulated_devices=config.emulated_devices,
                                    emulated_memory_bytes=parse_bytes(config.emulated_memory))
+            if config.backend_wrapper:
+                backend = _wrap_backend(config.backend_wrapper, backend)
         self.backend = backend
         addresses = config.gpu_addresses.split(",") if config.gpu_addresses else None
         mapping = resolve_gpu_addresses(addresses, backend,

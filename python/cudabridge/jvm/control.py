@@ -96,7 +96,15 @@ class BridgeControl:
         out["bridge_live_handles"] = self.hot.live_handles
         out["bridge_pinned_buffers"] = len(self.hot._pinned)
         out["bridge_releases"] = self.releases
+        out["device_unusable"] = int(self.service._unusable is not None)
         return out
+
+    def device_error(self) -> str | None:
+        """The sticky CUDA error that made a GPU unusable (``CudaBridgeService.device_error``)."""
+        if self.closed:
+            return None
+        err = self.service.device_error()
+        return None if err is None else str(err)
 
     def describe(self) -> str:
         info = dict(self.info)
@@ -171,6 +179,9 @@ def make_proxy(control: BridgeControl) -> Any:
     def j_describe() -> Any:
         return c.describe()
 
+    def j_device_error() -> Any:
+        return c.device_error()
+
     def j_call_tool(name: Any, args: Any) -> Any:
         return c.call_tool(str(name), None if args is None else str(args))
 
@@ -182,6 +193,7 @@ def make_proxy(control: BridgeControl) -> Any:
         lookupTask = JOverride(guarded(j_lookup_task))
         statistics = JOverride(guarded(j_statistics))
         describe = JOverride(guarded(j_describe))
+        deviceError = JOverride(guarded(j_device_error))
         callTool = JOverride(guarded(j_call_tool))
         shutdown = JOverride(guarded(j_shutdown))
 

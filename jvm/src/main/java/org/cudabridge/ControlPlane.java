@@ -19,6 +19,10 @@ public interface ControlPlane {
     /** Executor-level numbers: pool totals, streams, tasks, and the bridge's own counters. */
     Map<String, Long> statistics();
 
+    /** The sticky CUDA error that made a GPU of this executor unusable, or null (probes each GPU once
+     *  with a cheap call until one is found). */
+    String deviceError();
+
     /** JSON: the Python, its prefix, the backend and the GPUs. */
     String describe();
 

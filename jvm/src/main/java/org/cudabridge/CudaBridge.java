@@ -685,6 +685,15 @@ public final class CudaBridge {
         return out;
     }
 
+    /** The sticky CUDA error (an illegal address, a launch failure, an uncorrectable ECC error) that
+     *  made a GPU of this executor unusable, or null. After one, every GPU call in the process fails
+     *  and only a new process recovers: a plugin asks for a new executor ({@code CudaBridgePlugin}
+     *  exits the executor JVM). Probes each GPU with one cheap call until an error is found. */
+    public String deviceError() {
+        checkRunning("deviceError");
+        return control().deviceError();
+    }
+
     /** JSON describing the Python side (executable, prefix, version, backend, GPUs). */
     public String describe() {
         return control().describe();

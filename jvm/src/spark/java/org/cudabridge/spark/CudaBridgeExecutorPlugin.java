@@ -5,6 +5,7 @@ import java.util.Map;
 import java.util.concurrent.Executors;
 import java.util.concurrent.ScheduledExecutorService;
 import java.util.concurrent.TimeUnit;
+import java.util.concurrent.atomic.AtomicBoolean;
 
 import org.apache.spark.SparkConf;
 import org.apache.spark.TaskContext;
@@ -150,7 +151,40 @@ public final class CudaBridgeExecutorPlugin implements ExecutorPlugin {
         TaskBinder b = binder;
         if (b != null) {
             b.onTaskEnd(false);
+            String fatal = b.deviceError();
+            if (fatal != null) {
+                replaceExecutor(b.executorId(), fatal);
+            }
         }
+    }
+
+    /** The exit code of an executor whose GPU became unusable (spark-rapids exits with the same). */
+    public static final int GPU_UNUSABLE_EXIT_CODE = 20;
+
+    private final AtomicBoolean exiting = new AtomicBoolean();
+
+    /**
+     * After a sticky CUDA error the context is unusable for the life of the process: every later
+     * task would fail on this executor. Exiting the executor JVM makes Spark's cluster manager start
+     * a fresh one and run the failed tasks elsewhere (Spark's plugin API has no call to ask for a
+     * replacement; spark-rapids exits the same way). In local mode the executor is the driver and
+     * nothing can replace it: the error is logged and tasks keep failing fast.
+     */
+    private void replaceExecutor(String executorId, String error) {
+        if ("driver".equals(executorId)) {
+            LOG.error("cudabridge: the GPU is unusable ({}); in local mode the executor cannot be replaced, "
+                    + "so its GPU tasks will keep failing", TaskBinder.oneLine(error));
+            return;
+        }
+        if (!exiting.compareAndSet(false, true)) {
+            return;
+        }
+        LOG.error("cudabridge: executor {}: the GPU is unusable ({}); exiting with code {} so that Spark starts "
+                + "a new executor", executorId, TaskBinder.oneLine(error), GPU_UNUSABLE_EXIT_CODE);
+        // Not on the task's thread: Spark's shutdown hooks stop the executor, which waits for it.
+        Thread t = new Thread(() -> System.exit(GPU_UNUSABLE_EXIT_CODE), "cudabridge-exit");
+        t.setDaemon(true);
+        t.start();
     }
 
     @Override

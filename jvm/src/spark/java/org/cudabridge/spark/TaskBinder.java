@@ -196,6 +196,20 @@ public final class TaskBinder {
 
     public String executorId() { return executorId; }
 
+    /** The sticky CUDA error that made this executor's GPU unusable, or null (also when the bridge
+     *  is not running or the question itself fails). One call into Python. */
+    public String deviceError() {
+        if (bridge == null || shutDown) {
+            return null;
+        }
+        try {
+            return bridge.deviceError();
+        } catch (RuntimeException e) {
+            LOG.fine("cudabridge: device health probe failed: " + oneLine(describe(e)));
+            return null;
+        }
+    }
+
     /** The running bridge, or an exception that says why there is none (fast: no Python call). */
     public CudaBridge bridge() {
         if (bridge == null) {
