@@ -5,7 +5,9 @@
 # and the stream bench (gpu_spark_harness_run.sh). Logs under $OUT.
 set -uo pipefail
 source bench/gpu_setup.sh
-timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_java_hot_path.py tests/test_native_fast_path.py \
+timeout 300 python3 -m pytest -q -p no:cacheprovider tests/test_java_hot_path.py tests/test_native_fast_path.py \
+  tests/test_seven_step_race.py tests/test_segment.py tests/test_external_streams.py tests/test_fault_injection.py \
+  tests/test_bad_input_sweep.py tests/test_release_races.py tests/test_memory_pool.py \
   >"$out/pytest.log" 2>&1
 echo "pytest (C twins, cuda machine) exit $?: $(tail -1 "$out/pytest.log")"
 bash bench/gpu_jvm_run.sh; jvm=$?

@@ -176,3 +176,27 @@ def test_after_a_sticky_error_every_gpu_call_fails_fast_and_the_service_says_the
             svc.close()
         except CudaError:
             pass
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_a_long_kernel_makes_the_host_wait_time_out_naming_the_stream(cuda_backend):
+    """The real device: a 2 s spin kernel stands in for a hung stream."""
+    a_s, b_s = cuda_backend.stream_create(), cuda_backend.stream_create()
+    pool = StreamOrderedMemoryPool(cuda_backend, 0, [a_s, b_s], limit_bytes=4 * MiB, host_wait_timeout_s=0.3,
+                                   growth="chunks")
+    try:
+        held = pool.allocate(3 * MiB, b_s)
+        small = pool.allocate(MiB, a_s)
+        cuda_backend.spin_async(a_s, 2.0)
+        small.free()
+        before = books(pool)
+        with pytest.raises(HostWaitTimeout, match=f"0x{a_s:x}"):
+            pool.allocate(2 * MiB, b_s)
+        assert books(pool) == before
+        cuda_backend.stream_synchronize(a_s)
+        held.free()
+        pool.allocate(2 * MiB, b_s).free()
+    finally:
+        pool.close()
+        cuda_backend.stream_destroy(a_s)
+        cuda_backend.stream_destroy(b_s)
