@@ -13,7 +13,7 @@ import threading
 
 import pytest
 
-from cudabridge.config import ServiceConfig
+from cudabridge.config import SERVICE, ServiceConfig
 from cudabridge.errors import CudaBridgeError, InvalidArgument, InvalidFree, PoolClosed
 from cudabridge.memory import StreamOrderedMemoryPool, native
 from cudabridge.service import CudaBridgeService
@@ -188,7 +188,7 @@ def test_task_ids_that_are_not_ints_never_act_on_task_1(service, task):
 
 @pytest.mark.parametrize("level", [None, 5, "LOUD", ""])
 def test_a_bad_log_level_is_refused_typed(level):
-    with pytest.raises(InvalidArgument, match="log_level"):
+    with pytest.raises(InvalidArgument, match="spark.cudabridge.logLevel"):
         ServiceConfig(log_level=level)
 
 
@@ -197,7 +197,7 @@ def test_a_bad_log_level_is_refused_typed(level):
                                        ("pool_limit", str(1 << 63)), ("pool_limit", "8388608t"),
                                        ("emulated_memory", "0"), ("emulated_memory", "1m")])
 def test_byte_settings_below_2_mib_or_absurd_are_refused(key, value):
-    with pytest.raises(InvalidArgument, match=key):
+    with pytest.raises(InvalidArgument, match=SERVICE[key].spark_key):
         ServiceConfig(**{key: value})
 
 

@@ -24,7 +24,7 @@ from cudabridge.jvm import build as jvm_build
 ROOT = Path(__file__).resolve().parent.parent
 HARNESS_SOURCES = sorted((ROOT / "tests" / "java").rglob("*.java"))
 HARNESS = "org.cudabridge.harness.Harness"
-EMULATED = ["-Dspark.cudabridge.backend=emulated", "-Dspark.cudabridge.emulated_memory=1g"]
+EMULATED = ["-Dspark.cudabridge.backend=emulated", "-Dspark.cudabridge.emulatedMemory=1g"]
 
 
 def _java() -> str:
@@ -107,7 +107,7 @@ def test_resident_memory_flat_between_100k_and_1m_calls(harness):
 
 
 def test_python_errors_and_oom_reach_java_typed_and_service_survives(harness):
-    r = run_java(harness, "errors", jvm=["-Dspark.cudabridge.pool_limit=64m"])
+    r = run_java(harness, "errors", jvm=["-Dspark.cudabridge.poolLimit=64m"])
     r.ok()
     assert r["errors_done"] == "true"
     assert "requested 41943040 bytes" in r["oom_message"]
@@ -124,7 +124,7 @@ def test_calls_before_start_fail_clearly(harness):
 
 
 def test_seven_step_race_from_java_threads_stays_clean(harness):
-    r = run_java(harness, "race", "event-deferred", jvm=["-Dspark.cudabridge.pool_limit=2m"])
+    r = run_java(harness, "race", "event-deferred", jvm=["-Dspark.cudabridge.poolLimit=2m"])
     r.ok()
     assert r["different_streams"] == "true"
     assert r["same_block"] == "true"          # B had to reuse A's block while A's work was in flight
@@ -138,7 +138,7 @@ def test_seven_step_race_from_java_threads_naive_pool_corrupts(harness):
     # The emulated device's race detector (on for the suite, tests/conftest.py) would stop the
     # racing write this test exists to show land; it is off here so the corruption is seen.
     r = run_java(harness, "race", "naive",
-                 jvm=["-Dspark.cudabridge.pool_limit=2m", "-Dspark.cudabridge.test_reuse_policy=naive"],
+                 jvm=["-Dspark.cudabridge.poolLimit=2m", "-Dspark.cudabridge.testReusePolicy=naive"],
                  env={"CUDABRIDGE_EMULATED_RACE_CHECK": "0"})
     r.ok()
     assert r["same_block"] == "true"

@@ -41,12 +41,13 @@ def test_gpu_calls_fail_fast_with_the_reason(tmp_path):
 
 
 def test_service_error_in_python_is_the_reason(tmp_path):
-    """The Python service itself refuses the configuration: its message reaches the task."""
+    """The Python service itself refuses the configuration (a value whose form the settings table
+    accepts, so that the driver lets it through): its message reaches the task."""
     sh.build()
     run = sh.spark_submit(tmp_path, "local[2]",
                           [sh.examples_jar(), "--partitions", "2", "--elements", "256"],
-                          {"spark.cudabridge.streams_per_gpu": "0"})
+                          {"spark.cudabridge.gpuAddressMap": "0:zz"})
     assert run.returncode != 0, run.explain()
     failure = [l for l in run.stderr.splitlines() if "has NO GPU service" in l]
-    assert len(failure) == 1 and "spark.cudabridge.streams_per_gpu=0" in failure[0], failure
+    assert len(failure) == 1 and "GPU address map entry '0:zz' is not 'address:ordinal'" in failure[0], failure
     assert "cudabridge is not available on executor driver" in run.stderr

@@ -60,7 +60,7 @@ def test_gpu_addresses_from_spark_resource_scheduling(tmp_path, work_dir_cleanup
     script.chmod(0o755)
     gpu = {"spark.worker.resource.gpu.amount": "2", "spark.worker.resource.gpu.discoveryScript": str(script),
            "spark.executor.resource.gpu.amount": "2", "spark.executor.resource.gpu.discoveryScript": str(script),
-           "spark.task.resource.gpu.amount": "1", "spark.cudabridge.emulated_devices": "2"}
+           "spark.task.resource.gpu.amount": "1", "spark.cudabridge.emulatedDevices": "2"}
     run = sh.spark_submit(tmp_path, "local-cluster[2,1,1024]",
                           [sh.examples_jar(), "--partitions", "8", "--elements", "1024", "--summary-json", "summary.json"],
                           {**CLUSTER, **gpu}, timeout=180)
@@ -99,7 +99,7 @@ def test_an_executor_whose_gpu_became_unusable_is_replaced(tmp_path, work_dir_cl
     tests_dir = str(Path(__file__).resolve().parent)
     once = tmp_path / "sticky-once"
     conf = {**CLUSTER, "spark.cudabridge.pythonPath": tests_dir,
-            "spark.cudabridge.backend_wrapper": "faulty_backend:from_env",
+            "spark.cudabridge.backendWrapper": "faulty_backend:from_env",
             "spark.executorEnv.CUDABRIDGE_FAULT_STICKY_AFTER_COPIES": "3",
             "spark.executorEnv.CUDABRIDGE_FAULT_ONCE_FILE": str(once),
             "spark.task.maxFailures": "4"}

@@ -371,20 +371,20 @@ def test_defaults():
     cfg = ServiceConfig()
     assert cfg.backend == "auto" and cfg.streams_per_gpu == 32 and cfg.high_priority_streams == 4
     assert cfg.limit() == (None, 0.9)
-    assert set(ServiceConfig.DOCS) == {f for f in ServiceConfig.__dataclass_fields__ if f != "extra"}
+    assert set(ServiceConfig.DOCS) == set(ServiceConfig.__dataclass_fields__)
 
 
-def test_from_mapping_snake_and_camel_case():
+def test_from_mapping_camel_case():
     conf = {
         SPARK_PREFIX + "backend": "emulated",
-        SPARK_PREFIX + "streams_per_gpu": "8",
+        SPARK_PREFIX + "streamsPerGpu": "8",
         SPARK_PREFIX + "highPriorityStreams": "2",
         SPARK_PREFIX + "streamPolicy": "idle-first",
-        SPARK_PREFIX + "pool.limit": "8g",
-        SPARK_PREFIX + "pool-initial": "64m",
+        SPARK_PREFIX + "poolLimit": "8g",
+        SPARK_PREFIX + "poolInitial": "64m",
         SPARK_PREFIX + "gpuAddressMap": "0:1",
         SPARK_PREFIX + "emulatedDevices": 3,
-        SPARK_PREFIX + "somethingNew": "x",
+        SPARK_PREFIX + "taskBind": "ahead",      # a plugin key: not the service's, skipped
         "spark.executor.cores": "4",
     }
     cfg = ServiceConfig.from_mapping(conf)
@@ -394,8 +394,19 @@ def test_from_mapping_snake_and_camel_case():
     assert cfg.pool_limit == "8g" and cfg.limit() == (8 << 30, 1.0)
     assert cfg.pool_initial == "64m"
     assert cfg.gpu_address_map == "0:1"
-    assert cfg.extra == {SPARK_PREFIX + "somethingNew": "x"}
     assert cfg.gpu_addresses is None and cfg.log_level == "INFO"  # untouched defaults
+
+
+@pytest.mark.parametrize("key,suggestion", [("streams_per_gpu", "streamsPerGpu"), ("poolLimt", "poolLimit"),
+                                            ("pool.limit", "poolLimit"), ("StreamPolicy", "streamPolicy"),
+                                            ("somethingNew", None)])
+def test_unknown_or_misspelled_keys_are_refused_with_the_nearest(key, suggestion):
+    with pytest.raises(InvalidArgument, match="unknown key spark.cudabridge." + key.replace(".", r"\.")) as info:
+        ServiceConfig.from_mapping({SPARK_PREFIX + key: "1"})
+    if suggestion:
+        assert f"did you mean spark.cudabridge.{suggestion}?" in str(info.value)
+    else:
+        assert "no key is close" in str(info.value)
 
 
 def test_from_mapping_other_prefix_and_from_env():
@@ -404,22 +415,22 @@ def test_from_mapping_other_prefix_and_from_env():
     env = {"CUDABRIDGE_STREAMS_PER_GPU": "5", "CUDABRIDGE_BACKEND": "emulated", "CUDABRIDGE_NOPE": "1",
            "OTHER": "2"}
     cfg = ServiceConfig.from_env(env)
-    assert cfg.streams_per_gpu == 5 and cfg.backend == "emulated" and cfg.extra == {}
+    assert cfg.streams_per_gpu == 5 and cfg.backend == "emulated"
 
 
 @pytest.mark.parametrize("conf", [
     {"backend": "gpu"},
     {"streamsPerGpu": "eight"},
-    {"streams_per_gpu": "0"},
-    {"high_priority_streams": "-1"},
-    {"emulated_devices": "0"},
-    {"stream_policy": "fifo"},
-    {"pool_limit": "lots"},
-    {"pool_limit": "1.5"},
-    {"pool_limit": "-0.5"},
-    {"pool_initial": "-1"},
-    {"emulated_memory": "16q"},
-    {"streams_per_gpu": None},
+    {"streamsPerGpu": "0"},
+    {"highPriorityStreams": "-1"},
+    {"emulatedDevices": "0"},
+    {"streamPolicy": "fifo"},
+    {"poolLimit": "lots"},
+    {"poolLimit": "1.5"},
+    {"poolLimit": "-0.5"},
+    {"poolInitial": "-1"},
+    {"emulatedMemory": "16q"},
+    {"streamsPerGpu": None},
 ])
 def test_from_mapping_bad_values_raise(conf):
     with pytest.raises(InvalidArgument):

@@ -22,7 +22,8 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--seed", type=int, default=7)
     demo.add_argument("--json", action="store_true", help="print the statistics as JSON")
     sub.add_parser("info", help="say which backend 'auto' picks and what devices it sees")
-    sub.add_parser("config", help="list every configuration key with its default")
+    cfg = sub.add_parser("config", help="list every setting (settings.json) with its default")
+    cfg.add_argument("--markdown", action="store_true", help="the README's tables")
     build = sub.add_parser("build", help="build the JVM bridge: the JNI library (gcc) and the jar (javac)")
     build.add_argument("--native-only", action="store_true",
                        help="only the library (where there is a Java runtime with include/jni.h but no javac)")
@@ -35,11 +36,15 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
 
     if args.command == "config":
-        from .config import SPARK_PREFIX, ServiceConfig
+        from .config import SCOPES, SETTINGS, markdown_table
 
-        defaults = ServiceConfig()
-        for name, doc in ServiceConfig.DOCS.items():
-            print(f"{SPARK_PREFIX}{name} = {getattr(defaults, name)!s:12}  {doc}")
+        if args.markdown:
+            for scope in SCOPES:
+                print(f"<!-- settings:{scope} -->\n{markdown_table(scope)}\n<!-- /settings:{scope} -->\n")
+            return 0
+        for s in SETTINGS:
+            default = s.default if s.default is not None else f"({s.default_doc})"
+            print(f"{s.name} = {default}  [{s.scope}{', test' if s.test else ''}] {s.doc}")
         return 0
     if args.command == "info":
         from .device import gpu_visible, open_backend

@@ -1,149 +1,97 @@
-"""Service configuration: every key, its default, and its Spark conf spelling.
+"""Every setting, from the one table ``settings.json`` (shipped in this package and inside
+``cudabridge.jar``, where the Spark plugin and the Java API read it).
 
-Keys are ``spark.cudabridge.<name>``; :meth:`ServiceConfig.from_mapping` reads them from a Spark
-conf (or any mapping), :meth:`ServiceConfig.from_env` from ``CUDABRIDGE_<NAME>`` variables.
+Each entry gives the key once; its spellings are derived (:class:`Setting`): the Spark key
+``spark.cudabridge.<key>`` (camelCase, as Spark's own keys), the environment variable
+``CUDABRIDGE_`` plus the key split at capitals and dots (``poolLimit`` -> ``CUDABRIDGE_POOL_LIMIT``)
+and the Python field, its snake_case (``pool_limit``). :class:`ServiceConfig` is generated from
+the service scope of the table; :func:`check_value` parses and checks a value by its type, as the
+Java side (``org.cudabridge.Settings``) does; an unknown key under ``spark.cudabridge.`` is
+refused with the nearest valid one (Spark itself ignores unknown keys silently: users mistype).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import math
 import os
-from dataclasses import dataclass, field
+import re
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Mapping
 
 from .errors import InvalidArgument
 
+TABLE = Path(__file__).with_name("settings.json")
 SPARK_PREFIX = "spark.cudabridge."
+ENV_PREFIX = "CUDABRIDGE_"
 MIN_LIMIT_BYTES = 2 << 20   # a byte limit below one 2 MiB chunk makes a pool in which nothing fits
-LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+MAX_BYTES = (1 << 63) - 1   # byte counts are signed 64-bit in C and Java
+TYPES = ("enum", "int", "bool", "bytes", "limit", "seconds", "list", "string")
+SCOPES = ("service", "plugin", "jvm", "environment")
+
+
+def _words(key: str) -> list[str]:
+    return [w for part in key.split(".") for w in re.split(r"(?<=[a-z0-9])(?=[A-Z])", part) if w]
 
 
 @dataclass(frozen=True)
-class ServiceConfig:
-    backend: str = "auto"                 # auto | cuda | emulated
-    streams_per_gpu: int = 32             # normal-priority pool streams per GPU
-    high_priority_streams: int = 4        # high-priority pool streams per GPU
-    stream_policy: str = "round-robin"    # round-robin | idle-first
-    pool_limit: str = "0.9"               # bytes ("8g", "512m", "1073741824") or a fraction of free memory
-    pool_initial: str = "0"               # bytes reserved up front
-    pool_growth: str = "auto"             # auto | segment | chunks
-    gpu_addresses: str | None = None      # Spark resource addresses, comma-separated; None: all visible
-    gpu_address_map: str | None = None    # explicit "address:ordinal,..." override
-    emulated_devices: int = 1             # GPUs the emulated backend shows
-    emulated_memory: str = "16g"          # memory of each emulated GPU
-    backend_wrapper: str | None = None    # test setting: "module:callable" wrapping the backend
-    host_wait_timeout: str = "300"        # seconds the pool waits for a stream before it gives up
-    log_level: str = "INFO"
-    extra: Mapping[str, Any] = field(default_factory=dict)
+class Setting:
+    key: str
+    scope: str
+    type: str
+    default: str | None
+    doc: str
+    values: tuple[str, ...] = ()
+    min: int | None = None
+    max: int | None = None
+    default_doc: str | None = None
+    test: bool = False
 
-    # Documentation of each key, used by the README and `python -m cudabridge config`.
-    DOCS = {
-        "backend": "device backend: auto (cuda when a GPU is visible, else emulated), cuda, emulated",
-        "streams_per_gpu": "normal-priority streams in each GPU's pool (CUDA_DEVICE_MAX_CONNECTIONS follows it, up to 32)",
-        "high_priority_streams": "high-priority streams in each GPU's pool",
-        "stream_policy": "how a task's stream is picked: round-robin, or idle-first (queries streams)",
-        "pool_limit": "most device memory a GPU's pool reserves: bytes (1073741824, 512m, 8g; at least 2 MiB) "
-                      "or, written with a decimal point, a fraction of free memory in (0, 1] (0.9, 1.0)",
-        "pool_initial": "device memory reserved when the pool starts (bytes, 0 for none)",
-        "pool_growth": "how blocks above 1 MiB get memory: segment (one expandable virtual-memory segment, "
-                       "physical pieces moved out of free holes), chunks (cudaMalloc chunks), auto (segment where supported)",
-        "gpu_addresses": "Spark GPU addresses this executor owns; unset: every visible GPU",
-        "gpu_address_map": "explicit address:ordinal pairs, for when addresses are not visible ordinals",
-        "emulated_devices": "number of GPUs the emulated backend shows",
-        "emulated_memory": "memory of each emulated GPU (bytes, 16g; at least 2 MiB)",
-        "backend_wrapper": "test setting, unset in production: module:callable (on the executor's Python path) "
-                           "that takes the device backend and returns the backend the service uses "
-                           "(fault injection: tests/faulty_backend.py)",
-        "host_wait_timeout": "seconds the pool waits for a stream to finish before an allocation fails with "
-                             "HostWaitTimeout naming it (instead of hanging on a hung stream)",
-        "log_level": "log level of the cudabridge loggers: DEBUG, INFO, WARNING, ERROR or CRITICAL",
-    }
+    @property
+    def spark_key(self) -> str | None:
+        return SPARK_PREFIX + self.key if self.scope in ("service", "plugin") else None
 
-    def __post_init__(self) -> None:
-        if self.backend not in ("auto", "cuda", "emulated"):
-            raise InvalidArgument(f"spark.cudabridge.backend={self.backend!r}: expected auto, cuda or emulated")
-        for name in ("streams_per_gpu", "high_priority_streams", "emulated_devices"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < (0 if name == "high_priority_streams" else 1):
-                raise InvalidArgument(f"spark.cudabridge.{name}={value!r}: expected a positive integer")
-        if self.stream_policy not in ("round-robin", "idle-first"):
-            raise InvalidArgument(f"spark.cudabridge.stream_policy={self.stream_policy!r}: expected round-robin or idle-first")
-        if self.pool_growth not in ("auto", "segment", "chunks"):
-            raise InvalidArgument(f"spark.cudabridge.pool_growth={self.pool_growth!r}: expected auto, segment or chunks")
-        if not isinstance(self.log_level, str) or self.log_level.upper() not in LOG_LEVELS:
-            raise InvalidArgument(f"spark.cudabridge.log_level={self.log_level!r}: expected one of {', '.join(LOG_LEVELS)}")
-        self.wait_timeout_s()  # validate
-        self.limit()  # validate
-        parse_bytes(self.pool_initial, SPARK_PREFIX + "pool_initial")
-        parse_bytes(self.emulated_memory, SPARK_PREFIX + "emulated_memory", minimum=MIN_LIMIT_BYTES)
+    @property
+    def env_name(self) -> str | None:
+        return None if self.scope == "jvm" else ENV_PREFIX + "_".join(w.upper() for w in _words(self.key))
 
-    def wait_timeout_s(self) -> float:
-        """``host_wait_timeout`` in seconds: a positive number."""
-        try:
-            value = float(str(self.host_wait_timeout).strip())
-        except ValueError:
-            value = float("nan")
-        if not 0 < value < float("inf"):
-            raise InvalidArgument(f"spark.cudabridge.host_wait_timeout={self.host_wait_timeout!r}: expected a positive "
-                                  f"number of seconds such as 300 or 0.5")
-        return value
+    @property
+    def field(self) -> str:
+        return "_".join(w.lower() for w in _words(self.key))
 
-    def limit(self) -> tuple[int | None, float]:
-        """(bytes, None-fraction) or (None, fraction) from ``pool_limit``: a number with a
-        decimal point is a fraction of free memory in (0, 1]; anything else is bytes (a bare
-        integer, or with a suffix), at least 2 MiB. ``"1"`` is one byte (refused), not all."""
-        text = str(self.pool_limit).strip()
-        if "." in text:
-            try:
-                value = float(text)
-            except ValueError:
-                raise InvalidArgument(f"spark.cudabridge.pool_limit={text!r}: expected bytes (1073741824, 512m, 8g) "
-                                      f"or a fraction of free memory in (0, 1] such as 0.9") from None
-            if not 0.0 < value <= 1.0:
-                raise InvalidArgument(f"spark.cudabridge.pool_limit={text!r}: a fraction of free memory must be "
-                                      f"in (0, 1]")
-            return None, value
-        return parse_bytes(text, SPARK_PREFIX + "pool_limit", minimum=MIN_LIMIT_BYTES), 1.0
-
-    @classmethod
-    def from_mapping(cls, conf: Mapping[str, Any], prefix: str = SPARK_PREFIX) -> "ServiceConfig":
-        kwargs: dict[str, Any] = {}
-        fields = {f.name: f for f in dataclasses.fields(cls) if f.name != "extra"}
-        extra = {}
-        for key, value in conf.items():
-            if not key.startswith(prefix):
-                continue
-            name = key[len(prefix):].replace(".", "_").replace("-", "_")
-            # camelCase spellings (streamsPerGpu) too, as Spark keys often are
-            snake = "".join("_" + c.lower() if c.isupper() else c for c in name)
-            name = snake if snake in fields else name
-            if name not in fields:
-                extra[key] = value
-                continue
-            kwargs[name] = _coerce(fields[name], value, key)
-        return cls(**kwargs, extra=extra)
-
-    @classmethod
-    def from_env(cls, environ: Mapping[str, str] = os.environ) -> "ServiceConfig":
-        conf = {SPARK_PREFIX + k[len("CUDABRIDGE_"):].lower(): v for k, v in environ.items()
-                if k.startswith("CUDABRIDGE_") and k[len("CUDABRIDGE_"):].lower() in cls.DOCS}
-        return cls.from_mapping(conf)
+    @property
+    def name(self) -> str:
+        """How users write it: the Spark key, the JVM property, or the environment variable."""
+        return self.spark_key or (self.key if self.scope == "jvm" else self.env_name)  # type: ignore[return-value]
 
 
-def _coerce(f: dataclasses.Field, value: Any, key: str) -> Any:
-    if f.type in ("int", int):
-        try:
-            return int(value)
-        except (TypeError, ValueError):
-            raise InvalidArgument(f"{key}={value!r}: expected an integer") from None
-    return None if value is None else str(value)
+def _load(path: Path = TABLE) -> tuple[Setting, ...]:
+    raw = json.loads(path.read_text())
+    out = []
+    for entry in raw["settings"]:
+        s = Setting(key=entry["key"], scope=entry["scope"], type=entry["type"], default=entry["default"],
+                    doc=entry["doc"], values=tuple(entry.get("values", ())), min=entry.get("min"),
+                    max=entry.get("max"), default_doc=entry.get("defaultDoc"), test=bool(entry.get("test", False)))
+        if s.scope not in SCOPES or s.type not in TYPES or (s.type == "enum") != bool(s.values):
+            raise ValueError(f"{path}: bad entry {entry!r}")
+        out.append(s)
+    keys = [s.key for s in out]
+    if len(set(keys)) != len(keys) or raw["prefix"] != SPARK_PREFIX:
+        raise ValueError(f"{path}: keys must be unique and the prefix {SPARK_PREFIX!r}")
+    return tuple(out)
 
 
+SETTINGS: tuple[Setting, ...] = _load()
+BY_KEY: dict[str, Setting] = {s.key: s for s in SETTINGS}
+SERVICE: dict[str, Setting] = {s.field: s for s in SETTINGS if s.scope == "service"}
+SPARK_KEYS: dict[str, Setting] = {s.spark_key: s for s in SETTINGS if s.spark_key}
+
+
+# values -------------------------------------------------------------------------------------------
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "m": 1 << 20, "mb": 1 << 20,
           "g": 1 << 30, "gb": 1 << 30, "t": 1 << 40, "tb": 1 << 40}
-
-
-MAX_BYTES = (1 << 63) - 1   # byte counts are signed 64-bit in C and Java
 
 
 def parse_bytes(text: Any, name: str = "size", minimum: int = 0) -> int:
@@ -166,3 +114,190 @@ def parse_bytes(text: Any, name: str = "size", minimum: int = 0) -> int:
     if nbytes < minimum:
         raise InvalidArgument(f"{name}={text!r}: {nbytes} bytes is below the least accepted, {minimum} (2 MiB)")
     return nbytes
+
+
+def parse_limit(text: Any, name: str) -> tuple[int | None, float]:
+    """(bytes, 1.0) or (None, fraction): a number with a decimal point is a fraction of free
+    memory in (0, 1]; anything else is bytes (a bare integer, or with a suffix), at least 2 MiB.
+    ``"1"`` is one byte (refused), not all of the memory."""
+    s = str(text).strip()
+    if "." in s:
+        try:
+            value = float(s)
+        except ValueError:
+            raise InvalidArgument(f"{name}={text!r}: expected bytes (1073741824, 512m, 8g) or a fraction of "
+                                  f"free memory in (0, 1] such as 0.9") from None
+        if not 0.0 < value <= 1.0:
+            raise InvalidArgument(f"{name}={text!r}: a fraction of free memory must be in (0, 1]")
+        return None, value
+    return parse_bytes(s, name, minimum=MIN_LIMIT_BYTES), 1.0
+
+
+def check_value(key: str, value: Any) -> Any:
+    """``value`` of setting ``key`` (table key, Spark key or Python field) parsed by its type:
+    an int, a bool, a float for seconds, a str otherwise (or None where the default is None).
+    Raises :class:`InvalidArgument` naming the key and what is wrong."""
+    s = _setting(key)
+    name = s.name
+    if value is None:
+        if s.default is None:
+            return None
+        raise InvalidArgument(f"{name}=None: expected {_expected(s)}")
+    if s.type == "int":
+        if isinstance(value, bool) or not isinstance(value, (int, str)):
+            raise InvalidArgument(f"{name}={value!r}: expected an integer")
+        try:
+            n = int(value)
+        except ValueError:
+            raise InvalidArgument(f"{name}={value!r}: expected an integer") from None
+        if (s.min is not None and n < s.min) or (s.max is not None and n > s.max):
+            raise InvalidArgument(f"{name}={value!r}: expected an integer in [{s.min}, {s.max}]")
+        return n
+    if s.type == "bool":
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+            return value.strip().lower() == "true"
+        raise InvalidArgument(f"{name}={value!r}: expected true or false")
+    if not isinstance(value, str) and not (s.type == "bytes" and isinstance(value, int)):
+        raise InvalidArgument(f"{name}={value!r}: expected {_expected(s)}")
+    text = str(value)
+    if s.type == "enum":
+        folded = text.upper() if all(v.isupper() for v in s.values) else text
+        if folded not in s.values:
+            raise InvalidArgument(f"{name}={value!r}: expected one of {', '.join(s.values)}")
+        return text
+    if s.type == "bytes":
+        parse_bytes(text, name, minimum=s.min or 0)
+        return text
+    if s.type == "limit":
+        parse_limit(text, name)
+        return text
+    if s.type == "seconds":
+        try:
+            seconds = float(text.strip())
+        except ValueError:
+            seconds = math.nan
+        if not 0 < seconds < math.inf:
+            raise InvalidArgument(f"{name}={value!r}: expected a positive number of seconds such as 300 or 0.5")
+        return text
+    return text   # list, string
+
+
+def _expected(s: Setting) -> str:
+    return {"enum": "one of " + ", ".join(s.values), "int": "an integer", "bool": "true or false",
+            "bytes": "bytes such as 512m", "limit": "bytes or a fraction", "seconds": "seconds",
+            "list": "a comma-separated list", "string": "a string"}[s.type]
+
+
+def _setting(key: str) -> Setting:
+    s = BY_KEY.get(key) or SPARK_KEYS.get(key) or SERVICE.get(key)
+    if s is None:
+        raise InvalidArgument(unknown_key_message(key))
+    return s
+
+
+def edit_distance(a: str, b: str) -> int:
+    """Levenshtein distance (the Java side, ``Settings.nearest``, uses the same rule)."""
+    prev = list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        cur = [i]
+        for j, cb in enumerate(b, 1):
+            cur.append(min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (ca != cb)))
+        prev = cur
+    return prev[-1]
+
+
+def nearest_key(key: str) -> str | None:
+    """The known Spark key nearest to ``key`` (the part after the prefix, case-insensitive, with
+    ``_`` ``-`` ``.`` ignored), if within max(2, a third of its length) edits."""
+    def norm(k: str) -> str:
+        return re.sub(r"[._-]", "", k[len(SPARK_PREFIX):] if k.startswith(SPARK_PREFIX) else k).lower()
+
+    target = norm(key)
+    best = min(SPARK_KEYS, key=lambda k: (edit_distance(norm(k), target), k))
+    return best if edit_distance(norm(best), target) <= max(2, len(target) // 3) else None
+
+
+def unknown_key_message(key: str) -> str:
+    """What a misspelled key gets: the nearest valid Spark key, if any is close."""
+    spark = key if key.startswith(SPARK_PREFIX) else SPARK_PREFIX + key
+    near = nearest_key(spark)
+    hint = f"did you mean {near}?" if near else "no key is close (python -m cudabridge config lists them)"
+    return f"unknown key {spark}; {hint}"
+
+
+# the service's configuration ------------------------------------------------------------------------
+class _ServiceConfigBase:
+    """Methods of :class:`ServiceConfig` (whose fields come from the table's service scope)."""
+
+    DOCS: dict[str, str] = {field: s.doc for field, s in SERVICE.items()}
+
+    def __post_init__(self) -> None:
+        for field, s in SERVICE.items():
+            object.__setattr__(self, field, check_value(s.key, getattr(self, field)))
+
+    def limit(self) -> tuple[int | None, float]:
+        """(bytes, 1.0) or (None, fraction) from ``pool_limit``."""
+        return parse_limit(self.pool_limit, SERVICE["pool_limit"].name)  # type: ignore[attr-defined]
+
+    def wait_timeout_s(self) -> float:
+        """``host_wait_timeout`` in seconds."""
+        return float(self.host_wait_timeout)  # type: ignore[attr-defined]
+
+    @classmethod
+    def from_mapping(cls, conf: Mapping[str, Any], prefix: str = SPARK_PREFIX) -> "ServiceConfig":
+        """From a Spark conf (or any mapping): the service keys under ``prefix``; the plugin's own
+        keys are skipped; any other key under the prefix is refused with the nearest valid one."""
+        kwargs: dict[str, Any] = {}
+        for key, value in conf.items():
+            if not key.startswith(prefix):
+                continue
+            s = BY_KEY.get(key[len(prefix):])
+            if s is None or s.scope not in ("service", "plugin"):
+                raise InvalidArgument(unknown_key_message(SPARK_PREFIX + key[len(prefix):]))
+            if s.scope == "service":
+                kwargs[s.field] = check_value(s.key, value)
+        return cls(**kwargs)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] = os.environ) -> "ServiceConfig":
+        """From ``CUDABRIDGE_<KEY>`` variables (other ``CUDABRIDGE_*`` variables are the scripts')."""
+        kwargs = {field: check_value(s.key, environ[s.env_name]) for field, s in SERVICE.items()
+                  if s.env_name in environ}
+        return cls(**kwargs)
+
+
+def _field_type(s: Setting) -> type:
+    return {"int": int, "bool": bool}.get(s.type, str)
+
+
+ServiceConfig = dataclasses.make_dataclass(
+    "ServiceConfig",
+    [(field, _field_type(s) if s.default is not None else (str | None),  # type: ignore[operator]
+      dataclasses.field(default=None if s.default is None else check_value(s.key, s.default)))
+     for field, s in SERVICE.items()],
+    bases=(_ServiceConfigBase,), frozen=True)
+ServiceConfig.__module__ = __name__
+ServiceConfig.__doc__ = ("The service's settings (the table's service scope; fields in snake_case): "
+                         + "; ".join(f"{f}: {s.doc}" for f, s in SERVICE.items()))
+
+
+# documentation --------------------------------------------------------------------------------------
+def markdown_table(scope: str) -> str:
+    """The README's table of one scope, generated from the table (a test compares them)."""
+    head = {"service": "| key | environment | default | meaning |\n| --- | --- | --- | --- |",
+            "plugin": "| key | default | meaning |\n| --- | --- | --- |",
+            "jvm": "| property | default | meaning |\n| --- | --- | --- |",
+            "environment": "| variable | default | meaning |\n| --- | --- | --- |"}[scope]
+    rows = [head]
+    for s in SETTINGS:
+        if s.scope != scope:
+            continue
+        default = f"`{s.default}`" if s.default is not None else (s.default_doc or "unset")
+        doc = ("*test setting:* " if s.test else "") + s.doc
+        if scope == "service":
+            rows.append(f"| `{s.spark_key}` | `{s.env_name}` | {default} | {doc} |")
+        else:
+            rows.append(f"| `{s.name}` | {default} | {doc} |")
+    return "\n".join(rows)

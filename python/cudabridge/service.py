@@ -60,7 +60,7 @@ def _wrap_backend(spec: str, backend: DeviceBackend) -> DeviceBackend:
         wrapped = wrap(backend)
     except Exception as exc:
         backend.close()
-        raise InvalidArgument(f"spark.cudabridge.backend_wrapper={spec!r}: {type(exc).__name__}: {exc}") from exc
+        raise InvalidArgument(f"spark.cudabridge.backendWrapper={spec!r}: {type(exc).__name__}: {exc}") from exc
     log.warning("device backend wrapped by %s (a test setting)", spec)
     return wrapped
 
@@ -73,7 +73,9 @@ class CudaBridgeService:
         if backend is None:
             ensure_hardware_queues(config.streams_per_gpu + config.high_priority_streams)
             backend = open_backend(config.backend, emulated_devices=config.emulated_devices,
-                                   emulated_memory_bytes=parse_bytes(config.emulated_memory))
+                                   emulated_memory_bytes=parse_bytes(config.emulated_memory),
+                                   # false leaves it to CUDABRIDGE_EMULATED_RACE_CHECK (the tests set it)
+                                   race_check=True if config.emulated_race_check else None)
             if config.backend_wrapper:
                 backend = _wrap_backend(config.backend_wrapper, backend)
         self.backend = backend
@@ -82,7 +84,7 @@ class CudaBridgeService:
                                         address_map=parse_address_map(config.gpu_address_map or ""))
         self.addresses = mapping
         limit_bytes, fraction = config.limit()
-        initial = parse_bytes(config.pool_initial, "pool_initial")
+        initial = parse_bytes(config.pool_initial)
         gpus: dict[int, GpuResources] = {}
         try:
             for address, ordinal in mapping.items():

@@ -24,13 +24,24 @@ import threading
 
 from .device import DeviceBackend
 from .errors import InvalidArgument, PoolClosed
+from .modes import Mode
 
 log = logging.getLogger(__name__)
 
 MAX_CONNECTIONS_ENV = "CUDA_DEVICE_MAX_CONNECTIONS"
 HARDWARE_QUEUE_LIMIT = 32
-PRIORITIES = ("normal", "high")
-POLICIES = ("round-robin", "idle-first")
+
+
+class Priority(Mode):
+    """A stream's priority: a pool of its own per priority (``high``: the device's greatest)."""
+    NORMAL = "normal"
+    HIGH = "high"
+
+
+class StreamPolicy(Mode):
+    """How a task's stream is picked."""
+    ROUND_ROBIN = "round-robin"   # one atomic step
+    IDLE_FIRST = "idle-first"     # queries streams, takes the first with no pending work
 
 
 def ensure_hardware_queues(streams: int) -> str:
@@ -51,12 +62,11 @@ class StreamPool:
     device's greatest priority, all created here on GPU ``device``."""
 
     def __init__(self, backend: DeviceBackend, device: int = 0, size: int = 32,
-                 high_priority_size: int = 4, policy: str = "round-robin") -> None:
+                 high_priority_size: int = 4, policy: str = StreamPolicy.ROUND_ROBIN) -> None:
         for name, value, low in (("size", size, 1), ("high_priority_size", high_priority_size, 0)):
             if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= 1024:
                 raise InvalidArgument(f"stream pool {name} must be an int in [{low}, 1024], got {value!r}")
-        if policy not in POLICIES:
-            raise InvalidArgument(f"unknown stream policy {policy!r}; expected one of {POLICIES}")
+        policy = StreamPolicy.parse(policy, "stream policy")
         self.backend = backend
         self.device = device
         self.policy = policy
@@ -67,11 +77,11 @@ class StreamPool:
                         os.environ.get(MAX_CONNECTIONS_ENV, "8"))
         prev = backend.get_device()
         backend.set_device(device)
-        self._streams: dict[str, list[int]] = {p: [] for p in PRIORITIES}
+        self._streams: dict[str, list[int]] = {p: [] for p in Priority}
         try:
             least, greatest = backend.stream_priority_range()
-            self.priority_values = {"normal": least, "high": greatest}
-            for prio, count in (("normal", size), ("high", high_priority_size)):
+            self.priority_values = {Priority.NORMAL: least, Priority.HIGH: greatest}
+            for prio, count in ((Priority.NORMAL, size), (Priority.HIGH, high_priority_size)):
                 for _ in range(count):
                     self._streams[prio].append(backend.stream_create(self.priority_values[prio]))
         except BaseException:
@@ -89,16 +99,16 @@ class StreamPool:
 
     @property
     def handles(self) -> list[int]:
-        return [h for p in PRIORITIES for h in self._streams[p]]
+        return [h for p in Priority for h in self._streams[p]]
 
-    def streams(self, priority: str = "normal") -> list[int]:
+    def streams(self, priority: str = Priority.NORMAL) -> list[int]:
         self._check_priority(priority)
         return list(self._streams[priority])
 
     def owns(self, handle: int) -> bool:
         return any(handle in hs for hs in self._streams.values())
 
-    def acquire(self, priority: str = "normal", policy: str | None = None) -> int:
+    def acquire(self, priority: str = Priority.NORMAL, policy: str | None = None) -> int:
         """A stream of the pool; nothing to return. ``round-robin`` costs one atomic step;
         ``idle-first`` queries streams from the round-robin position and takes the first with no
         pending work (falling back to round-robin when all are busy)."""
@@ -108,10 +118,10 @@ class StreamPool:
                 raise PoolClosed(f"acquire on the stream pool of GPU {self.device} after close()")
             self._check_priority(priority)
             raise InvalidArgument(f"GPU {self.device}'s stream pool has no {priority!r} streams")
-        if (policy or self.policy) == "round-robin":
+        if (policy or self.policy) == StreamPolicy.ROUND_ROBIN:
             return next(cycle)
-        if policy not in (None, "idle-first"):
-            raise InvalidArgument(f"unknown stream policy {policy!r}; expected one of {POLICIES}")
+        if policy is not None:
+            StreamPolicy.parse(policy, "stream policy")
         first = next(cycle)
         candidate = first
         for _ in range(len(self._streams[priority])):
@@ -122,8 +132,7 @@ class StreamPool:
         return first
 
     def _check_priority(self, priority: str) -> None:
-        if priority not in PRIORITIES:
-            raise InvalidArgument(f"unknown stream priority {priority!r}; expected one of {PRIORITIES}")
+        Priority.parse(priority, "stream priority")
 
     def synchronize(self) -> None:
         for h in self.handles:
@@ -145,7 +154,7 @@ class StreamPool:
         finally:
             if prev != self.device:
                 self.backend.set_device(prev)
-        self._streams = {p: [] for p in PRIORITIES}
+        self._streams = {p: [] for p in Priority}
 
     @property
     def closed(self) -> bool:

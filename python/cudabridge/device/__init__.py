@@ -9,7 +9,8 @@ from __future__ import annotations
 import logging
 import os
 
-from ..errors import CudaError, InvalidArgument
+from ..errors import CudaError
+from ..modes import Mode
 from .backend import (
     DEFAULT_STREAM,
     LEGACY_STREAM,
@@ -21,10 +22,17 @@ from .emulated_backend import EmulatedBackend
 
 log = logging.getLogger(__name__)
 
-BACKEND_NAMES = ("auto", "cuda", "emulated")
+
+
+class Backend(Mode):
+    """Which device backend: ``auto`` picks ``cuda`` when a GPU is visible, else ``emulated``."""
+    AUTO = "auto"
+    CUDA = "cuda"
+    EMULATED = "emulated"
+
 
 __all__ = [
-    "BACKEND_NAMES",
+    "Backend",
     "DEFAULT_STREAM",
     "LEGACY_STREAM",
     "PER_THREAD_STREAM",
@@ -62,8 +70,7 @@ def open_backend(name: str = "auto", *, emulated_devices: int | None = None,
     ``CUDABRIDGE_EMULATED_DEVICES`` / ``CUDABRIDGE_EMULATED_MEMORY`` (bytes); ``race_check``
     turns its stream-ordering race detector on or off (``None``: ``CUDABRIDGE_EMULATED_RACE_CHECK``,
     off when unset). The CUDA backend has no race detector and ignores it."""
-    if name not in BACKEND_NAMES:
-        raise InvalidArgument(f"unknown device backend {name!r}; expected one of {', '.join(BACKEND_NAMES)}")
+    name = Backend.parse(name, "device backend")
     if name == "auto":
         visible, why = gpu_visible()
         name = "cuda" if visible else "emulated"

@@ -57,6 +57,7 @@ import uuid
 from collections import deque
 from typing import Any, Callable
 
+from ..config import BY_KEY
 from ..errors import CudaError, InvalidArgument, StreamOrderRace
 from .backend import (
     DEFAULT_STREAM,
@@ -395,7 +396,7 @@ class _EmuDevice:
 
 # race detector ---------------------------------------------------------------------------------
 
-RACE_CHECK_ENV = "CUDABRIDGE_EMULATED_RACE_CHECK"
+RACE_CHECK_ENV = BY_KEY["emulatedRaceCheck"].env_name   # CUDABRIDGE_EMULATED_RACE_CHECK
 
 
 def race_check_from_env() -> bool:

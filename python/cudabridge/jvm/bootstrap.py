@@ -149,8 +149,8 @@ def start(library: str, conf_json: str) -> Any:
 
     service = CudaBridgeService(config)
     try:
-        policy = config.extra.get(SPARK_PREFIX + "test_reuse_policy")
-        if policy is not None:
+        policy = config.test_reuse_policy
+        if policy != "event-deferred":
             from .tools import apply_test_reuse_policy
 
             apply_test_reuse_policy(service, str(policy))

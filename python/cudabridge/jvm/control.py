@@ -22,14 +22,13 @@ import threading
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..errors import InvalidArgument, PoolClosed
+from ..stream_pool import Priority
 
 if TYPE_CHECKING:
     from ..service import CudaBridgeService
     from .hot_path import JavaHotPath
 
 log = logging.getLogger(__name__)
-
-PRIORITIES = ("normal", "high")
 
 
 class BridgeControl:
@@ -43,8 +42,8 @@ class BridgeControl:
         self.leaks_released = 0
 
     def bind_task(self, task: int, gpu_address: str | None, priority: str) -> tuple[int, int]:
-        if priority not in PRIORITIES:
-            raise InvalidArgument(f"task {task}: priority must be one of {PRIORITIES}, got {priority!r}")
+        if priority not in Priority.__members__.values():
+            raise InvalidArgument(f"task {task}: priority must be one of {', '.join(Priority)}, got {priority!r}")
         b = self.service.bind_task(task, gpu_address, priority)
         return b.stream, b.gpu
 

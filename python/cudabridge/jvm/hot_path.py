@@ -21,7 +21,7 @@ recognised (copies to and from them are truly asynchronous).
 ``stream``, ``allocate``, ``free`` and ``free_many`` have a C twin (``_hotcore.c``, built with the
 pool's C fast path) that the constructor installs on the instance when it is built, as the pool
 does with its own: the methods below are the reference it follows and the fallback
-(``fast_path="python"``, or ``CUDABRIDGE_NATIVE_FASTPATH=0``).
+(``fast_path="python"``, or ``CUDABRIDGE_NATIVE_FAST_PATH=0``).
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from threading import get_ident
 from typing import TYPE_CHECKING, Any, Iterable
 
 from ..errors import InvalidArgument, InvalidFree, UnknownTask
+from ..memory import FastPath
 from ..memory.native import load as load_native
 from ..memory.native import supported as native_supported
 
@@ -53,8 +54,7 @@ class JavaHotPath:
     """The hot path of the Java API, over one :class:`CudaBridgeService`."""
 
     def __init__(self, service: "CudaBridgeService", fast_path: str = "auto") -> None:
-        if fast_path not in ("auto", "native", "python"):
-            raise InvalidArgument(f"fast_path must be 'auto', 'native' or 'python', got {fast_path!r}")
+        fast_path = FastPath.parse(fast_path, "fast_path")
         if max(service.gpus, default=0) >= MAX_GPUS:
             raise InvalidArgument(f"the Java bridge supports GPU ordinals below {MAX_GPUS}, got {sorted(service.gpus)}")
         self._service = service

@@ -42,7 +42,7 @@ def spin(c: "BridgeControl", task: int, seconds: float) -> None:
 
 
 def apply_test_reuse_policy(service, policy: str) -> None:
-    """Test-only, at start-up (``spark.cudabridge.test_reuse_policy``): rebuild every GPU's
+    """Test-only, at start-up (``spark.cudabridge.testReusePolicy``): rebuild every GPU's
     memory pool with ``policy``. ``naive`` hands freed blocks to any stream at once; it exists so
     that the Java-driven seven-step race test can show it is able to fail. The pool fixes its
     policy at construction (its C fast path reads it once), so the pools are replaced before
@@ -52,7 +52,7 @@ def apply_test_reuse_policy(service, policy: str) -> None:
     from ..memory import StreamOrderedMemoryPool
 
     if policy not in ("event-deferred", "naive"):
-        raise InvalidArgument(f"spark.cudabridge.test_reuse_policy={policy!r}: expected event-deferred or naive")
+        raise InvalidArgument(f"spark.cudabridge.testReusePolicy={policy!r}: expected event-deferred or naive")
     for ordinal, res in list(service.gpus.items()):
         old = res.memory
         if old.statistics().allocations:

@@ -2,6 +2,7 @@
 
 from .allocation import Allocation
 from .statistics import PoolStatistics
-from .stream_ordered_pool import ALIGNMENT, REUSE_POLICIES, StreamOrderedMemoryPool
+from .stream_ordered_pool import ALIGNMENT, FastPath, PoolGrowth, ReusePolicy, StreamOrderedMemoryPool
 
-__all__ = ["ALIGNMENT", "Allocation", "PoolStatistics", "REUSE_POLICIES", "StreamOrderedMemoryPool"]
+__all__ = ["ALIGNMENT", "Allocation", "FastPath", "PoolGrowth", "PoolStatistics", "ReusePolicy",
+           "StreamOrderedMemoryPool"]

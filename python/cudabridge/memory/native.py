@@ -1,7 +1,7 @@
 """The pool's C fast paths (``_fastpath.c``): build and load.
 
 The extension is optional: without it (no compiler, a free-threaded build, or
-``CUDABRIDGE_NATIVE_FASTPATH=0``) the pool runs its pure-Python fast paths, which are the
+``CUDABRIDGE_NATIVE_FAST_PATH=0``) the pool runs its pure-Python fast paths, which are the
 reference the C code follows line by line. It is built with the interpreter's own headers
 (paths from ``sysconfig``), so it needs neither setuptools nor network, and it can be built on a
 machine that only has gcc and a Python (the GPU machine):
@@ -19,11 +19,13 @@ import sysconfig
 from pathlib import Path
 from types import ModuleType
 
+from ..config import BY_KEY
+
 log = logging.getLogger(__name__)
 
 HERE = Path(__file__).resolve().parent
 SOURCE = HERE / "_fastpath.c"
-ENV_SWITCH = "CUDABRIDGE_NATIVE_FASTPATH"
+ENV_SWITCH = BY_KEY["nativeFastPath"].env_name   # CUDABRIDGE_NATIVE_FAST_PATH
 
 
 def target(source: Path = SOURCE) -> Path:

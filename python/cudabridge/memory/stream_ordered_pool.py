@@ -43,6 +43,7 @@ from typing import Iterable
 
 from ..device import LEGACY_STREAM, PER_THREAD_STREAM, DeviceAllocationFailed, DeviceBackend
 from ..errors import CudaError, InvalidArgument, InvalidFree, OutOfDeviceMemory, PoolClosed, UnknownStream
+from ..modes import Mode
 from .allocation import ALIVE, CLOSED, FREED, RELEASED, Allocation
 from .block import LIVE, PENDING, SAFE, UNMAPPED, Block, Chunk
 from .event_pool import EventPool
@@ -63,9 +64,25 @@ LARGE_CHUNK = 20 << 20           # and 20 MiB chunks for medium ones
 LARGE_EXACT = 10 << 20           # above this, a chunk is the request rounded to 2 MiB
 CHUNK_GRANULE = 2 << 20
 
-REUSE_POLICIES = ("event-deferred", "naive")
-FAST_PATHS = ("auto", "native", "python")
-GROWTHS = ("auto", "segment", "chunks")   # how blocks above SMALL_REQUEST get memory
+
+
+class ReusePolicy(Mode):
+    EVENT_DEFERRED = "event-deferred"
+    NAIVE = "naive"   # tests only: shows the race the default prevents
+
+
+class FastPath(Mode):
+    AUTO = "auto"       # the C extension where built, else Python
+    NATIVE = "native"
+    PYTHON = "python"
+
+
+class PoolGrowth(Mode):
+    """How blocks above SMALL_REQUEST get memory."""
+    AUTO = "auto"         # segment where the GPU has virtual memory management
+    SEGMENT = "segment"   # one expandable virtual-memory segment
+    CHUNKS = "chunks"     # cudaMalloc chunks
+
 DEFAULT_HOST_WAIT_TIMEOUT_S = 300.0   # the longest the pool waits for a stream before OOM
 MAX_BYTES = (1 << 63) - 1       # sizes and limits are signed 64-bit byte counts (C, Java)
 MAX_HANDLE = (1 << 64) - 1      # stream handles are pointers (cudaStream_t)
@@ -122,12 +139,9 @@ class StreamOrderedMemoryPool:
         growth: str = "auto",
         host_wait_timeout_s: float | None = DEFAULT_HOST_WAIT_TIMEOUT_S,
     ) -> None:
-        if growth not in GROWTHS:
-            raise InvalidArgument(f"unknown growth {growth!r}; expected one of {GROWTHS}")
-        if fast_path not in FAST_PATHS:
-            raise InvalidArgument(f"unknown fast_path {fast_path!r}; expected one of {FAST_PATHS}")
-        if reuse_policy not in REUSE_POLICIES:
-            raise InvalidArgument(f"unknown reuse_policy {reuse_policy!r}; expected one of {REUSE_POLICIES}")
+        growth = PoolGrowth.parse(growth, "growth")
+        fast_path = FastPath.parse(fast_path, "fast_path")
+        reuse_policy = ReusePolicy.parse(reuse_policy, "reuse_policy")
         if limit_bytes is not None:
             limit_bytes = index_int(limit_bytes, "limit_bytes")
             if not 0 < limit_bytes <= MAX_BYTES:
