@@ -183,7 +183,7 @@ def test_task_ids_that_are_not_ints_never_act_on_task_1(service, task):
         service.bind_task(task)
     assert service.registry.bound_tasks() == [1] and a.alive
     assert service.memory_pool(0).statistics().live_allocations == 1
-    assert service.release_task(Index(1)).leaked_allocations == 1
+    assert service.release_task(Index(1)).leaks_reclaimed == 1
 
 
 @pytest.mark.parametrize("level", [None, 5, "LOUD", ""])

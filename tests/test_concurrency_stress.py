@@ -81,7 +81,7 @@ def _worker(service, thread_no, live, failures, errors, limit_hit):
                 # else: leaked on purpose; task end reclaims it
             leak = held[:n_leak]
             report = service.release_task(task)
-            assert report.leaked_allocations == len(leak)
+            assert report.leaks_reclaimed == len(leak)
             service.registry.detach()
     except BaseException as exc:
         errors.append(exc)

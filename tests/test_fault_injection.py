@@ -73,7 +73,7 @@ def test_a_growth_failure_is_out_of_memory_with_numbers_and_the_next_growth_work
     with pytest.raises(OutOfDeviceMemory) as info:
         pool.allocate(size, s)
     assert faulty.injected[call] == 1
-    assert info.value.requested == size and info.value.reserved == before["reserved"]
+    assert info.value.requested_bytes == size and info.value.reserved_bytes == before["reserved"]
     assert books(pool) == before
     a = pool.allocate(size, s)       # the fault was transient
     a.free()
@@ -169,7 +169,7 @@ def test_after_a_sticky_error_every_gpu_call_fails_fast_and_the_service_says_the
         with pytest.raises(DeviceUnusable, match="cudaErrorIllegalAddress"):
             svc.allocate(1, 4096)
         # The bookkeeping stays whole: the task releases (its buffer reclaimed as a leak).
-        assert svc.release_task(1).leaked_allocations == 1
+        assert svc.release_task(1).leaks_reclaimed == 1
         assert svc.memory_pool(0).statistics().live_allocations == 0
     finally:
         try:

@@ -91,7 +91,7 @@ def _replay(fast_path: str, seed: int, gpus: int) -> list:
                 t = tasks.pop(rng.randrange(len(tasks)))
                 dropped = set(hot.forget_task(t))
                 handles = [h for h in handles if h not in dropped]
-                svc.registry.unbind(t)
+                svc.registry.release(t)
                 trace.append(("release", t, len(dropped)))
             elif op < 0.50:
                 size = rng.choice([1, 256, 4096, 65536, MiB, 3 * MiB, 0, -5, 1 << 40])
@@ -118,7 +118,7 @@ def _replay(fast_path: str, seed: int, gpus: int) -> list:
         trace.append(("counters", hot.counters, hot.live_handles))
         for t in list(tasks):
             hot.forget_task(t)
-            svc.registry.unbind(t)
+            svc.registry.release(t)
         trace.append(("after", hot.live_handles, [svc.memory_pool(g).statistics().live_allocations for g in range(gpus)]))
         return trace
     finally:
@@ -210,7 +210,7 @@ def test_release_waits_for_an_allocate_in_progress_and_refuses_later_ones(servic
     t = threading.Thread(target=lambda: got.append(hot.allocate(3, 4096)))
     t.start()
     assert inside.wait(10)
-    r = threading.Thread(target=lambda: reports.append(reg.unbind(3)))
+    r = threading.Thread(target=lambda: reports.append(reg.release(3)))
     r.start()
     deadline = time.monotonic() + 10
     while 3 in reg.leases and time.monotonic() < deadline:
@@ -223,7 +223,7 @@ def test_release_waits_for_an_allocate_in_progress_and_refuses_later_ones(servic
     t.join(10)
     r.join(10)
     pool.allocate = real
-    assert len(got) == 1 and reports[0].leaked_allocations == 1   # reclaimed with the task
+    assert len(got) == 1 and reports[0].leaks_reclaimed == 1   # reclaimed with the task
     assert hot.live_handles == 0
     assert pool.statistics().live_allocations == 0
     assert hot.counters["allocations"] == 1

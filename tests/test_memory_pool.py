@@ -152,8 +152,8 @@ def test_out_of_memory_reports_numbers_and_keeps_working(emulated, streams):
         with pytest.raises(OutOfDeviceMemory) as info:
             pool.allocate(2 << 20, streams[0])
         e = info.value
-        assert e.requested == 2 << 20 and e.in_use == 3 << 20 and e.reserved <= 4 << 20
-        assert e.limit == 4 << 20 and e.largest_free < 2 << 20
+        assert e.requested_bytes == 2 << 20 and e.in_use_bytes == 3 << 20 and e.reserved_bytes <= 4 << 20
+        assert e.limit_bytes == 4 << 20 and e.largest_free_block_bytes < 2 << 20
         s = pool.statistics()
         assert s.oom == 1 and s.host_syncs == 1
         for a in held:

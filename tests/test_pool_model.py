@@ -180,8 +180,8 @@ class PoolModel(RuleBasedStateMachine):
         task = sorted(self.tasks)[pick % len(self.tasks)]
         held = [aid for aid, (_, _, _, owner) in self.live.items() if owner == task]
         report = self.service.release_task(task)
-        assert report.leaked_allocations == len(held)
-        assert report.leaked_bytes == sum(self.live[aid][2] for aid in held)
+        assert report.leaks_reclaimed == len(held)
+        assert report.leaked_bytes_reclaimed == sum(self.live[aid][2] for aid in held)
         for aid in held:
             self.dead.append(self.live.pop(aid)[0])
         self.tasks.discard(task)

@@ -80,9 +80,9 @@ def run_threads(n, fn):
     return results
 
 
-# bind / unbind ---------------------------------------------------------------------------------
+# bind / release ---------------------------------------------------------------------------------
 
-def test_bind_and_unbind(service):
+def test_bind_and_release(service):
     b = service.bind_task(7, "0")
     assert isinstance(b, TaskBinding)
     assert (b.task_id, b.gpu, b.address, b.priority) == (7, 0, "0", "normal")
@@ -165,7 +165,7 @@ def test_bad_task_ids_are_refused(service, task_id):
 def test_unknown_task_and_gpu_errors(service):
     reg = service.registry
     for call in (lambda: reg.binding(99), lambda: reg.stream(99), lambda: reg.attach(99),
-                 lambda: reg.allocate(99, 256), lambda: reg.unbind(99), lambda: service.release_task(99),
+                 lambda: reg.allocate(99, 256), lambda: reg.release(99), lambda: service.release_task(99),
                  lambda: service.allocate(99, 256), reg.current):
         with pytest.raises(UnknownTask):
             call()
@@ -182,7 +182,7 @@ def test_unknown_task_and_gpu_errors(service):
     assert reg.tasks_bound == 0
 
 
-def test_unbind_releases_leaked_allocations_and_reports_them(service):
+def test_release_reclaims_leaked_allocations_and_reports_them(service):
     reg = service.registry
     service.bind_task(7, "0")
     service.bind_task(8, "0")
@@ -192,7 +192,7 @@ def test_unbind_releases_leaked_allocations_and_reports_them(service):
     freed.free()
     pool = service.memory_pool(0)
     assert pool.statistics().live_allocations == 3
-    report = reg.unbind(7)
+    report = reg.release(7)
     assert report == ReleaseReport(7, 2, 6000)
     assert not any(a.alive for a in leaks)
     for a in leaks:
@@ -204,15 +204,15 @@ def test_unbind_releases_leaked_allocations_and_reports_them(service):
     assert kept.alive  # another task's memory is untouched
     assert stats.in_use_bytes == 768  # the 700-byte block, rounded to 256
     kept.free()
-    assert reg.unbind(8) == ReleaseReport(8, 0, 0)
+    assert reg.release(8) == ReleaseReport(8, 0, 0)
 
 
-def test_unbind_clears_the_callers_attachment(service):
+def test_release_clears_the_callers_attachment(service):
     reg = service.registry
     service.bind_task(3, "0")
     reg.attach(3)
     assert reg.current().task_id == 3
-    reg.unbind(3)
+    reg.release(3)
     with pytest.raises(UnknownTask):
         reg.current()
 

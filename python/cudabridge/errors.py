@@ -71,30 +71,33 @@ class DeviceUnusable(CudaBridgeError):
 
 class OutOfDeviceMemory(CudaBridgeError, MemoryError):
     """The pool could not satisfy an allocation, after draining completed events and one host
-    synchronize. Carries the numbers needed to tell fragmentation from real exhaustion."""
+    synchronize. Carries the numbers needed to tell fragmentation from real exhaustion.
 
-    def __init__(
-        self,
-        requested: int,
-        in_use: int,
-        reserved: int,
-        largest_free: int,
-        waiting_on_events: int,
-        limit: int,
-        device: int,
-    ) -> None:
-        self.requested = requested
-        self.in_use = in_use
-        self.reserved = reserved
-        self.largest_free = largest_free
-        self.waiting_on_events = waiting_on_events
-        self.limit = limit
+    :attr:`FIELDS` is the one definition of those numbers, in order: the bridge hands them to
+    Java in that order (``jvm/errors.py``), ``GpuOutOfMemoryException.FIELDS`` names them in
+    camelCase (a test compares), and each is named as the pool's statistics name it."""
+
+    FIELDS = ("requested_bytes", "in_use_bytes", "reserved_bytes", "largest_free_block_bytes",
+              "waiting_on_events_bytes", "limit_bytes", "device")
+
+    def __init__(self, requested_bytes: int, in_use_bytes: int, reserved_bytes: int, largest_free_block_bytes: int,
+                 waiting_on_events_bytes: int, limit_bytes: int, device: int) -> None:
+        self.requested_bytes = requested_bytes
+        self.in_use_bytes = in_use_bytes
+        self.reserved_bytes = reserved_bytes
+        self.largest_free_block_bytes = largest_free_block_bytes
+        self.waiting_on_events_bytes = waiting_on_events_bytes
+        self.limit_bytes = limit_bytes
         self.device = device
         super().__init__(
-            f"out of device memory on GPU {device}: requested {requested} bytes; "
-            f"in use {in_use}, reserved {reserved} of limit {limit}, "
-            f"largest free block {largest_free}, waiting on events {waiting_on_events}"
+            f"out of device memory on GPU {device}: requested {requested_bytes} bytes; "
+            f"in use {in_use_bytes}, reserved {reserved_bytes} of limit {limit_bytes}, "
+            f"largest free block {largest_free_block_bytes}, waiting on events {waiting_on_events_bytes}"
         )
+
+    def values(self) -> tuple[int, ...]:
+        """The numbers in :attr:`FIELDS` order."""
+        return tuple(int(getattr(self, f)) for f in self.FIELDS)
 
 
 class StreamOrderRace(CudaBridgeError):

@@ -132,7 +132,7 @@ class CudaBridgeService:
         return self.registry.bind(task_id, ordinal, priority)
 
     def release_task(self, task_id: int) -> ReleaseReport:
-        return self.registry.unbind(task_id)
+        return self.registry.release(task_id)
 
     def allocate(self, task_id: int, size: int) -> Allocation:
         if self._unusable is not None:

@@ -1,12 +1,12 @@
 """Spark task attempt id -> (GPU, stream), and release at task end.
 
 A task is bound once (Spark's ``onTaskStart``); every thread of the task then gets the same
-stream, whichever thread asks. Unbinding (``onTaskSucceeded`` / ``onTaskFailed``) frees,
+stream, whichever thread asks. Releasing (``onTaskSucceeded`` / ``onTaskFailed``) frees,
 asynchronously on the task's stream, whatever the task still holds, and reports it as leaks.
 Bindings are keyed by task attempt id, never by thread: Spark reuses task threads.
 
 Release excludes every operation that queues GPU work for the task (see :class:`TaskLease`):
-once ``unbind`` has begun, no allocation, copy or kernel of the task is queued any more, and
+once ``release`` has begun, no allocation, copy or kernel of the task is queued any more, and
 what the release reclaims is everything the task will ever have held.
 """
 
@@ -50,8 +50,8 @@ class TaskBinding:
 @dataclass(frozen=True)
 class ReleaseReport:
     task_id: int
-    leaked_allocations: int
-    leaked_bytes: int
+    leaks_reclaimed: int          # allocations the task still held, freed by the release
+    leaked_bytes_reclaimed: int   # their bytes
 
 
 def task_id_of(value: object) -> int:
@@ -200,7 +200,7 @@ class TaskRegistry:
         finally:
             lease.inside.remove(threading.get_ident())
 
-    def unbind(self, task_id: int) -> ReleaseReport:
+    def release(self, task_id: int) -> ReleaseReport:
         """Release the task: refuse its new operations, wait for those in progress, then free
         what it still holds (asynchronously, on its stream)."""
         task_id = task_id_of(task_id)
@@ -262,7 +262,7 @@ class TaskRegistry:
         reports = []
         for t in tasks:
             try:
-                reports.append(self.unbind(t))
+                reports.append(self.release(t))
             except UnknownTask:
                 pass  # released by its own thread meanwhile
         return reports

@@ -4,7 +4,9 @@ headers) and the jar (``javac --release 17`` against JPype's ``org.jpype.jar`` o
 Outputs go to ``python/cudabridge/_native/`` (git-ignored, shipped as package data):
 
 * ``libcudabridge_jni.so``: linked to one interpreter, the one running this build;
-* ``cudabridge.jar``: the ``org.cudabridge`` API;
+* ``cudabridge.jar``: the ``org.cudabridge`` API, with the settings table
+  (``cudabridge/settings.json``) inside as ``org/cudabridge/settings.json``, where
+  ``org.cudabridge.Settings`` reads it (rebuilt when the table changes);
 * ``cudabridge-native.properties``: the python and Python path the library was built for, read
   by ``CudaBridge`` as defaults (so ``-Dcudabridge.python`` is optional on the build machine),
   and the library's size and SHA-256, which ``CudaBridge`` checks before ``System.load`` (a
@@ -41,6 +43,8 @@ JAR_NAME = "cudabridge.jar"
 PROPERTIES_NAME = "cudabridge-native.properties"
 SOURCE_NAME = "cudabridge_jni.c"
 HEADER_NAMES = ("hot_gate.h",)      # included by the source; shipped beside it
+SETTINGS_TABLE = PACKAGE_DIR / "settings.json"                # every setting, defined once
+SETTINGS_RESOURCE = "org/cudabridge/settings.json"           # its copy in the jar (org.cudabridge.Settings)
 
 
 class BuildError(RuntimeError):
@@ -310,7 +314,9 @@ def _write_properties() -> None:
 def build_jar(force: bool = False) -> Path:
     sources = java_sources()
     out = jar_path()
-    if not force and not _stale(out, sources):
+    if not SETTINGS_TABLE.is_file():
+        raise BuildError(f"the settings table {SETTINGS_TABLE} is missing (org.cudabridge.Settings reads it from the jar)")
+    if not force and not _stale(out, [*sources, SETTINGS_TABLE]):
         return out
     javac = _java_tool("javac")
     if javac is None:
@@ -327,8 +333,9 @@ def build_jar(force: bool = False) -> Path:
                        "Implementation-Title: spark-cuda-bridge\n")
             for path in sorted(Path(classes).rglob("*.class")):
                 z.write(path, path.relative_to(classes).as_posix())
+            z.write(SETTINGS_TABLE, SETTINGS_RESOURCE)
         os.replace(tmp, out)
-    log.info("built %s from %d sources", out, len(sources))
+    log.info("built %s from %d sources and %s", out, len(sources), SETTINGS_TABLE.name)
     return out
 
 

@@ -39,7 +39,6 @@ class BridgeControl:
         self._lock = threading.Lock()
         self.closed = False
         self.releases = 0
-        self.leaks_released = 0
 
     def bind_task(self, task: int, gpu_address: str | None, priority: str) -> tuple[int, int]:
         if priority not in Priority.__members__.values():
@@ -81,8 +80,7 @@ class BridgeControl:
         operations) before the registry frees them on the task's stream."""
         report = self.service.release_task(task)
         self.releases += 1
-        self.leaks_released += report.leaked_allocations
-        return report.leaked_allocations, report.leaked_bytes
+        return report.leaks_reclaimed, report.leaked_bytes_reclaimed
 
     def statistics(self) -> dict[str, int]:
         self.hot.sweep()

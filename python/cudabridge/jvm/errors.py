@@ -12,7 +12,7 @@ from typing import Optional
 
 from ..errors import OutOfDeviceMemory
 
-OomFields = tuple[int, int, int, int, int, int, int]
+OomFields = tuple[int, ...]   # OutOfDeviceMemory.FIELDS order
 
 
 def error_info(exc: BaseException) -> tuple[str, str, Optional[OomFields]]:
@@ -20,7 +20,7 @@ def error_info(exc: BaseException) -> tuple[str, str, Optional[OomFields]]:
 
     The message is ``"<TypeName>: <str(exc)>"``, ASCII with backslash escapes (JNI's
     ``NewStringUTF`` takes modified UTF-8; ASCII is valid in both). The out-of-memory fields are
-    (requested, in_use, reserved, largest_free, waiting_on_events, limit, device)."""
+    ``OutOfDeviceMemory.FIELDS``, in that order."""
     t = type(exc)
     text = str(exc)
     message = f"{t.__name__}: {text}" if text else t.__name__
@@ -29,8 +29,7 @@ def error_info(exc: BaseException) -> tuple[str, str, Optional[OomFields]]:
     pytype = t.__qualname__ if module == "builtins" else f"{module}.{t.__qualname__}"
     oom = None
     if isinstance(exc, OutOfDeviceMemory):
-        oom = (int(exc.requested), int(exc.in_use), int(exc.reserved), int(exc.largest_free),
-               int(exc.waiting_on_events), int(exc.limit), int(exc.device))
+        oom = exc.values()
     return message, pytype, oom
 
 

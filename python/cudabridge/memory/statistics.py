@@ -16,7 +16,10 @@ from typing import ClassVar
 
 
 class UsageLedger:
-    __slots__ = ("_deltas", "add", "_lock", "in_use", "peak")
+    """Bytes in use and their peak, and the allocations made (each one adds its positive size;
+    frees and releases add negative ones)."""
+
+    __slots__ = ("_deltas", "add", "_lock", "in_use", "peak", "allocations")
 
     def __init__(self) -> None:
         self._deltas: deque[int] = deque()
@@ -24,6 +27,7 @@ class UsageLedger:
         self._lock = threading.Lock()
         self.in_use = 0
         self.peak = 0
+        self.allocations = 0
 
     def fold(self) -> None:
         with self._lock:
@@ -32,7 +36,9 @@ class UsageLedger:
             if not n:
                 return
             pop = d.popleft
-            running = list(accumulate([pop() for _ in repeat(None, n)], initial=self.in_use))
+            deltas = [pop() for _ in repeat(None, n)]
+            self.allocations += sum(1 for d in deltas if d > 0)
+            running = list(accumulate(deltas, initial=self.in_use))
             self.in_use = running[-1]
             top = max(running)
             if top > self.peak:

@@ -83,6 +83,7 @@ class PoolGrowth(Mode):
     SEGMENT = "segment"   # one expandable virtual-memory segment
     CHUNKS = "chunks"     # cudaMalloc chunks
 
+FOLD_MASK = (1 << 14) - 1    # the Python path folds its usage ledger every 16384 allocations: a short deque
 DEFAULT_HOST_WAIT_TIMEOUT_S = 300.0   # the longest the pool waits for a stream before OOM
 MAX_BYTES = (1 << 63) - 1       # sizes and limits are signed 64-bit byte counts (C, Java)
 MAX_HANDLE = (1 << 64) - 1      # stream handles are pointers (cudaStream_t)
@@ -354,7 +355,7 @@ class StreamOrderedMemoryPool:
                 owned = self._owners.setdefault(owner, {})
             owned[a] = None
         self._ledger_add(r)
-        if not aid & 0x3FFF:
+        if not aid & FOLD_MASK:
             self._ledger.fold()
         return a
 
@@ -460,9 +461,9 @@ class StreamOrderedMemoryPool:
         self.counters["oom"] += 1
         self._ledger.fold()
         raise OutOfDeviceMemory(
-            requested=r, in_use=self._ledger.in_use, reserved=self.reserved,
-            largest_free=max(self._small.largest(), self._large.largest(), self._largest_in_arenas()),
-            waiting_on_events=self._waiting_bytes(), limit=self.limit, device=self.device,
+            requested_bytes=r, in_use_bytes=self._ledger.in_use, reserved_bytes=self.reserved,
+            largest_free_block_bytes=max(self._small.largest(), self._large.largest(), self._largest_in_arenas()),
+            waiting_on_events_bytes=self._waiting_bytes(), limit_bytes=self.limit, device=self.device,
         )
 
     def _fit(self, blk: Block, r: int) -> Block:
@@ -1039,8 +1040,7 @@ class StreamOrderedMemoryPool:
     def _ids_issued(self) -> int:
         if self._fast is not None:
             return self._fast.issued
-        # itertools.count has no peek; its repr carries the next value.
-        return int(repr(self._ids)[6:-1]) - 1
+        return self._ledger.allocations
 
     # lifetime --------------------------------------------------------------------------------
     def _check_open(self, call: str) -> None:
