@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from .config import ServiceConfig, parse_bytes
@@ -33,6 +33,12 @@ class ServiceStatistics:
     tasks_bound: int
     tasks_bound_total: int
     memory: dict[int, PoolStatistics]
+
+    @staticmethod
+    def total_names() -> tuple[str, ...]:
+        """The keys of :meth:`totals`: the service's counts, then every pool statistic."""
+        own = tuple(f.name for f in fields(ServiceStatistics) if f.type in ("int", int))
+        return own + tuple(f.name for f in fields(PoolStatistics) if f.name != "device")
 
     def totals(self) -> dict[str, int]:
         """Executor-level numbers: the per-GPU pool statistics summed (peaks too)."""

@@ -82,6 +82,20 @@ class BridgeControl:
         self.releases += 1
         return report.leaks_reclaimed, report.leaked_bytes_reclaimed
 
+    # What statistics() holds besides the service's totals, each a count or a gauge.
+    BRIDGE_STATISTICS = ("bridge_calls_total", "bridge_live_handles", "bridge_pinned_buffers", "bridge_releases",
+                         "device_unusable")
+
+    @classmethod
+    def statistics_names(cls) -> tuple[str, ...]:
+        """Every key of :meth:`statistics`, in order: the one list the Java side's metric names
+        come from (the build writes it into cudabridge.jar as ``org/cudabridge/statistics.txt``)."""
+        from ..service import ServiceStatistics
+        from .hot_path import JavaHotPath
+
+        return (ServiceStatistics.total_names() + tuple("bridge_" + k for k in JavaHotPath.COUNTERS)
+                + cls.BRIDGE_STATISTICS)
+
     def statistics(self) -> dict[str, int]:
         self.hot.sweep()
         stats = self.service.statistics()

@@ -53,6 +53,10 @@ GPU_MASK = MAX_GPUS - 1
 class JavaHotPath:
     """The hot path of the Java API, over one :class:`CudaBridgeService`."""
 
+    # Calls counted per kind (statistics ``bridge_<kind>``); the C twin counts the first four.
+    COUNTERS = ("allocations", "frees", "batched_frees", "batches", "copies_in", "copies_out", "copies_direct",
+                "memsets", "synchronizes")
+
     def __init__(self, service: "CudaBridgeService", fast_path: str = "auto") -> None:
         fast_path = FastPath.parse(fast_path, "fast_path")
         if max(service.gpus, default=0) >= MAX_GPUS:
@@ -76,8 +80,7 @@ class JavaHotPath:
         self._dummy_threads = 0
         # Calls counted per kind; plain ints, incremented under the GIL (atomic enough for
         # statistics: a lost increment under a free-threaded build would only skew a gauge).
-        self._counts = dict.fromkeys(("allocations", "frees", "batched_frees", "batches", "copies_in",
-                                      "copies_out", "copies_direct", "memsets", "synchronizes"), 0)
+        self._counts = dict.fromkeys(self.COUNTERS, 0)
         self._ids = itertools.count(1)
         self._core = self._native_core(fast_path)
         # Drop a task's handles at its release, once its operations have drained.
