@@ -56,7 +56,9 @@ public final class Bench {
         int rounds = args.length > 4 ? Integer.parseInt(args[4]) : 3;
         CudaBridge b = CudaBridge.start();
         StringBuilder out = new StringBuilder("{");
-        out.append("\"gated\": ").append(!"false".equalsIgnoreCase(System.getProperty("cudabridge.gate", "true")));
+        long[] gateState = new long[4];
+        NativeBridge.gateStats(gateState); // as the library was configured (-Dcudabridge.gate, read through Settings)
+        out.append("\"gated\": ").append(gateState[0] != 0);
         try (TaskScope t = b.bindTask(1)) {
             long[] sink = {0};
             out.append(", \"stream\": ").append(time(() -> sink[0] += b.stream(), n));

@@ -21,6 +21,7 @@ import org.cudabridge.DeviceBuffer;
 import org.cudabridge.GpuOutOfMemoryException;
 import org.cudabridge.NativeBridge;
 import org.cudabridge.PinnedBuffer;
+import org.cudabridge.Priority;
 import org.cudabridge.ReleaseReport;
 import org.cudabridge.TaskScope;
 
@@ -326,7 +327,7 @@ public final class Harness {
     }
 
     /** (c) Python exceptions and out-of-memory reach Java with their types and messages; the JVM
-     *  and the service keep working. Expects -Dspark.cudabridge.pool_limit=64m. */
+     *  and the service keep working. Expects -Dspark.cudabridge.poolLimit=64m. */
     static void errors() {
         CudaBridge b = CudaBridge.start();
         try (TaskScope t = b.bindTask(7)) {
@@ -412,7 +413,7 @@ public final class Harness {
         expect(IllegalStateException.class, "allocate with no bound task", () -> b.allocate(10), "no task is bound");
         expect(IllegalStateException.class, "stream() with no bound task", b::stream, "no task is bound");
         expect(IllegalArgumentException.class, "negative task id", () -> b.bindTask(-1), "non-negative");
-        expect(IllegalArgumentException.class, "bad priority", () -> b.bindTask(3, null, "urgent"), "priority");
+        expect(NullPointerException.class, "null priority", () -> b.bindTask(3, null, null), "priority");
         expect(CudaBridgeException.class, "unknown GPU address", () -> b.bindTask(3, "7"), "not owned");
         TaskScope t = b.bindTask(3);
         expect(IllegalStateException.class, "bind twice", () -> b.bindTask(3), "bound already");
@@ -498,11 +499,11 @@ public final class Harness {
     }
 
     /** (d) the seven-step race from two Java threads, two tasks on two streams. Expects
-     *  -Dspark.cudabridge.pool_limit=2m (B must reuse A's block) and, for the naive run,
-     *  -Dspark.cudabridge.test_reuse_policy=naive. */
+     *  -Dspark.cudabridge.poolLimit=2m (B must reuse A's block) and, for the naive run,
+     *  -Dspark.cudabridge.testReusePolicy=naive. */
     static void race(String policy) throws Exception {
         CudaBridge b = CudaBridge.start();
-        // the pool's policy comes from -Dspark.cudabridge.test_reuse_policy (fixed at start-up)
+        // the pool's policy comes from -Dspark.cudabridge.testReusePolicy (fixed at start-up)
         result("policy", policy);
         final int nbytes = 2 << 20;
         final double delay = 0.15;
@@ -750,7 +751,7 @@ public final class Harness {
         CudaBridge b = CudaBridge.start();
         long bound0 = stat(b, "tasks_bound_total");
         // (a) the first GPU call binds it on the calling thread
-        TaskScope a = b.bindTaskDeferred(10, null, "normal");
+        TaskScope a = b.bindTaskDeferred(10, null, Priority.NORMAL);
         check(!a.isBound() && stat(b, "tasks_bound_total") == bound0, "not bound in Python before any GPU use");
         check(b.currentTask() == a, "current task set at once");
         try (DeviceBuffer buf = b.allocate(256)) {
@@ -762,14 +763,14 @@ public final class Harness {
         a.release();
         check(stat(b, "tasks_bound") == 0, "released in Python");
         // (b) released before anyone applied it: never bound in Python, nothing to release there
-        TaskScope never = b.bindTaskDeferred(11, null, "normal");
+        TaskScope never = b.bindTaskDeferred(11, null, Priority.NORMAL);
         ReleaseReport r = never.release();
         check(r.leakedAllocations() == 0 && stat(b, "tasks_bound_total") == bound0 + 1, "never bound in Python");
         check(!never.applyBind(), "applyBind after the release does nothing");
         expect(IllegalStateException.class, "stream of a released, never bound task", never::stream, "released");
         expect(IllegalStateException.class, "allocate after it", () -> b.allocate(10), "no task is bound");
         // (c) applyBind on another thread, then the task's thread uses the stream (no second bind)
-        TaskScope c = b.bindTaskDeferred(12, null, "high");
+        TaskScope c = b.bindTaskDeferred(12, null, Priority.HIGH);
         Thread t = new Thread(() -> check(c.applyBind(), "applyBind on another thread did the bind"));
         t.start();
         t.join();
@@ -780,7 +781,7 @@ public final class Harness {
         ReleaseReport rc = c.release();
         check(rc.leakedAllocations() == 1 && !leak.isAlive(), "leak reclaimed: " + rc);
         // (d) a bind only Python refuses: the first GPU call fails with the reason, nothing is left
-        TaskScope d = b.bindTaskDeferred(13, "7", "normal");
+        TaskScope d = b.bindTaskDeferred(13, "7", Priority.NORMAL);
         check(d.bindFailure() == null, "no failure before the bind is applied");
         expect(CudaBridgeException.class, "deferred bind to an unknown GPU", () -> b.allocate(10), "could not be bound",
                 "not owned");
@@ -790,12 +791,12 @@ public final class Harness {
         check(d.release().leakedAllocations() == 0, "a failed bind releases nothing");
         check(stat(b, "tasks_bound") == 0 && stat(b, "tasks_bound_total") == bound0 + 2, "nothing left in Python");
         // (e) Java-side refusals: immediate, nothing registered
-        expect(IllegalArgumentException.class, "deferred negative id", () -> b.bindTaskDeferred(-2, null, "normal"),
+        expect(IllegalArgumentException.class, "deferred negative id", () -> b.bindTaskDeferred(-2, null, Priority.NORMAL),
                 "non-negative");
-        expect(IllegalArgumentException.class, "deferred bad priority", () -> b.bindTaskDeferred(14, null, "rush"),
+        expect(NullPointerException.class, "deferred null priority", () -> b.bindTaskDeferred(14, null, null),
                 "priority");
-        TaskScope e = b.bindTaskDeferred(14, null, "normal");
-        expect(IllegalStateException.class, "deferred bind twice", () -> b.bindTaskDeferred(14, null, "normal"),
+        TaskScope e = b.bindTaskDeferred(14, null, Priority.NORMAL);
+        expect(IllegalStateException.class, "deferred bind twice", () -> b.bindTaskDeferred(14, null, Priority.NORMAL),
                 "bound already");
         expect(IllegalStateException.class, "bind of a pending id", () -> b.bindTask(14), "bound already");
         check(stat(b, "tasks_bound") == 0, "the refused synchronous bind left nothing in Python");
@@ -805,7 +806,7 @@ public final class Harness {
         int tasks = 200;
         AtomicLong wrong = new AtomicLong();
         for (int k = 0; k < tasks; k++) {
-            TaskScope x = b.bindTaskDeferred(1000 + k, null, "normal");
+            TaskScope x = b.bindTaskDeferred(1000 + k, null, Priority.NORMAL);
             CountDownLatch go = new CountDownLatch(1);
             List<Thread> ts = new ArrayList<>();
             long[] seen = new long[racers];
@@ -844,7 +845,7 @@ public final class Harness {
         // release that fails in Python (released behind the Java API's back) fails alone
         TaskScope g1 = b.bindTask(3000);
         DeviceBuffer g1leak = b.allocate(1000);
-        TaskScope g2 = b.bindTaskDeferred(3001, null, "normal");   // never bound in Python
+        TaskScope g2 = b.bindTaskDeferred(3001, null, Priority.NORMAL);   // never bound in Python
         TaskScope g3 = b.bindTask(3002);
         NativeBridge.releaseTask(3002, new long[2]);               // gone in Python, not in Java
         TaskScope g4 = b.bindTask(3003);

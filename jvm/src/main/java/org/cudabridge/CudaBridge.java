@@ -44,20 +44,15 @@ import java.util.concurrent.ConcurrentHashMap;
  *
  * <p>Hot calls ({@code allocate}, {@code close}, {@code free}, {@code memset}) go through JNI natives into
  * Python. The short ones pass a gate in the bridge library before they take the GIL: the thread
- * that passed it last keeps passing it for up to {@code -Dcudabridge.gate.holdMicros} (1000) while
- * others wait, as Python's own threads keep the GIL for a switch interval, instead of the GIL
+ * that passed it last keeps passing it for up to {@code -Dcudabridge.gate.holdMicros} (default: the
+ * settings table's) while others wait, as Python's own threads keep the GIL for a switch interval, instead of the GIL
  * changing hands (and cores) at every call ({@code bridge/hot_gate.h} says why and measures it).
  * {@code -Dcudabridge.gate=false} turns it off. Calls that may wait for a stream (copies to heap
  * arrays, synchronize) never pass it.
  */
 public final class CudaBridge {
-    /** System property: the bridge library's path (default: beside the jar). */
-    public static final String LIBRARY_PROPERTY = "cudabridge.library";
-    /** System property: the Python executable of the virtual environment to start. */
-    public static final String PYTHON_PROPERTY = "cudabridge.python";
-    /** System property: extra entries for sys.path, separated by {@link File#pathSeparator}. */
-    public static final String PYTHONPATH_PROPERTY = "cudabridge.pythonpath";
-    /** Properties file the build writes beside the jar and the library: defaults for the above. */
+    /** Properties file the build writes beside the jar and the library: defaults for the Python,
+     *  its path and the library where neither the options nor the system properties give them. */
     public static final String NATIVE_PROPERTIES = "cudabridge-native.properties";
     public static final String LIBRARY_FILE = "libcudabridge_jni.so";
 
@@ -80,9 +75,10 @@ public final class CudaBridge {
     // --- start-up -------------------------------------------------------------------------------
 
     /** Where Python, its path, the library and the service configuration come from. Unset
-     *  values fall back to system properties ({@code cudabridge.python}, {@code cudabridge.pythonpath},
-     *  {@code cudabridge.library}), the environment ({@code CUDABRIDGE_PYTHON}), and the
-     *  {@code cudabridge-native.properties} the build wrote beside the jar. */
+     *  values fall back to system properties ({@link Settings#PYTHON}, {@link Settings#PYTHON_PATH},
+     *  {@link Settings#LIBRARY}), the environment ({@code CUDABRIDGE_PYTHON}), and the
+     *  {@code cudabridge-native.properties} the build wrote beside the jar. The service keys are
+     *  checked against the settings table ({@link Settings#checkAll}) before anything starts. */
     public static final class Options {
         private String python;
         private final List<String> pythonPath = new ArrayList<>();
@@ -95,16 +91,19 @@ public final class CudaBridge {
 
         public Options library(String path) { this.library = path; return this; }
 
-        /** A service key, with or without the {@code spark.cudabridge.} prefix (e.g. {@code backend}). */
+        /** A service key, with or without the {@code spark.cudabridge.} prefix (e.g. {@code backend});
+         *  kept with the prefix. Checked when the bridge starts. */
         public Options set(String key, String value) {
-            conf.put(Objects.requireNonNull(key), Objects.requireNonNull(value, "value of " + key));
+            Objects.requireNonNull(key);
+            Objects.requireNonNull(value, "value of " + key);
+            conf.put(key.startsWith(Settings.prefix()) ? key : Settings.prefix() + key, value);
             return this;
         }
 
         /** Every {@code spark.cudabridge.*} entry of a (Spark) configuration map. */
         public Options setAll(Map<String, String> entries) {
             for (Map.Entry<String, String> e : entries.entrySet()) {
-                if (e.getKey().startsWith("spark.cudabridge.") && e.getValue() != null) {
+                if (e.getKey().startsWith(Settings.prefix()) && e.getValue() != null) {
                     conf.put(e.getKey(), e.getValue());
                 }
             }
@@ -120,7 +119,7 @@ public final class CudaBridge {
         public static Options fromSystemProperties() {
             Options o = new Options();
             for (String name : System.getProperties().stringPropertyNames()) {
-                if (name.startsWith("spark.cudabridge.")) {
+                if (name.startsWith(Settings.prefix())) {
                     o.conf.put(name, System.getProperty(name));
                 }
             }
@@ -130,12 +129,12 @@ public final class CudaBridge {
         Options resolved() {
             Options r = new Options();
             Properties built = nativeProperties();
-            r.library = firstNonEmpty(library, System.getProperty(LIBRARY_PROPERTY), built.getProperty("library"),
+            r.library = firstNonEmpty(library, Settings.property(Settings.LIBRARY), built.getProperty("library"),
                     besideJar(LIBRARY_FILE));
-            r.python = firstNonEmpty(python, System.getProperty(PYTHON_PROPERTY), System.getenv("CUDABRIDGE_PYTHON"),
+            r.python = firstNonEmpty(python, Settings.property(Settings.PYTHON), System.getenv(PYTHON_ENV),
                     built.getProperty("python"));
             r.pythonPath.addAll(pythonPath);
-            for (String source : new String[] {System.getProperty(PYTHONPATH_PROPERTY), built.getProperty("pythonpath")}) {
+            for (String source : new String[] {Settings.property(Settings.PYTHON_PATH), built.getProperty("pythonpath")}) {
                 if (source != null && !source.isEmpty()) {
                     for (String entry : source.split(File.pathSeparator)) {
                         if (!entry.isEmpty() && !r.pythonPath.contains(entry)) {
@@ -233,18 +232,26 @@ public final class CudaBridge {
                 + "(the Spark plugin does it in ExecutorPlugin.init)");
     }
 
+    /** The environment variable naming the Python executable (the plugin key {@code python}'s). */
+    private static final String PYTHON_ENV = Settings.setting("python").envName();
+
     private static CudaBridge doStart(Options o) {
+        try {
+            Settings.checkAll(o.conf); // before anything is loaded: a misspelled key fails here, without Python
+        } catch (IllegalArgumentException e) {
+            throw new CudaBridgeException("cudabridge: " + e.getMessage(), "java", e);
+        }
         if (o.library == null) {
-            throw new CudaBridgeException("cudabridge: the bridge library was not found: set -D" + LIBRARY_PROPERTY
+            throw new CudaBridgeException("cudabridge: the bridge library was not found: set -D" + Settings.LIBRARY
                     + " (built by `python -m cudabridge build`, beside cudabridge.jar)", "java");
         }
         if (!new File(o.library).isFile()) {
             throw new CudaBridgeException("cudabridge: no bridge library at " + o.library + " (build it with "
-                    + "`python -m cudabridge build`, or set -D" + LIBRARY_PROPERTY + ")", "java");
+                    + "`python -m cudabridge build`, or set -D" + Settings.LIBRARY + ")", "java");
         }
         if (o.python == null) {
-            throw new CudaBridgeException("cudabridge: no Python given: set -D" + PYTHON_PROPERTY
-                    + "=<venv>/bin/python or CUDABRIDGE_PYTHON, or Options.python", "java");
+            throw new CudaBridgeException("cudabridge: no Python given: set -D" + Settings.PYTHON
+                    + "=<venv>/bin/python or " + PYTHON_ENV + ", or Options.python", "java");
         }
         String library = new File(o.library).getAbsolutePath();
         // Checked before System.load (a truncated library crashes the JVM in the dynamic loader);
@@ -354,14 +361,14 @@ public final class CudaBridge {
         return control;
     }
 
-    /** Binds a task attempt on the executor's only GPU; see {@link #bindTask(long, String, String)}. */
+    /** Binds a task attempt on the executor's only GPU; see {@link #bindTask(long, String, Priority)}. */
     public TaskScope bindTask(long taskAttemptId) {
-        return bindTask(taskAttemptId, null, "normal");
+        return bindTask(taskAttemptId, null, Priority.NORMAL);
     }
 
-    /** Binds a task attempt to a stream of the GPU with Spark address {@code gpuAddress}. */
+    /** Binds a task attempt to a normal-priority stream of the GPU with Spark address {@code gpuAddress}. */
     public TaskScope bindTask(long taskAttemptId, String gpuAddress) {
-        return bindTask(taskAttemptId, gpuAddress, "normal");
+        return bindTask(taskAttemptId, gpuAddress, Priority.NORMAL);
     }
 
     /**
@@ -369,7 +376,7 @@ public final class CudaBridge {
      * and makes it the calling thread's current task. Close the returned scope to release the task.
      * The plugin calls this in {@code onTaskStart}, on the task's thread.
      */
-    public TaskScope bindTask(long taskAttemptId, String gpuAddress, String priority) {
+    public TaskScope bindTask(long taskAttemptId, String gpuAddress, Priority priority) {
         checkBind(taskAttemptId, priority);
         long[] r = bindInPython(taskAttemptId, gpuAddress, priority);
         return register(new TaskScope(this, taskAttemptId, r[0], (int) r[1], true));
@@ -384,19 +391,16 @@ public final class CudaBridge {
      * Errors only Python can see (a GPU address this executor does not own) reach the task's
      * first GPU call; {@link TaskScope#bindFailure()} tells them afterwards.
      */
-    public TaskScope bindTaskDeferred(long taskAttemptId, String gpuAddress, String priority) {
+    public TaskScope bindTaskDeferred(long taskAttemptId, String gpuAddress, Priority priority) {
         checkBind(taskAttemptId, priority);
         return register(new TaskScope(this, taskAttemptId, gpuAddress, priority));
     }
 
-    private void checkBind(long taskAttemptId, String priority) {
+    private void checkBind(long taskAttemptId, Priority priority) {
         if (taskAttemptId < 0) {
             throw new IllegalArgumentException("bindTask: task attempt id must be non-negative, got " + taskAttemptId);
         }
         Objects.requireNonNull(priority, "bindTask: priority");
-        if (!priority.equals("normal") && !priority.equals("high")) {
-            throw new IllegalArgumentException("bindTask: priority must be \"normal\" or \"high\", got " + priority);
-        }
         checkRunning("bindTask");
         if (tasks.containsKey(taskAttemptId)) {
             throw new IllegalStateException("bindTask: task " + taskAttemptId + " is bound already");
@@ -416,10 +420,10 @@ public final class CudaBridge {
     }
 
     /** The bind in Python: {stream, GPU ordinal}. */
-    long[] bindInPython(long taskAttemptId, String gpuAddress, String priority) {
+    long[] bindInPython(long taskAttemptId, String gpuAddress, Priority priority) {
         checkRunning("bindTask");
         long[] r = new long[2];
-        NativeBridge.bindTask(taskAttemptId, gpuAddress, priority, r);
+        NativeBridge.bindTask(taskAttemptId, gpuAddress, priority.wire(), r);
         return r;
     }
 

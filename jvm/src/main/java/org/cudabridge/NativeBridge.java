@@ -18,11 +18,6 @@ import java.nio.file.Paths;
  * {@code JavaHotPath} and releases the GIL before throwing anything.
  */
 public final class NativeBridge {
-    /** System property: whether the short hot calls pass the bridge's gate (default true). */
-    public static final String GATE_PROPERTY = "cudabridge.gate";
-    /** System property: how long, in microseconds, a thread keeps the gate while others wait (default 1000). */
-    public static final String GATE_HOLD_PROPERTY = "cudabridge.gate.holdMicros";
-
     private static volatile String loadedLibrary;
     private static volatile ControlPlane control;
 
@@ -39,27 +34,14 @@ public final class NativeBridge {
             }
             return;
         }
-        long hold = holdNanos(); // a bad value is refused before anything is loaded
+        // Bad values are refused before anything is loaded (types, ranges and defaults: the settings table).
+        long holdNanos = Settings.longProperty(Settings.GATE_HOLD_MICROS) * 1000;
+        boolean gate = Settings.booleanProperty(Settings.GATE);
         LibraryCheck.verify(Paths.get(path), recorded);
         System.load(path);
         nativeInit();
-        configureGate(!"false".equalsIgnoreCase(System.getProperty(GATE_PROPERTY, "true")), hold);
+        configureGate(gate, holdNanos);
         loadedLibrary = path;
-    }
-
-    private static long holdNanos() {
-        String v = System.getProperty(GATE_HOLD_PROPERTY, "1000");
-        long micros;
-        try {
-            micros = Long.parseLong(v.trim());
-        } catch (NumberFormatException e) {
-            throw new IllegalArgumentException("-D" + GATE_HOLD_PROPERTY + " must be a whole number of microseconds, got '"
-                    + v + "'", e);
-        }
-        if (micros < 1 || micros > 1_000_000) {
-            throw new IllegalArgumentException("-D" + GATE_HOLD_PROPERTY + " must be within [1, 1000000], got " + micros);
-        }
-        return micros * 1000;
     }
 
     static String loadedLibrary() {
@@ -103,7 +85,7 @@ public final class NativeBridge {
     public static native void threadStates(long[] out);
 
     /** Binds a task attempt: {@code out[0..1]} = {stream, GPU ordinal}. {@code gpuAddress} may be
-     *  null when the executor owns one GPU; {@code priority} is "normal" or "high". */
+     *  null when the executor owns one GPU; {@code priority} is a {@link Priority#wire()} name. */
     public static native void bindTask(long taskAttemptId, String gpuAddress, String priority, long[] out);
 
     /** Releases a task (frees what it still holds): {@code out[0..1]} = {leaked allocations, leaked bytes}. */

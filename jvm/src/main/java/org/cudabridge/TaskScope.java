@@ -25,7 +25,7 @@ public final class TaskScope implements AutoCloseable {
     private final CudaBridge bridge;
     private final long taskAttemptId;
     private final String gpuAddress;
-    private final String priority;
+    private final Priority priority;
     private final boolean owned;
     private final AtomicInteger state;
     private final AtomicBoolean releasing = new AtomicBoolean();
@@ -49,7 +49,7 @@ public final class TaskScope implements AutoCloseable {
     }
 
     /** A scope whose bind in Python is still to be applied. */
-    TaskScope(CudaBridge bridge, long taskAttemptId, String gpuAddress, String priority) {
+    TaskScope(CudaBridge bridge, long taskAttemptId, String gpuAddress, Priority priority) {
         this.bridge = bridge;
         this.taskAttemptId = taskAttemptId;
         this.gpuAddress = gpuAddress;
