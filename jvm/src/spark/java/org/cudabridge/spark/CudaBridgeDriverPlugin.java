@@ -17,8 +17,10 @@ import org.slf4j.LoggerFactory;
 import scala.Tuple2;
 
 /**
- * The driver side: checks the plugin's keys (a bad value fails the application at start, on the
- * driver, instead of every executor), hands every {@code spark.cudabridge.*} key to the executor
+ * The driver side: checks every {@code spark.cudabridge.*} key against the settings table, plugin
+ * and service keys alike ({@link org.cudabridge.Settings#checkAll}: an unknown key, with the
+ * nearest known one, or a value its type refuses fails the application at start, once, on the
+ * driver, without Python, instead of every executor), hands every {@code spark.cudabridge.*} key to the executor
  * plugins, and collects the executors' {@link ExecutorReport}s into {@code driver.*} metrics
  * (names distinct from the executors' {@code executor.*}: in local mode both share a registry).
  */
@@ -40,7 +42,12 @@ public final class CudaBridgeDriverPlugin implements DriverPlugin {
             all.put(kv._1(), kv._2());
         }
         PluginConf conf = new PluginConf(all);
-        conf.validate();
+        try {
+            conf.validate();
+        } catch (IllegalArgumentException e) {
+            LOG.error("cudabridge: the configuration is refused: {}", e.getMessage());
+            throw new IllegalArgumentException("cudabridge: " + e.getMessage(), e);
+        }
         running = this;
         LOG.info("cudabridge: driver plugin passes {} spark.cudabridge.* key(s) to the executors", conf.entries().size());
         return new HashMap<>(conf.entries());

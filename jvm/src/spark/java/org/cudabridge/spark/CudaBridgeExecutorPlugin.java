@@ -32,7 +32,7 @@ public final class CudaBridgeExecutorPlugin implements ExecutorPlugin {
 
     private volatile TaskBinder binder;
     private volatile PluginContext context;
-    private volatile String gpuResource = "gpu";
+    private volatile String gpuResource;
     private ScheduledExecutorService reporter;
     private long reportSequence;
     private Map<String, Long> lastReported;
@@ -51,11 +51,12 @@ public final class CudaBridgeExecutorPlugin implements ExecutorPlugin {
             if (extraConf != null) {
                 conf.putAll(extraConf); // what the driver plugin passed on
             }
-            PluginConf pc = new PluginConf(conf);
+            PluginConf pc = null;
             try {
-                gpuResource = pc.gpuResource();
-            } catch (RuntimeException e) {
-                // PluginConf.validate inside TaskBinder.start reports bad values
+                pc = new PluginConf(conf);
+                gpuResource = pc.gpuResource(); // a string: never refused
+            } catch (Throwable t) {
+                // only if the settings table cannot be read: TaskBinder.start fails the same way and records why
             }
             String[] gpus = null;
             Map<String, ResourceInformation> resources = ctx.resources();
@@ -67,11 +68,13 @@ public final class CudaBridgeExecutorPlugin implements ExecutorPlugin {
             }
             binder = TaskBinder.start(executorId, conf, gpus);
             BridgeMetrics.register(ctx.metricRegistry(), binder);
-            long interval = 0;
+            long interval;
             try {
                 interval = pc.reportIntervalMs();
             } catch (RuntimeException e) {
-                interval = 1000;
+                // refused by TaskBinder.start as well (the binder records why); the reports still
+                // tell the driver of the failure
+                interval = PluginConf.defaults().reportIntervalMs();
             }
             if (interval > 0) {
                 startReporter(interval);
@@ -129,7 +132,7 @@ public final class CudaBridgeExecutorPlugin implements ExecutorPlugin {
         }
         String address = null;
         Map<String, ResourceInformation> res = tc.resourcesJMap();
-        if (res != null) {
+        if (res != null && gpuResource != null) {
             ResourceInformation gpu = res.get(gpuResource);
             if (gpu != null && gpu.addresses().length > 0) {
                 address = gpu.addresses()[0];

@@ -6,55 +6,63 @@ import java.util.Map;
 import java.util.TreeMap;
 
 import org.cudabridge.CudaBridge;
+import org.cudabridge.Priority;
+import org.cudabridge.Settings;
 
 /**
- * The plugin's own configuration keys (all under {@code spark.cudabridge.}), with their defaults,
- * and how a Spark configuration becomes {@link CudaBridge.Options}.
+ * The plugin's own configuration keys (the settings table's plugin scope, all under
+ * {@code spark.cudabridge.}) and how a Spark configuration becomes {@link CudaBridge.Options}.
+ * Types, defaults and docs are the table's ({@link Settings}): none is written here.
  *
- * <p>The service keys ({@code backend}, {@code streams_per_gpu}, {@code stream_policy},
- * {@code pool_limit}, {@code pool_initial}, {@code log_level}, ...) are passed to the Python
- * service as they are; {@code python -m cudabridge config} lists them. The keys here are read by
- * the plugin itself. No Spark class is used: the Java harness (no Spark) shares this code.
+ * <p>The service keys ({@code backend}, {@code streamsPerGpu}, {@code poolLimit}, ...; the
+ * table's service scope, {@code python -m cudabridge config} lists them) are passed to the Python
+ * service as they are. No Spark class is used: the Java harness (no Spark) shares this code.
  */
 public final class PluginConf {
-    public static final String PREFIX = "spark.cudabridge.";
+    public static final String PREFIX = Settings.prefix();
 
-    /** The Python executable of the virtual environment the executor starts (default: the one the
-     *  bridge library was built for, from {@code cudabridge-native.properties}; then {@code CUDABRIDGE_PYTHON}). */
-    public static final String PYTHON = PREFIX + "python";
-    /** Extra {@code sys.path} entries, separated by ':' (default: the build's package directory). */
-    public static final String PYTHON_PATH = PREFIX + "pythonPath";
-    /** Path of {@code libcudabridge_jni.so} (default: beside {@code cudabridge.jar}). */
-    public static final String LIBRARY = PREFIX + "library";
-    /** Name of the GPU resource in Spark's resource scheduling (default {@code gpu}). */
-    public static final String GPU_RESOURCE = PREFIX + "gpuResource";
-    /** Stream priority of task streams: {@code normal} or {@code high} (default {@code normal}). */
-    public static final String TASK_PRIORITY = PREFIX + "taskPriority";
-    /** Release ended tasks on the executor's release thread (true) or on the task's thread (false). */
-    public static final String ASYNC_RELEASE = PREFIX + "asyncRelease";
-    /** When a starting task is bound in Python: lazy (at its first GPU call), ahead (on the
-     *  lifecycle thread, before its first GPU call if it can), eager (in onTaskStart). */
-    public static final String TASK_BIND = PREFIX + "taskBind";
-    /** How old (ms) a statistics snapshot may be when a metrics sink reads the gauges (default 500). */
-    public static final String METRICS_REFRESH_MS = PREFIX + "metrics.refreshMs";
-    /** How often (ms) each executor sends its statistics to the driver plugin; 0: never (default 1000). */
-    public static final String REPORT_INTERVAL_MS = PREFIX + "reportIntervalMs";
+    /** The Python executable of the virtual environment each executor starts in-process. */
+    public static final String PYTHON = pluginKey("python");
+    /** Extra {@code sys.path} entries, ':'-separated. */
+    public static final String PYTHON_PATH = pluginKey("pythonPath");
+    /** Path of {@code libcudabridge_jni.so}. */
+    public static final String LIBRARY = pluginKey("library");
+    /** Spark resource name whose addresses are the executor's and each task's GPUs. */
+    public static final String GPU_RESOURCE = pluginKey("gpuResource");
+    /** Stream priority of task streams ({@link Priority}). */
+    public static final String TASK_PRIORITY = pluginKey("taskPriority");
+    /** Release ended tasks on the executor's lifecycle thread (true) or on the task's thread (false). */
+    public static final String ASYNC_RELEASE = pluginKey("asyncRelease");
+    /** When a starting task is bound in Python ({@link TaskBind}). */
+    public static final String TASK_BIND = pluginKey("taskBind");
+    /** Most age (ms) of the statistics snapshot behind the gauges. */
+    public static final String METRICS_REFRESH_MS = pluginKey("metrics.refreshMs");
+    /** Period (ms) of each executor's statistics report to the driver plugin; 0 disables. */
+    public static final String REPORT_INTERVAL_MS = pluginKey("reportIntervalMs");
+    /** The service key {@link #toOptions} sets from the executor's GPU resource addresses unless it is set. */
+    public static final String GPU_ADDRESSES = Settings.setting("gpuAddresses").sparkKey();
 
-    /** Every plugin key with its default and meaning, for the README and {@code --help} texts. */
+    /** Every plugin key (the table's plugin scope, in its order) with its default (or, in
+     *  parentheses, how it is computed) and its meaning, for {@code --help} texts. */
     public static final Map<String, String[]> KEYS;
 
     static {
         Map<String, String[]> m = new LinkedHashMap<>();
-        m.put(PYTHON, new String[] {"(build's python)", "Python executable of the venv started inside the executor JVM"});
-        m.put(PYTHON_PATH, new String[] {"(build's package dir)", "extra sys.path entries, ':'-separated"});
-        m.put(LIBRARY, new String[] {"(beside cudabridge.jar)", "path of libcudabridge_jni.so"});
-        m.put(GPU_RESOURCE, new String[] {"gpu", "Spark resource name whose addresses are the executor's and task's GPUs"});
-        m.put(TASK_PRIORITY, new String[] {"normal", "stream priority of task streams: normal or high"});
-        m.put(ASYNC_RELEASE, new String[] {"true", "release ended tasks on the executor's lifecycle thread (off the task's path); false: on the task's thread"});
-        m.put(TASK_BIND, new String[] {"lazy", "when a task is bound to a stream in Python: lazy (at its first GPU call, on its thread; a task that never uses the GPU is never bound), ahead (on the lifecycle thread within 20 ms, ahead of its first GPU call), eager (in onTaskStart, on its thread)"});
-        m.put(METRICS_REFRESH_MS, new String[] {"500", "most age (ms) of the statistics snapshot behind the gauges"});
-        m.put(REPORT_INTERVAL_MS, new String[] {"1000", "period (ms) of each executor's statistics report to the driver; 0 disables"});
+        for (Settings.Setting s : Settings.scope("plugin")) {
+            String dflt = s.defaultValue() != null ? s.defaultValue() : "(" + s.defaultDoc() + ")";
+            m.put(s.sparkKey(), new String[] {dflt, s.doc()});
+        }
         KEYS = Collections.unmodifiableMap(m);
+    }
+
+    private static final PluginConf DEFAULTS = new PluginConf(Collections.emptyMap());
+
+    private static String pluginKey(String key) {
+        Settings.Setting s = Settings.setting(key);
+        if (!s.scope().equals("plugin")) {
+            throw new IllegalStateException("cudabridge: setting " + key + " is of scope " + s.scope() + ", not plugin");
+        }
+        return s.sparkKey();
     }
 
     private final Map<String, String> entries;
@@ -70,77 +78,57 @@ public final class PluginConf {
         this.entries = Collections.unmodifiableMap(m);
     }
 
+    /** A configuration that sets nothing: every accessor returns the table's default. */
+    public static PluginConf defaults() {
+        return DEFAULTS;
+    }
+
     public Map<String, String> entries() { return entries; }
 
+    /** The value as set, or null. */
     public String get(String key) { return entries.get(key); }
 
-    public String get(String key, String dflt) {
-        String v = entries.get(key);
-        return v == null || v.isEmpty() ? dflt : v;
+    private Settings.Setting setting(String sparkKey) {
+        Settings.Setting s = Settings.named(sparkKey);
+        if (s == null) {
+            throw new IllegalArgumentException(Settings.unknownKeyMessage(sparkKey));
+        }
+        return s;
     }
 
-    public long getLong(String key, long dflt) {
-        String v = get(key, null);
-        if (v == null) {
-            return dflt;
-        }
-        try {
-            long x = Long.parseLong(v.trim());
-            if (x < 0) {
-                throw new NumberFormatException("negative");
-            }
-            return x;
-        } catch (NumberFormatException e) {
-            throw new IllegalArgumentException(key + "=" + v + ": expected a non-negative integer");
-        }
+    /** The value as set (checked by its type), else the table's default (null where that is computed). */
+    public String value(String key) {
+        return setting(key).valueOr(entries.get(key));
     }
 
-    public String gpuResource() { return get(GPU_RESOURCE, "gpu"); }
+    public String gpuResource() { return value(GPU_RESOURCE); }
 
-    public String taskPriority() {
-        String p = get(TASK_PRIORITY, "normal");
-        if (!p.equals("normal") && !p.equals("high")) {
-            throw new IllegalArgumentException(TASK_PRIORITY + "=" + p + ": expected normal or high");
-        }
-        return p;
+    public Priority taskPriority() {
+        return Priority.fromWire(setting(TASK_PRIORITY).enumValue(entries.get(TASK_PRIORITY)));
     }
 
-    public boolean asyncRelease() { return getBoolean(ASYNC_RELEASE, true); }
+    public boolean asyncRelease() { return setting(ASYNC_RELEASE).booleanValue(entries.get(ASYNC_RELEASE)); }
 
-    public String taskBind() {
-        String v = get(TASK_BIND, "lazy").trim();
-        if (!v.equals("lazy") && !v.equals("ahead") && !v.equals("eager")) {
-            throw new IllegalArgumentException(TASK_BIND + "=" + v + ": expected lazy, ahead or eager");
-        }
-        return v;
+    public TaskBind taskBind() {
+        return TaskBind.fromWire(setting(TASK_BIND).enumValue(entries.get(TASK_BIND)));
     }
 
-    private boolean getBoolean(String key, boolean dflt) {
-        String v = get(key, Boolean.toString(dflt)).trim();
-        if (!v.equalsIgnoreCase("true") && !v.equalsIgnoreCase("false")) {
-            throw new IllegalArgumentException(key + "=" + v + ": expected true or false");
-        }
-        return Boolean.parseBoolean(v);
-    }
+    public long metricsRefreshMs() { return setting(METRICS_REFRESH_MS).longValue(entries.get(METRICS_REFRESH_MS)); }
 
-    public long metricsRefreshMs() { return getLong(METRICS_REFRESH_MS, 500); }
+    public long reportIntervalMs() { return setting(REPORT_INTERVAL_MS).longValue(entries.get(REPORT_INTERVAL_MS)); }
 
-    public long reportIntervalMs() { return getLong(REPORT_INTERVAL_MS, 1000); }
-
-    /** Checks every plugin key that has a fixed form; throws IllegalArgumentException naming the key. */
+    /** Checks every {@code spark.cudabridge.*} key, service keys included ({@link Settings#checkAll}):
+     *  an unknown key (with the nearest known one) or a value its type refuses throws
+     *  IllegalArgumentException naming the key and the value. */
     public void validate() {
-        taskPriority();
-        asyncRelease();
-        taskBind();
-        metricsRefreshMs();
-        reportIntervalMs();
+        Settings.checkAll(entries);
     }
 
     /**
      * The bridge's start options: the Python environment and library from the plugin keys, and
-     * every {@code spark.cudabridge.*} entry for the service. {@code gpuAddresses} (the
-     * executor's GPU resource addresses, may be null) becomes {@code gpu_addresses} unless that
-     * key is set explicitly.
+     * every other {@code spark.cudabridge.*} entry (the service keys, camelCase as they are) for
+     * the service. {@code gpuAddresses} (the executor's GPU resource addresses, may be null) becomes
+     * {@link #GPU_ADDRESSES} unless that key is set.
      */
     public CudaBridge.Options toOptions(String[] gpuAddresses) {
         CudaBridge.Options o = new CudaBridge.Options();
@@ -162,14 +150,13 @@ public final class PluginConf {
         }
         Map<String, String> service = new TreeMap<>();
         for (Map.Entry<String, String> e : entries.entrySet()) {
-            String k = e.getKey();
-            if (!KEYS.containsKey(k)) {
-                service.put(k, e.getValue());
+            Settings.Setting s = Settings.named(e.getKey());
+            if (s == null || !s.scope().equals("plugin")) {
+                service.put(e.getKey(), e.getValue()); // an unknown key is refused when the bridge starts
             }
         }
-        if (gpuAddresses != null && gpuAddresses.length > 0 && !service.containsKey(PREFIX + "gpu_addresses")
-                && !service.containsKey(PREFIX + "gpuAddresses")) {
-            service.put(PREFIX + "gpu_addresses", String.join(",", gpuAddresses));
+        if (gpuAddresses != null && gpuAddresses.length > 0 && !service.containsKey(GPU_ADDRESSES)) {
+            service.put(GPU_ADDRESSES, String.join(",", gpuAddresses));
         }
         o.setAll(service);
         return o;

@@ -15,6 +15,7 @@ import java.util.logging.Logger;
 
 import org.cudabridge.CudaBridge;
 import org.cudabridge.CudaBridgeException;
+import org.cudabridge.Priority;
 import org.cudabridge.ReleaseReport;
 import org.cudabridge.TaskScope;
 
@@ -45,10 +46,11 @@ public final class TaskBinder {
     private final String executorId;
     private final CudaBridge bridge;          // null when the start failed
     private final String failure;             // null when the bridge runs
-    private final String priority;
+    // From PluginConf; without a bridge (its start failed) none of them is used.
+    private final Priority priority;
     private final long refreshNanos;
     private final boolean asyncRelease;
-    private final String taskBind;          // lazy | ahead | eager
+    private final TaskBind taskBind;
     /** Work of the lifecycle thread, in order: a scope to bind ahead, or one to release. */
     private final ConcurrentLinkedQueue<Op> ops = new ConcurrentLinkedQueue<>();
     /** The lifecycle thread is parked until woken (idle for a while); else it polls. */
@@ -107,8 +109,8 @@ public final class TaskBinder {
         }
     }
 
-    private TaskBinder(String executorId, CudaBridge bridge, String failure, String priority, long refreshMs,
-                       boolean asyncRelease, String taskBind) {
+    private TaskBinder(String executorId, CudaBridge bridge, String failure, Priority priority, long refreshMs,
+                       boolean asyncRelease, TaskBind taskBind) {
         this.executorId = executorId;
         this.bridge = bridge;
         this.failure = failure;
@@ -116,7 +118,7 @@ public final class TaskBinder {
         this.refreshNanos = refreshMs * 1_000_000L;
         this.asyncRelease = asyncRelease && bridge != null;
         this.taskBind = taskBind;
-        if (bridge != null && (this.asyncRelease || taskBind.equals("ahead"))) {
+        if (bridge != null && (this.asyncRelease || taskBind == TaskBind.AHEAD)) {
             Thread t = new Thread(this::lifecycleLoop, "cudabridge-lifecycle-" + executorId);
             t.setDaemon(true);
             lifecycle = t;
@@ -135,11 +137,11 @@ public final class TaskBinder {
         long t0 = System.nanoTime();
         CudaBridge bridge = null;
         String reason = null;
-        String priority = "normal";
-        long refreshMs = 500;
-        boolean async = true;
-        String bind = "lazy";
-        try {
+        Priority priority = null;
+        long refreshMs = 0;
+        boolean async = false;
+        TaskBind bind = null;
+        try {   // validate checks every key (service keys too) against the settings table
             PluginConf conf = new PluginConf(sparkConf);
             conf.validate();
             priority = conf.taskPriority();
@@ -166,7 +168,7 @@ public final class TaskBinder {
 
     /** A binder whose service is unavailable for {@code reason} (every GPU call fails with it). */
     static TaskBinder failed(String executorId, String reason) {
-        TaskBinder b = new TaskBinder(executorId, null, reason, "normal", 500, false, "lazy");
+        TaskBinder b = new TaskBinder(executorId, null, reason, null, 0, false, null); // no bridge: none is used
         LOG.severe("cudabridge: executor " + executorId + " has NO GPU service; every GPU call of its tasks will "
                 + "fail with: " + oneLine(reason));
         current = b;
@@ -179,6 +181,9 @@ public final class TaskBinder {
     }
 
     static String describe(Throwable t) {
+        if (t instanceof ExceptionInInitializerError && t.getCause() != null) {
+            return describe(t.getCause()); // e.g. the settings table could not be read
+        }
         String m = t.getMessage();
         return (m == null || m.isEmpty()) ? t.toString() : (t instanceof CudaBridgeException || m.startsWith("cudabridge")
                 ? m : t.getClass().getName() + ": " + m);
@@ -250,12 +255,12 @@ public final class TaskBinder {
         }
         long t0 = System.nanoTime();
         try {
-            if (taskBind.equals("eager")) {
+            if (taskBind == TaskBind.EAGER) {
                 scope.set(bridge.bindTask(taskAttemptId, gpuAddress, priority));
             } else {
                 TaskScope s = bridge.bindTaskDeferred(taskAttemptId, gpuAddress, priority);
                 scope.set(s);
-                if (taskBind.equals("ahead")) {
+                if (taskBind == TaskBind.AHEAD) {
                     submit(new Op(s, false));
                 }
             }
@@ -486,30 +491,12 @@ public final class TaskBinder {
                 m.putAll(snapshot);
             }
             m.putAll(pluginCounters());
-            m.put("bridge_calls", bridgeCalls(m));
+            m.put("bridge_calls", m.getOrDefault("bridge_calls_total", 0L)); // the bridge's hot-path calls into Python
             Map<String, Long> frozen = Collections.unmodifiableMap(m);
             snapshot = frozen;
             snapshotAt = System.nanoTime();
             return frozen;
         }
-    }
-
-    /** Hot-path calls into Python counted by the bridge (its {@code bridge_calls} total if it
-     *  reports one, else the sum of its per-kind call counters). */
-    static long bridgeCalls(Map<String, Long> m) {
-        Long total = m.get("bridge_calls_total");
-        if (total != null) {
-            return total;
-        }
-        long sum = 0;
-        for (String k : new String[] {"bridge_allocations", "bridge_frees", "bridge_batches", "bridge_copies_in",
-                "bridge_copies_out", "bridge_copies_direct", "bridge_memsets", "bridge_synchronizes"}) {
-            Long v = m.get(k);
-            if (v != null) {
-                sum += v;
-            }
-        }
-        return sum;
     }
 
     /** Drains the streams, returns memory, destroys streams and events (the bridge's

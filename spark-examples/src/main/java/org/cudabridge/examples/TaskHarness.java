@@ -12,6 +12,7 @@ import java.util.concurrent.atomic.AtomicInteger;
 import java.util.concurrent.atomic.AtomicLong;
 
 import org.cudabridge.CudaBridge;
+import org.cudabridge.Settings;
 import org.cudabridge.spark.GpuTask;
 import org.cudabridge.spark.TaskBinder;
 
@@ -62,7 +63,7 @@ public final class TaskHarness {
         }
         Map<String, String> conf = new HashMap<>();
         for (String name : System.getProperties().stringPropertyNames()) {
-            if (name.startsWith("spark.cudabridge.")) {
+            if (name.startsWith(Settings.prefix())) {
                 conf.put(name, System.getProperty(name));
             }
         }
