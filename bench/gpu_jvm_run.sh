@@ -7,15 +7,15 @@
 set -uo pipefail
 source bench/gpu_setup.sh
 cp="$(python3 -m cudabridge classpath):bench/out/jvm-classes"
-java=("$JAVA_HOME/bin/java" -Dcudabridge.python="$(command -v python3)" -Dcudabridge.pythonpath="$PYTHONPATH"
+java=("$JAVA_HOME/bin/java" -Dcudabridge.python="$(command -v python3)" -Dcudabridge.pythonPath="$PYTHONPATH"
       -Dspark.cudabridge.backend=cuda -cp "$cp" org.cudabridge.harness.Harness)
 status=0
 for scenario in "smoke" "stress 16 2000" "errors" "race event-deferred" "race naive" "threads 400 16" "gate 8" "deferred 8"; do
   extra=()
   case $scenario in
-    errors) extra=(-Dspark.cudabridge.pool_limit=64m) ;;
-    "race naive") extra=(-Dspark.cudabridge.pool_limit=2m -Dspark.cudabridge.test_reuse_policy=naive) ;;
-    race*) extra=(-Dspark.cudabridge.pool_limit=2m) ;;
+    errors) extra=(-Dspark.cudabridge.poolLimit=64m) ;;
+    "race naive") extra=(-Dspark.cudabridge.poolLimit=2m -Dspark.cudabridge.testReusePolicy=naive) ;;
+    race*) extra=(-Dspark.cudabridge.poolLimit=2m) ;;
   esac
   log="$out/jvm-${scenario// /-}.log"
   # shellcheck disable=SC2086

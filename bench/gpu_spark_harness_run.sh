@@ -7,14 +7,14 @@ set -uo pipefail
 source bench/gpu_setup.sh
 # the class path already lists the plugin jar (python -m cudabridge classpath)
 cp="$(python3 -m cudabridge classpath):spark-examples/build/cudabridge-examples.jar"
-timeout 300 "$JAVA_HOME/bin/java" -Dcudabridge.python="$(command -v python3)" -Dcudabridge.pythonpath="$PYTHONPATH" \
+timeout 300 "$JAVA_HOME/bin/java" -Dcudabridge.python="$(command -v python3)" -Dcudabridge.pythonPath="$PYTHONPATH" \
   -Dspark.cudabridge.backend=cuda -cp "$cp" org.cudabridge.examples.TaskHarness \
   --tasks 256 --threads 8 --elements 65536 --fail-first-attempt 3,7 --summary-json "$out/harness.json" >"$out/harness.log" 2>&1
 rc=$?
 echo "TaskHarness exit $rc"; grep -vE "^[0-9]{4}-|INFO" "$out/harness.log" | head -40
 # the other task-bind modes, and the task's GPU resource address given as Spark gives it
 for mode in ahead eager; do
-  timeout 120 "$JAVA_HOME/bin/java" -Dcudabridge.python="$(command -v python3)" -Dcudabridge.pythonpath="$PYTHONPATH"     -Dspark.cudabridge.backend=cuda -Dspark.cudabridge.taskBind=$mode -cp "$cp" org.cudabridge.examples.TaskHarness     --tasks 64 --threads 8 --elements 65536 --fail-first-attempt 5 --gpu-address 0     --summary-json "$out/harness-$mode.json" >"$out/harness-$mode.log" 2>&1
+  timeout 120 "$JAVA_HOME/bin/java" -Dcudabridge.python="$(command -v python3)" -Dcudabridge.pythonPath="$PYTHONPATH"     -Dspark.cudabridge.backend=cuda -Dspark.cudabridge.taskBind=$mode -cp "$cp" org.cudabridge.examples.TaskHarness     --tasks 64 --threads 8 --elements 65536 --fail-first-attempt 5 --gpu-address 0     --summary-json "$out/harness-$mode.json" >"$out/harness-$mode.log" 2>&1
   m=$?
   echo "TaskHarness taskBind=$mode --gpu-address 0 exit $m: $(grep -E '^checks' "$out/harness-$mode.log")"
   [ $m -eq 0 ] || rc=$m
