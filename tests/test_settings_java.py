@@ -1,0 +1,481 @@
+"""The Java side of the settings table (``org.cudabridge.Settings``, ``PluginConf``, the Java enums)
+reads and checks exactly what ``python/cudabridge/settings.json`` says.
+
+A small Java main (tests/java/org/cudabridge/harness/SettingsProbe.java) runs in a plain ``java``
+(no Python, no JPype inside it) against the built jars and prints what Java reads; this test
+compares it with the JSON table itself and with the Python rules (``cudabridge.config``). Needs a
+JDK (javac); CUDABRIDGE_SKIP_JVM_TESTS=1 skips it. The plugin's part (``TaskBind``,
+``PluginConf``) needs cudabridge-spark.jar, built where pyspark is installed.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import shutil
+import subprocess
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from cudabridge.jvm import build as jvm_build
+
+ROOT = Path(__file__).resolve().parent.parent
+TABLE_PATH = ROOT / "python" / "cudabridge" / "settings.json"
+TABLE = json.loads(TABLE_PATH.read_text())
+PREFIX = TABLE["prefix"]
+PROBE = "org.cudabridge.harness.SettingsProbe"
+HARNESS_SOURCES = sorted((ROOT / "tests" / "java").rglob("*.java"))
+
+try:  # the Python rules, where they exist (the Python side of the same table)
+    from cudabridge import config as pyconfig
+except Exception:  # noqa: BLE001  (a config module mid-change must not hide the Java checks)
+    pyconfig = None
+
+
+def _java() -> str:
+    return jvm_build._java_tool("java") or shutil.which("java") or "java"
+
+
+@pytest.fixture(scope="module")
+def jars(tmp_path_factory):
+    """(core jar, plugin jar or None, compiled harness classes)."""
+    if os.environ.get("CUDABRIDGE_SKIP_JVM_TESTS") == "1":
+        pytest.skip("CUDABRIDGE_SKIP_JVM_TESTS=1")
+    core = jvm_build.build_jar()
+    javac = jvm_build._java_tool("javac")
+    assert javac, "javac not found: these tests need a JDK (or CUDABRIDGE_SKIP_JVM_TESTS=1)"
+    plugin = None
+    try:
+        from cudabridge.spark import build as spark_build
+
+        plugin = spark_build.build_plugin()
+    except Exception as exc:  # noqa: BLE001  (no pyspark: the plugin's part is skipped)
+        print(f"cudabridge-spark.jar not built: {exc}")
+    classes = tmp_path_factory.mktemp("settings-probe-classes")
+    cp = os.pathsep.join([str(core), str(jvm_build.jpype_jar())])
+    proc = subprocess.run([javac, "--release", "17", "-cp", cp, "-d", str(classes), *map(str, HARNESS_SOURCES)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return core, plugin, classes
+
+
+def probe(jars, mode: str, stdin: str = "", core: Path | None = None) -> subprocess.CompletedProcess:
+    jar, plugin, classes = jars
+    cp = [str(core or jar)] + ([str(plugin)] if plugin else []) + [str(classes)]
+    return subprocess.run([_java(), "-cp", os.pathsep.join(cp), PROBE, mode], input=stdin, capture_output=True,
+                          text=True, timeout=120)
+
+
+def b64(s: str) -> str:
+    """A token for SettingsProbe: 'x' + base64 (so that an empty string is one too)."""
+    return "x" + base64.b64encode(s.encode()).decode()
+
+
+@pytest.fixture(scope="module")
+def dump(jars):
+    proc = probe(jars, "dump")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return json.loads(proc.stdout)
+
+
+def env_name(key: str) -> str:
+    words = [w for part in key.split(".") for w in re.split(r"(?<=[a-z0-9])(?=[A-Z])", part) if w]
+    return "CUDABRIDGE_" + "_".join(w.upper() for w in words)
+
+
+def by_key(key: str) -> dict:
+    return next(e for e in TABLE["settings"] if e["key"] == key)
+
+
+# --- what Java reads --------------------------------------------------------------------------------
+
+def test_java_reads_the_same_keys_types_and_defaults(dump):
+    assert dump["prefix"] == PREFIX
+    java = dump["settings"]
+    assert [s["key"] for s in java] == [e["key"] for e in TABLE["settings"]]
+    for s, e in zip(java, TABLE["settings"]):
+        want = {"key": e["key"], "scope": e["scope"], "type": e["type"], "values": e.get("values", []),
+                "min": e.get("min"), "max": e.get("max"), "default": e["default"], "defaultDoc": e.get("defaultDoc"),
+                "doc": e["doc"], "test": e.get("test", False)}
+        assert {k: s[k] for k in want} == want, e["key"]
+
+
+def test_derived_spellings(dump):
+    for s in dump["settings"]:
+        scoped = s["scope"] in ("service", "plugin")
+        assert s["sparkKey"] == (PREFIX + s["key"] if scoped else None)
+        assert s["envName"] == (None if s["scope"] == "jvm" else env_name(s["key"]))
+        assert s["name"] == (s["sparkKey"] if scoped else s["key"] if s["scope"] == "jvm" else s["envName"])
+        if pyconfig is not None and hasattr(pyconfig, "BY_KEY"):
+            p = pyconfig.BY_KEY[s["key"]]
+            assert (p.spark_key, p.env_name, p.name) == (s["sparkKey"], s["envName"], s["name"]), s["key"]
+    spelled = {s["key"]: s["envName"] for s in dump["settings"]}
+    assert spelled["poolLimit"] == "CUDABRIDGE_POOL_LIMIT"
+    assert spelled["metrics.refreshMs"] == "CUDABRIDGE_METRICS_REFRESH_MS"
+    assert spelled["cudabridge.gate"] is None
+
+
+def test_java_enums_have_the_tables_wire_names(dump):
+    assert dump["enums"]["org.cudabridge.Priority"] == by_key("taskPriority")["values"]
+    if dump["plugin"] is None:
+        pytest.skip("cudabridge-spark.jar is not built (pyspark missing): TaskBind not checked")
+    assert dump["enums"]["org.cudabridge.spark.TaskBind"] == by_key("taskBind")["values"]
+
+
+def test_plugin_keys_constants_and_defaults_come_from_the_table(dump):
+    plugin = dump["plugin"]
+    if plugin is None:
+        pytest.skip("cudabridge-spark.jar is not built (pyspark missing)")
+    scope = [e for e in TABLE["settings"] if e["scope"] == "plugin"]
+    assert list(plugin["KEYS"]) == [PREFIX + e["key"] for e in scope]
+    for e in scope:
+        dflt, doc = plugin["KEYS"][PREFIX + e["key"]]
+        assert doc == e["doc"]
+        assert dflt == (e["default"] if e["default"] is not None else f"({e['defaultDoc']})")
+    constants = dict(plugin["constants"])
+    assert constants.pop("PREFIX") == PREFIX
+    assert constants.pop("GPU_ADDRESSES") == PREFIX + "gpuAddresses"
+    # one constant per plugin key, and none for anything else
+    assert sorted(constants.values()) == sorted(PREFIX + e["key"] for e in scope)
+    d = plugin["defaults"]
+    assert d == {"gpuResource": by_key("gpuResource")["default"], "taskPriority": by_key("taskPriority")["default"],
+                 "asyncRelease": by_key("asyncRelease")["default"] == "true", "taskBind": by_key("taskBind")["default"],
+                 "metricsRefreshMs": int(by_key("metrics.refreshMs")["default"]),
+                 "reportIntervalMs": int(by_key("reportIntervalMs")["default"])}
+
+
+def test_every_jvm_property_has_its_settings_constant(dump):
+    constants = set(dump["settingsConstants"].values())
+    for e in TABLE["settings"]:
+        if e["scope"] == "jvm":
+            assert e["key"] in constants, e["key"]
+
+
+# --- values: the same accepted and refused values as the Python rules ------------------------------------
+
+P = PREFIX
+# (name, value, accepted): names as users write them (Spark key, system property, variable).
+CASES = [
+    # enum: case matters, except where every value is upper case (logLevel); no trimming
+    (P + "backend", "auto", True), (P + "backend", "emulated", True), (P + "backend", "cuda", True),
+    (P + "backend", "Emulated", False), (P + "backend", "gpu", False), (P + "backend", "", False),
+    (P + "backend", " auto", False),
+    (P + "streamPolicy", "idle-first", True), (P + "streamPolicy", "idle_first", False),
+    (P + "poolGrowth", "segment", True), (P + "poolGrowth", "chunk", False),
+    (P + "logLevel", "INFO", True), (P + "logLevel", "info", True), (P + "logLevel", "Warning", True),
+    (P + "logLevel", "critical", True), (P + "logLevel", "TRACE", False), (P + "logLevel", " INFO", False),
+    (P + "testReusePolicy", "naive", True), (P + "testReusePolicy", "event-deferred", True),
+    (P + "testReusePolicy", "Naive", False),
+    (P + "taskPriority", "normal", True), (P + "taskPriority", "high", True), (P + "taskPriority", "HIGH", False),
+    (P + "taskPriority", "urgent", False),
+    (P + "taskBind", "lazy", True), (P + "taskBind", "ahead", True), (P + "taskBind", "eager", True),
+    (P + "taskBind", "Lazy", False), (P + "taskBind", "never", False),
+    # int: a decimal integer within [min, max] (surrounding blanks and a sign are fine)
+    (P + "streamsPerGpu", "32", True), (P + "streamsPerGpu", "1", True), (P + "streamsPerGpu", "1024", True),
+    (P + "streamsPerGpu", " 8 ", True), (P + "streamsPerGpu", "+8", True),
+    (P + "streamsPerGpu", "0", False), (P + "streamsPerGpu", "1025", False), (P + "streamsPerGpu", "-1", False),
+    (P + "streamsPerGpu", "abc", False), (P + "streamsPerGpu", "3.0", False), (P + "streamsPerGpu", "", False),
+    (P + "streamsPerGpu", "0x10", False), (P + "streamsPerGpu", "99999999999999999999", False),
+    (P + "streamsPerGpu", "1_0", False), (P + "streamsPerGpu", "\uff18", False),
+    (P + "highPriorityStreams", "0", True), (P + "highPriorityStreams", "-1", False),
+    (P + "emulatedDevices", "64", True), (P + "emulatedDevices", "65", False),
+    (P + "metrics.refreshMs", "0", True), (P + "metrics.refreshMs", "86400000", True),
+    (P + "metrics.refreshMs", "86400001", False), (P + "reportIntervalMs", "1000", True),
+    (P + "reportIntervalMs", "1s", False),
+    ("cudabridge.gate.holdMicros", "1000", True), ("cudabridge.gate.holdMicros", "1", True),
+    ("cudabridge.gate.holdMicros", "0", False), ("cudabridge.gate.holdMicros", "1000001", False),
+    ("cudabridge.gate.holdMicros", "abc", False),
+    # bool: true or false, any case
+    (P + "asyncRelease", "true", True), (P + "asyncRelease", "FALSE", True), (P + "asyncRelease", " True ", True),
+    (P + "asyncRelease", "yes", False), (P + "asyncRelease", "1", False), (P + "asyncRelease", "", False),
+    (P + "emulatedRaceCheck", "false", True), (P + "emulatedRaceCheck", "on", False),
+    ("cudabridge.gate", "true", True), ("cudabridge.gate", "False", True), ("cudabridge.gate", "off", False),
+    ("CUDABRIDGE_NATIVE_FAST_PATH", "true", True), ("CUDABRIDGE_NATIVE_FAST_PATH", "0", False),
+    # bytes: a non-negative integer, an optional binary suffix (any case), at least min, below 2**63
+    (P + "poolInitial", "0", True), (P + "poolInitial", "64m", True), (P + "poolInitial", "64MB", True),
+    (P + "poolInitial", "1k", True), (P + "poolInitial", "1kb", True), (P + "poolInitial", "2t", True),
+    (P + "poolInitial", "512b", True), (P + "poolInitial", " 8g ", True),
+    (P + "poolInitial", "-1", False), (P + "poolInitial", "1.5g", False), (P + "poolInitial", "8x", False),
+    (P + "poolInitial", "m", False), (P + "poolInitial", "", False), (P + "poolInitial", "8 g", False),
+    (P + "poolInitial", "+8m", True), (P + "poolInitial", "1_0m", False), (P + "poolInitial", "\uff18m", False),
+    (P + "poolInitial", "9223372036854775807", True), (P + "poolInitial", "9223372036854775808", False),
+    (P + "poolInitial", "8388607t", True), (P + "poolInitial", "8388608t", False),
+    (P + "emulatedMemory", "16g", True), (P + "emulatedMemory", "2m", True), (P + "emulatedMemory", "2097151", False),
+    (P + "emulatedMemory", "1m", False),
+    # limit: with a decimal point a fraction in (0, 1]; else bytes of at least 2 MiB
+    (P + "poolLimit", "0.9", True), (P + "poolLimit", "1.0", True), (P + "poolLimit", "1.", True),
+    (P + "poolLimit", ".5", True), (P + "poolLimit", "0.5e0", True), (P + "poolLimit", "0.0", False),
+    (P + "poolLimit", "1.5", False), (P + "poolLimit", "-0.5", False), (P + "poolLimit", ".", False),
+    (P + "poolLimit", "0.9x", False), (P + "poolLimit", "1", False), (P + "poolLimit", "255", False),
+    (P + "poolLimit", "2097151", False), (P + "poolLimit", "2097152", True), (P + "poolLimit", "2m", True),
+    (P + "poolLimit", "2M", True), (P + "poolLimit", "1m", False), (P + "poolLimit", "8g", True),
+    (P + "poolLimit", "8GB", True), (P + "poolLimit", "abc", False), (P + "poolLimit", "", False),
+    (P + "poolLimit", "0.5_0", False),
+    # seconds: a positive finite number
+    (P + "hostWaitTimeout", "300", True), (P + "hostWaitTimeout", "0.5", True), (P + "hostWaitTimeout", "1e3", True),
+    (P + "hostWaitTimeout", ".25", True), (P + "hostWaitTimeout", "0", False), (P + "hostWaitTimeout", "-1", False),
+    (P + "hostWaitTimeout", "inf", False), (P + "hostWaitTimeout", "nan", False), (P + "hostWaitTimeout", "1e400", False),
+    (P + "hostWaitTimeout", "abc", False), (P + "hostWaitTimeout", "", False), (P + "hostWaitTimeout", "5s", False),
+    (P + "hostWaitTimeout", "1_0", False), (P + "hostWaitTimeout", "infinity", False),
+    # list and string: anything
+    (P + "gpuAddresses", "0,1", True), (P + "gpuAddresses", "", True), (P + "gpuAddressMap", "0:1,1:0", True),
+    (P + "backendWrapper", "faulty_backend:from_env", True), (P + "python", "/nonexistent/bin/python", True),
+    (P + "pythonPath", "a:b", True), (P + "library", "", True), (P + "gpuResource", "gpu", True),
+    ("cudabridge.python", "/x", True), ("cudabridge.pythonPath", "a:b", True), ("cudabridge.library", "/x.so", True),
+]
+
+
+def check_in_java(jars, cases: list[tuple[str, str]]) -> list[dict]:
+    proc = probe(jars, "check", "".join(f"{b64(k)} {b64(v)}\n" for k, v in cases))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert len(out) == len(cases)
+    return out
+
+
+def test_every_setting_has_cases():
+    named = {(e["key"] if e["scope"] == "jvm" else PREFIX + e["key"] if e["scope"] != "environment"
+              else env_name(e["key"])) for e in TABLE["settings"]}
+    assert named == {k for k, _, _ in CASES}
+
+
+def test_check_accepts_and_refuses_as_written(jars):
+    got = check_in_java(jars, [(k, v) for k, v, _ in CASES])
+    wrong = [(k, v, ok, g["message"]) for (k, v, ok), g in zip(CASES, got) if g["ok"] != ok]
+    assert wrong == []
+    for (k, v, ok), g in zip(CASES, got):
+        if not ok:   # a refusal names the key and the value
+            assert g["message"].startswith(f"{k}={v}: "), g["message"]
+
+
+def test_every_default_is_accepted(jars):
+    cases = [(s["key"] if s["scope"] == "jvm" else PREFIX + s["key"] if s["scope"] != "environment"
+              else env_name(s["key"]), s["default"]) for s in TABLE["settings"] if s["default"] is not None]
+    assert all(g["ok"] for g in check_in_java(jars, cases))
+
+
+def test_refusal_messages(jars):
+    got = check_in_java(jars, [(P + "poolLimit", "255"), (P + "poolLimit", "1.5"), (P + "streamsPerGpu", "0"),
+                               (P + "backend", "gpu"), (P + "asyncRelease", "yes"), (P + "poolInitial", "8388608t")])
+    assert [g["message"] for g in got] == [
+        "spark.cudabridge.poolLimit=255: 255 bytes is below the least accepted, 2097152 (2 MiB)",
+        "spark.cudabridge.poolLimit=1.5: a fraction of free memory must be in (0, 1]",
+        "spark.cudabridge.streamsPerGpu=0: expected an integer in [1, 1024]",
+        "spark.cudabridge.backend=gpu: expected one of auto, cuda, emulated",
+        "spark.cudabridge.asyncRelease=yes: expected true or false",
+        "spark.cudabridge.poolInitial=8388608t: 9223372036854775808 bytes is 2**63 or more",
+    ]
+
+
+def _python_accepts(name: str, value: str) -> bool:
+    key = next(e["key"] for e in TABLE["settings"]
+               if name in (PREFIX + e["key"], e["key"], env_name(e["key"])))
+    try:
+        pyconfig.check_value(key, value)
+    except pyconfig.InvalidArgument:
+        return False
+    return True
+
+
+# Where Python's int() and float() are more lenient than "a decimal integer" / "a number": digit
+# group underscores, non-ASCII digits, blanks between number and unit. Java refuses them; the
+# Python rules should too (then these pass, and strict xfail says to drop them from this list).
+PYTHON_MORE_LENIENT = {
+    (P + "streamsPerGpu", "1_0"), (P + "streamsPerGpu", "\uff18"), (P + "poolInitial", "8 g"),
+    (P + "poolInitial", "1_0m"), (P + "poolInitial", "\uff18m"), (P + "poolLimit", "0.5_0"),
+    (P + "hostWaitTimeout", "1_0"),
+}
+
+
+@pytest.fixture(scope="module")
+def java_outcomes(jars):
+    return dict(zip([(k, v) for k, v, _ in CASES], check_in_java(jars, [(k, v) for k, v, _ in CASES])))
+
+
+@pytest.mark.parametrize("name, value", [
+    pytest.param(k, v, marks=pytest.mark.xfail(strict=True, reason="Python's int()/float() accept it"))
+    if (k, v) in PYTHON_MORE_LENIENT else (k, v) for k, v, _ in CASES])
+def test_java_and_python_accept_and_refuse_the_same(java_outcomes, name, value):
+    if pyconfig is None or not hasattr(pyconfig, "check_value"):
+        pytest.skip("cudabridge.config.check_value is not there yet")
+    assert java_outcomes[(name, value)]["ok"] == _python_accepts(name, value), java_outcomes[(name, value)]
+
+
+# --- keys -------------------------------------------------------------------------------------------------
+
+def conf_line(conf: dict[str, str]) -> str:
+    return " ".join(f"{b64(k)} {b64(v)}" for k, v in conf.items()) + "\n"
+
+
+MISSPELLED = [
+    ("spark.cudabridge.poolLimt", "spark.cudabridge.poolLimit"),
+    ("spark.cudabridge.pool_limit", "spark.cudabridge.poolLimit"),
+    ("spark.cudabridge.test_reuse_policy", "spark.cudabridge.testReusePolicy"),
+    ("spark.cudabridge.emulated_devices", "spark.cudabridge.emulatedDevices"),
+    ("spark.cudabridge.gpu_addresses", "spark.cudabridge.gpuAddresses"),
+    ("spark.cudabridge.streams_per_gpu", "spark.cudabridge.streamsPerGpu"),
+    ("spark.cudabridge.metrics_refresh_ms", "spark.cudabridge.metrics.refreshMs"),
+    ("spark.cudabridge.TASKBIND", "spark.cudabridge.taskBind"),
+    ("spark.cudabridge.pyton", "spark.cudabridge.python"),
+    ("spark.cudabridge.zzzzzzzz", None),
+    ("spark.cudabridge.cudabridge.gate", None),
+]
+
+
+def test_a_misspelled_key_is_refused_with_the_nearest(jars):
+    proc = probe(jars, "checkall", "".join(conf_line({k: "1"}) for k, _ in MISSPELLED))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    got = [json.loads(line) for line in proc.stdout.splitlines()]
+    for (key, near), g in zip(MISSPELLED, got):
+        assert not g["ok"] and g["type"] == "java.lang.IllegalArgumentException"
+        if near:
+            assert g["message"] == f"unknown key {key}; did you mean {near}?"
+        else:
+            assert g["message"].startswith(f"unknown key {key}; no key is close")
+        if pyconfig is not None and hasattr(pyconfig, "unknown_key_message"):
+            assert g["message"] == pyconfig.unknown_key_message(key)
+
+
+def test_nearest_key_agrees_with_python(jars):
+    if pyconfig is None or not hasattr(pyconfig, "nearest_key"):
+        pytest.skip("cudabridge.config.nearest_key is not there yet")
+    keys = [k for k, _ in MISSPELLED] + ["spark.cudabridge.backen", "spark.cudabridge.x", "spark.cudabridge.hostWait",
+                                         "spark.cudabridge.Library", "spark.cudabridge.refreshMs"]
+    proc = probe(jars, "nearest", "".join(b64(k) + "\n" for k in keys))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert [json.loads(line) for line in proc.stdout.splitlines()] == [pyconfig.nearest_key(k) for k in keys]
+
+
+def test_check_all_checks_known_keys_values_and_ignores_other_prefixes(jars):
+    confs = [
+        {"spark.cudabridge.backend": "emulated", "spark.executor.memory": "1g", "spark.cudabridge_x": "y"},
+        {PREFIX + e["key"]: e["default"] for e in TABLE["settings"]
+         if e["scope"] in ("service", "plugin") and e["default"] is not None},
+        {"spark.cudabridge.poolLimit": "255", "spark.other": "x"},
+        {"spark.cudabridge.poolLimit": "255", "spark.cudabridge.taskBind": "never"},
+        {"spark.cudabridge.pool_limit": "255", "spark.cudabridge.taskBind": "never"},
+        {},
+    ]
+    proc = probe(jars, "checkall", "".join(conf_line(c) for c in confs))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    got = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert [g["ok"] for g in got] == [True, True, False, False, False, True]
+    assert got[2]["message"] == "spark.cudabridge.poolLimit=255: 255 bytes is below the least accepted, 2097152 (2 MiB)"
+    assert got[3]["message"] == ("spark.cudabridge.poolLimit=255: 255 bytes is below the least accepted, 2097152 "
+                                 "(2 MiB); spark.cudabridge.taskBind=never: expected one of lazy, ahead, eager")
+    # unknown keys first: values are checked once every key is known
+    assert got[4]["message"] == "unknown key spark.cudabridge.pool_limit; did you mean spark.cudabridge.poolLimit?"
+
+
+def test_plugin_conf_validate_is_check_all(jars, dump):
+    if dump["plugin"] is None:
+        pytest.skip("cudabridge-spark.jar is not built (pyspark missing)")
+    confs = [{"spark.cudabridge.poolLimt": "64m"}, {"spark.cudabridge.streamsPerGpu": "0"},
+             {"spark.cudabridge.taskBind": "ahead", "spark.cudabridge.poolLimit": "64m"}]
+    proc = probe(jars, "validate", "".join(conf_line(c) for c in confs))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    got = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert got[0]["message"] == "unknown key spark.cudabridge.poolLimt; did you mean spark.cudabridge.poolLimit?"
+    assert got[1]["message"] == "spark.cudabridge.streamsPerGpu=0: expected an integer in [1, 1024]"
+    assert got[2]["ok"]
+
+
+def test_java_start_refuses_a_misspelled_key_before_loading_anything(jars):
+    """CudaBridge.start checks the service keys before the library or Python (none is given here)."""
+    proc = probe(jars, "start", conf_line({"pool_limit": "64m", "backend": "emulated"}))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    g = json.loads(proc.stdout)
+    assert not g["ok"] and g["type"] == "org.cudabridge.CudaBridgeException"
+    assert g["message"] == "cudabridge: unknown key spark.cudabridge.pool_limit; did you mean spark.cudabridge.poolLimit?"
+
+
+# --- the table's reader ----------------------------------------------------------------------------------
+
+def read_json(jars, text: str) -> str:
+    proc = probe(jars, "json", text)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout.strip()
+
+
+@pytest.mark.parametrize("text", [
+    '{"a": [1, -2, 3.5, 1e3, -0.25E-2, true, false, null], "b": {"c": ""}}',
+    '"esc \\" \\\\ \\/ \\b \\f \\n \\r \\t \\u00e9 \\ud83d\\ude00"',
+    ' [ ] ', '{}', '9223372036854775807', '-9223372036854775808', '0', '-0.0',
+])
+def test_json_reader_reads_what_python_reads(jars, text):
+    out = read_json(jars, text)
+    assert out.startswith("OK "), out
+    assert json.loads(out[3:]) == json.loads(text)
+
+
+@pytest.mark.parametrize("text, where, what", [
+    ('{"a": 1,}', "line 1, column 9", "expected a string key"),
+    ('{"a": 1 "b": 2}', "line 1, column 9", "expected ',' or '}'"),
+    ('[1, 2', "line 1, column 6", "expected ',' or ']'"),
+    ('{"a":\n  tru}', "line 2, column 3", "expected true"),
+    ('"abc', "line 1, column 5", "unterminated string"),
+    ('"a\tb"', "line 1, column 3", "control character"),
+    ('"\\x"', "line 1, column 3", "unknown escape"),
+    ('"\\u12g4"', "line 1, column 6", "hex digit"),
+    ('01', "line 1, column 2", "expected the end"),
+    ('1.', "line 1, column 3", "digit after '.'"),
+    ('-', "line 1, column 2", "expected a digit"),
+    ('1e', "line 1, column 3", "exponent"),
+    ('{"a": 1, "a": 2}', "line 1, column 10", "appears twice"),
+    ('{"a": 1} x', "line 1, column 10", "expected the end"),
+    ("{'a': 1}", "line 1, column 2", "expected a string key"),
+    ('[NaN]', "line 1, column 2", "expected a value"),
+    ('', "line 1, column 1", "expected a value"),
+])
+def test_json_reader_is_strict_and_names_the_position(jars, text, where, what):
+    out = read_json(jars, text)
+    assert out.startswith("ERROR <stdin>: " + where), out
+    assert what in out, out
+
+
+def _jar_with_table(jars, tmp_path, table: str | None) -> Path:
+    """A copy of cudabridge.jar whose settings.json is ``table`` (None: none at all)."""
+    src, _, _ = jars
+    out = tmp_path / "cudabridge.jar"
+    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(out, "w") as zout:
+        for item in zin.infolist():
+            if item.filename != jvm_build.SETTINGS_RESOURCE:
+                zout.writestr(item, zin.read(item.filename))
+        if table is not None:
+            zout.writestr(jvm_build.SETTINGS_RESOURCE, table)
+    return out
+
+
+def test_the_jar_carries_the_table(jars):
+    with zipfile.ZipFile(jars[0]) as z:
+        assert z.read("org/cudabridge/settings.json") == TABLE_PATH.read_bytes()
+
+
+@pytest.mark.parametrize("change, message", [
+    (None, "/org/cudabridge/settings.json is missing from the class path"),
+    (lambda t: t["settings"][0].update(defualt="auto"), "settings[0] (backend): unknown field 'defualt'"),
+    (lambda t: by_key_in(t, "poolLimit").update(default="255"),
+     "poolLimit: its default is refused by its own type: spark.cudabridge.poolLimit=255: 255 bytes is below"),
+    (lambda t: by_key_in(t, "taskBind").update(values=[]), "(taskBind): an enum needs its 'values'"),
+    (lambda t: by_key_in(t, "backend").update(scope="executor"), "scope executor is none of"),
+    (lambda t: t["settings"].append(dict(t["settings"][0])), "key backend twice"),
+    (lambda t: t["settings"].remove(by_key_in(t, "cudabridge.gate")), "has no jvm setting cudabridge.gate"),
+])
+def test_a_broken_table_fails_clearly(jars, tmp_path, change, message):
+    if change is None:
+        text = None
+    else:
+        t = json.loads(TABLE_PATH.read_text())
+        change(t)
+        text = json.dumps(t)
+    proc = probe(jars, "dump", core=_jar_with_table(jars, tmp_path, text))
+    assert proc.returncode != 0
+    assert message in proc.stderr, proc.stderr[-3000:]
+
+
+def by_key_in(t: dict, key: str) -> dict:
+    return next(e for e in t["settings"] if e["key"] == key)
