@@ -108,7 +108,9 @@ public final class Settings {
         public String expected() {
             switch (type) {
                 case "enum": return "one of " + String.join(", ", values);
-                case "int": return "an integer in [" + (min == null ? "" : min) + ", " + (max == null ? "" : max) + "]";
+                case "int": return min != null && max != null ? "an integer in [" + min + ", " + max + "]"
+                        : min != null ? "an integer of at least " + min : max != null ? "an integer of at most " + max
+                        : "an integer";
                 case "bool": return "true or false";
                 case "bytes": return "bytes such as 1073741824, 512m or 8g"
                         + (min != null && min > 0 ? " (at least " + min + ", " + humanBytes(min) + ")" : "");
