@@ -90,6 +90,13 @@ SPARK_KEYS: dict[str, Setting] = {s.spark_key: s for s in SETTINGS if s.spark_ke
 
 
 # values -------------------------------------------------------------------------------------------
+# Strict forms, the same as org.cudabridge.Settings': ASCII digits only (int() and float() would
+# also take "1_0", full-width digits and blanks inside).
+_INT = re.compile(r"[+-]?[0-9]+")
+_NUMBER = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+_BYTES = re.compile(r"(\+?[0-9]+)([kmgt]?b?)")
+TRUE, FALSE = ("true", "1"), ("false", "0")
+
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "m": 1 << 20, "mb": 1 << 20,
           "g": 1 << 30, "gb": 1 << 30, "t": 1 << 40, "tb": 1 << 40}
 
@@ -99,16 +106,10 @@ def parse_bytes(text: Any, name: str = "size", minimum: int = 0) -> int:
     and at 2**63 or more."""
     if isinstance(text, bool):
         raise InvalidArgument(f"{name}={text!r}: expected bytes such as 1073741824, 512m or 8g")
-    s = str(text).strip().lower()
-    num = s.rstrip("kmgtb")
-    unit = s[len(num):]
-    try:
-        value = int(num)
-    except ValueError:
-        raise InvalidArgument(f"{name}={text!r}: expected bytes such as 1073741824, 512m or 8g") from None
-    if unit not in _UNITS or value < 0:
+    m = _BYTES.fullmatch(str(text).strip().lower())
+    if m is None or m.group(2) not in _UNITS:
         raise InvalidArgument(f"{name}={text!r}: expected bytes such as 1073741824, 512m or 8g")
-    nbytes = value * _UNITS[unit]
+    nbytes = int(m.group(1)) * _UNITS[m.group(2)]
     if nbytes > MAX_BYTES:
         raise InvalidArgument(f"{name}={text!r}: {nbytes} bytes is 2**63 or more")
     if nbytes < minimum:
@@ -122,11 +123,10 @@ def parse_limit(text: Any, name: str) -> tuple[int | None, float]:
     ``"1"`` is one byte (refused), not all of the memory."""
     s = str(text).strip()
     if "." in s:
-        try:
-            value = float(s)
-        except ValueError:
+        if not _NUMBER.fullmatch(s):
             raise InvalidArgument(f"{name}={text!r}: expected bytes (1073741824, 512m, 8g) or a fraction of "
-                                  f"free memory in (0, 1] such as 0.9") from None
+                                  f"free memory in (0, 1] such as 0.9")
+        value = float(s)
         if not 0.0 < value <= 1.0:
             raise InvalidArgument(f"{name}={text!r}: a fraction of free memory must be in (0, 1]")
         return None, value
@@ -146,19 +146,18 @@ def check_value(key: str, value: Any) -> Any:
     if s.type == "int":
         if isinstance(value, bool) or not isinstance(value, (int, str)):
             raise InvalidArgument(f"{name}={value!r}: expected an integer")
-        try:
-            n = int(value)
-        except ValueError:
-            raise InvalidArgument(f"{name}={value!r}: expected an integer") from None
+        if isinstance(value, str) and not _INT.fullmatch(value.strip()):
+            raise InvalidArgument(f"{name}={value!r}: expected an integer")
+        n = int(value)
         if (s.min is not None and n < s.min) or (s.max is not None and n > s.max):
             raise InvalidArgument(f"{name}={value!r}: expected an integer in [{s.min}, {s.max}]")
         return n
     if s.type == "bool":
         if isinstance(value, bool):
             return value
-        if isinstance(value, str) and value.strip().lower() in ("true", "false"):
-            return value.strip().lower() == "true"
-        raise InvalidArgument(f"{name}={value!r}: expected true or false")
+        if isinstance(value, str) and value.strip().lower() in TRUE + FALSE:
+            return value.strip().lower() in TRUE
+        raise InvalidArgument(f"{name}={value!r}: expected true or false (or 1 or 0)")
     if not isinstance(value, str) and not (s.type == "bytes" and isinstance(value, int)):
         raise InvalidArgument(f"{name}={value!r}: expected {_expected(s)}")
     text = str(value)
@@ -174,10 +173,7 @@ def check_value(key: str, value: Any) -> Any:
         parse_limit(text, name)
         return text
     if s.type == "seconds":
-        try:
-            seconds = float(text.strip())
-        except ValueError:
-            seconds = math.nan
+        seconds = float(text.strip()) if _NUMBER.fullmatch(text.strip()) else math.nan
         if not 0 < seconds < math.inf:
             raise InvalidArgument(f"{name}={value!r}: expected a positive number of seconds such as 300 or 0.5")
         return text

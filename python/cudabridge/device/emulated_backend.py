@@ -57,7 +57,7 @@ import uuid
 from collections import deque
 from typing import Any, Callable
 
-from ..config import BY_KEY
+from ..config import BY_KEY, check_value
 from ..errors import CudaError, InvalidArgument, StreamOrderRace
 from .backend import (
     DEFAULT_STREAM,
@@ -400,13 +400,12 @@ RACE_CHECK_ENV = BY_KEY["emulatedRaceCheck"].env_name   # CUDABRIDGE_EMULATED_RA
 
 
 def race_check_from_env() -> bool:
-    """``CUDABRIDGE_EMULATED_RACE_CHECK``: "1" on, "0" or unset off."""
+    """``CUDABRIDGE_EMULATED_RACE_CHECK`` (a bool setting: true/1 on; false/0 or unset off)."""
     value = os.environ.get(RACE_CHECK_ENV, "").strip()
-    if value in ("", "0"):
-        return False
-    if value == "1":
-        return True
-    raise InvalidArgument(f"{RACE_CHECK_ENV}={value!r}: expected 1 (race detector on) or 0 (off)")
+    try:
+        return bool(value) and check_value("emulatedRaceCheck", value)
+    except InvalidArgument:
+        raise InvalidArgument(f"{RACE_CHECK_ENV}={value!r}: expected true or false (or 1 or 0)") from None
 
 
 class _Seg:

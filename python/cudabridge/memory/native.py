@@ -19,7 +19,7 @@ import sysconfig
 from pathlib import Path
 from types import ModuleType
 
-from ..config import BY_KEY
+from ..config import BY_KEY, check_value
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +35,7 @@ def target(source: Path = SOURCE) -> Path:
 def supported() -> tuple[bool, str]:
     if sysconfig.get_config_var("Py_GIL_DISABLED"):
         return False, "free-threaded CPython: the C fast path relies on the GIL"
-    if os.environ.get(ENV_SWITCH, "1").strip().lower() in ("0", "false", "no", "off"):
+    if not check_value("nativeFastPath", os.environ.get(ENV_SWITCH, "true")):
         return False, f"{ENV_SWITCH} switches it off"
     return True, ""
 

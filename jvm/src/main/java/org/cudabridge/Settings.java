@@ -201,13 +201,13 @@ public final class Settings {
                 }
                 case "bool": {
                     String v = value.strip();
-                    if (v.equalsIgnoreCase("true")) {
+                    if (v.equalsIgnoreCase("true") || v.equals("1")) {
                         return Boolean.TRUE;
                     }
-                    if (v.equalsIgnoreCase("false")) {
+                    if (v.equalsIgnoreCase("false") || v.equals("0")) {
                         return Boolean.FALSE;
                     }
-                    throw refused(value, "expected true or false");
+                    throw refused(value, "expected true or false (or 1 or 0)");
                 }
                 case "bytes":
                     return parseBytes(value, min == null ? 0 : min);
