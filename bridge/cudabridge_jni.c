@@ -148,12 +148,15 @@ typedef struct {
 } gil_section;
 
 /* Errors captured while the GIL was held, thrown once it is released. */
+#define CB_OOM_MAX_FIELDS 16   /* room for OutOfDeviceMemory.FIELDS (7 today) */
+
 typedef struct {
     int kind;            /* 0 none, 1 Python exception */
     char *message;       /* malloc'ed */
     char *pytype;        /* malloc'ed */
     int is_oom;
-    jlong oom[7];
+    int oom_n;           /* the numbers of OutOfDeviceMemory.FIELDS, in order (the Java side checks the count) */
+    jlong oom[CB_OOM_MAX_FIELDS];
 } captured_error;
 
 static void throw_plain(JNIEnv *env, jclass cls, const char *fallback_name, const char *msg) {
@@ -180,6 +183,7 @@ static void capture_python_error(captured_error *err) {
     PyErr_NormalizeException(&type, &value, &tb);
     err->kind = 1;
     err->is_oom = 0;
+    err->oom_n = 0;
     err->message = NULL;
     err->pytype = NULL;
     if (value == NULL) {
@@ -196,9 +200,10 @@ static void capture_python_error(captured_error *err) {
             if (m && t) {
                 err->message = strdup(m);
                 err->pytype = strdup(t);
-                if (oom != Py_None && PyTuple_Check(oom) && PyTuple_GET_SIZE(oom) == 7) {
+                if (oom != Py_None && PyTuple_Check(oom) && PyTuple_GET_SIZE(oom) <= CB_OOM_MAX_FIELDS) {
                     int ok = 1;
-                    for (int i = 0; i < 7; i++) {
+                    err->oom_n = (int)PyTuple_GET_SIZE(oom);
+                    for (int i = 0; i < err->oom_n; i++) {
                         err->oom[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(oom, i));
                         if (err->oom[i] == -1 && PyErr_Occurred()) ok = 0;
                     }
@@ -236,11 +241,12 @@ static void throw_captured(JNIEnv *env, captured_error *err) {
         jstring jt = jm ? (*env)->NewStringUTF(env, pytype) : NULL;
         jthrowable ex = NULL;
         if (jm && jt && c_cbe) {
-            if (err->is_oom && c_oom) {
-                ex = (jthrowable)(*env)->NewObject(env, c_oom, ctor_oom, jm, jt, err->oom[0], err->oom[1],
-                                                    err->oom[2], err->oom[3], err->oom[4], err->oom[5],
-                                                    (jint)err->oom[6]);
-            } else {
+            jlongArray fields = (err->is_oom && c_oom) ? (*env)->NewLongArray(env, err->oom_n) : NULL;
+            if (fields != NULL) {
+                (*env)->SetLongArrayRegion(env, fields, 0, err->oom_n, err->oom);
+                ex = (jthrowable)(*env)->NewObject(env, c_oom, ctor_oom, jm, jt, fields);
+                (*env)->DeleteLocalRef(env, fields);
+            } else if (!(*env)->ExceptionCheck(env)) {
                 ex = (jthrowable)(*env)->NewObject(env, c_cbe, ctor_cbe, jm, jt);
             }
         }
@@ -417,7 +423,7 @@ JNIEXPORT void JNICALL Java_org_cudabridge_NativeBridge_nativeInit(JNIEnv *env, 
     if ((c_oome = global_class(env, "java/lang/OutOfMemoryError")) == NULL) return;
     jclass oom = global_class(env, "org/cudabridge/GpuOutOfMemoryException");
     if (oom == NULL) return;
-    jmethodID oc = (*env)->GetMethodID(env, oom, "<init>", "(Ljava/lang/String;Ljava/lang/String;JJJJJJI)V");
+    jmethodID oc = (*env)->GetMethodID(env, oom, "<init>", "(Ljava/lang/String;Ljava/lang/String;[J)V");
     if (oc == NULL) return;
     jclass cbe = global_class(env, "org/cudabridge/CudaBridgeException");
     if (cbe == NULL) return;

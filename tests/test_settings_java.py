@@ -467,3 +467,24 @@ def test_a_broken_table_fails_clearly(jars, tmp_path, change, message):
 
 def by_key_in(t: dict, key: str) -> dict:
     return next(e for e in t["settings"] if e["key"] == key)
+
+
+# --- one vocabulary ---------------------------------------------------------------------------------
+
+def test_java_derives_the_same_names(jars):
+    """GpuOutOfMemoryException.FIELDS are OutOfDeviceMemory.FIELDS in camelCase; the Java statistics'
+    names start with Python's list; the executor metrics are those names and the plugin's counters."""
+    from cudabridge.errors import OutOfDeviceMemory
+    from cudabridge.jvm.control import BridgeControl
+
+    proc = probe(jars, "names")
+    assert proc.returncode == 0, proc.stderr
+    lists = {line.split("\t")[0]: line.split("\t")[1:] for line in proc.stdout.splitlines() if line}
+    camel = [f.split("_")[0] + "".join(w.title() for w in f.split("_")[1:]) for f in OutOfDeviceMemory.FIELDS]
+    assert lists["oom"] == camel
+    python = list(BridgeControl.statistics_names())
+    assert lists["statistics"][:len(python)] == python
+    assert all(n.startswith("bridge_") for n in lists["statistics"][len(python):])
+    if lists.get("metrics"):
+        assert lists["metrics"][:len(lists["statistics"])] == lists["statistics"]
+        assert all(n.startswith("plugin_") for n in lists["metrics"][len(lists["statistics"]):])

@@ -58,9 +58,9 @@ def test_failed_first_attempt_memory_reclaimed_and_retry_succeeds(job_a):
     # failed first attempt: all reclaimed at release, nothing left in use
     assert s["leaked_on_purpose"] == PARTITIONS
     assert st["leaks_reclaimed"] == PARTITIONS + len(FAIL)
-    assert st["plugin_leaked_allocations"] == PARTITIONS + len(FAIL)
+    assert st["plugin_leaks_reclaimed"] == PARTITIONS + len(FAIL)
     assert st["leaked_bytes_reclaimed"] == PARTITIONS * 4096 + len(FAIL) * 4 * ELEMENTS
-    assert st["plugin_leaked_bytes"] == st["leaked_bytes_reclaimed"]
+    assert st["plugin_leaked_bytes_reclaimed"] == st["leaked_bytes_reclaimed"]
     assert st["live_allocations"] == 0 and st["in_use_bytes"] == 0
     assert "planned failure of the first attempt of partition 2" in run.stderr
     assert "planned failure of the first attempt of partition 5" in run.stderr
@@ -79,9 +79,9 @@ def test_csv_sink_metrics_agree_with_service_statistics(job_a):
         "executor.tasks_bound": 0,
         "executor.streams_in_use": 0,
         "executor.streams": st["streams"],
-        "executor.bytes_in_use": 0,
-        "executor.bytes_reserved": st["reserved_bytes"],
-        "executor.bytes_peak": st["peak_in_use_bytes"],
+        "executor.in_use_bytes": 0,
+        "executor.reserved_bytes": st["reserved_bytes"],
+        "executor.peak_in_use_bytes": st["peak_in_use_bytes"],
         "executor.allocations": st["allocations"],
         "executor.live_allocations": 0,
         "executor.leaks_reclaimed": st["leaks_reclaimed"],
@@ -96,13 +96,15 @@ def test_csv_sink_metrics_agree_with_service_statistics(job_a):
     }
     got = {k: m.get(k) for k in expected}
     assert got == expected, run.explain()
-    # every gauge of the plugin was registered (Spark keeps the source only if init registered them)
-    from_java = {"streams_in_use", "tasks_bound", "bytes_in_use", "bytes_reserved", "bytes_peak",
-                 "bytes_waiting_on_events", "event_polls", "gpu_waits", "host_syncs", "oom", "leaks_reclaimed",
-                 "bridge_calls"}
-    assert {f"executor.{n}" for n in from_java} <= set(m), sorted(m)
+    # every statistic is a gauge, named as the statistics name it (docs/glossary.md), registered in
+    # init (Spark keeps the source only if init registered them)
+    from cudabridge.jvm.control import BridgeControl
+
+    missing = sorted(n for n in BridgeControl.statistics_names() if f"executor.{n}" not in m)
+    assert not missing, missing
+    assert "executor.plugin_leaks_reclaimed" in m and "executor.bridge_thread_states" in m
     # every allocation and free crossed the bridge once: the call counter must say at least that
-    assert m["executor.bridge_calls"] >= 2 * st["allocations"] - st["leaks_reclaimed"] > 0, (m, st)
+    assert m["executor.bridge_calls_total"] >= 2 * st["allocations"] - st["leaks_reclaimed"] > 0, (m, st)
     # driver-side metrics have their own names, so both survive in local mode's shared registry
     assert m.get("driver.executors_reporting") == 1
     assert m.get("driver.executors_leaks_reclaimed") == st["leaks_reclaimed"]

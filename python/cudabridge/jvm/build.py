@@ -45,6 +45,10 @@ SOURCE_NAME = "cudabridge_jni.c"
 HEADER_NAMES = ("hot_gate.h",)      # included by the source; shipped beside it
 SETTINGS_TABLE = PACKAGE_DIR / "settings.json"                # every setting, defined once
 SETTINGS_RESOURCE = "org/cudabridge/settings.json"           # its copy in the jar (org.cudabridge.Settings)
+STATISTICS_RESOURCE = "org/cudabridge/statistics.txt"        # BridgeControl.statistics_names(), one a line
+# the Python sources the statistics' names are derived from (the jar is rebuilt when one changes)
+STATISTICS_SOURCES = tuple(PACKAGE_DIR / p for p in ("memory/statistics.py", "service.py", "jvm/control.py",
+                                                     "jvm/hot_path.py"))
 
 
 class BuildError(RuntimeError):
@@ -311,12 +315,18 @@ def _write_properties() -> None:
     (NATIVE_DIR / PROPERTIES_NAME).write_text("\n".join(lines) + "\n")
 
 
+def _statistics_names() -> tuple[str, ...]:
+    from .control import BridgeControl
+
+    return BridgeControl.statistics_names()
+
+
 def build_jar(force: bool = False) -> Path:
     sources = java_sources()
     out = jar_path()
     if not SETTINGS_TABLE.is_file():
         raise BuildError(f"the settings table {SETTINGS_TABLE} is missing (org.cudabridge.Settings reads it from the jar)")
-    if not force and not _stale(out, [*sources, SETTINGS_TABLE]):
+    if not force and not _stale(out, [*sources, SETTINGS_TABLE, *STATISTICS_SOURCES]):
         return out
     javac = _java_tool("javac")
     if javac is None:
@@ -334,6 +344,7 @@ def build_jar(force: bool = False) -> Path:
             for path in sorted(Path(classes).rglob("*.class")):
                 z.write(path, path.relative_to(classes).as_posix())
             z.write(SETTINGS_TABLE, SETTINGS_RESOURCE)
+            z.writestr(STATISTICS_RESOURCE, "".join(n + "\n" for n in _statistics_names()))
         os.replace(tmp, out)
     log.info("built %s from %d sources and %s", out, len(sources), SETTINGS_TABLE.name)
     return out

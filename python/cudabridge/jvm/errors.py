@@ -35,9 +35,9 @@ def error_info(exc: BaseException) -> tuple[str, str, Optional[OomFields]]:
 
 def java_exception(exc: BaseException):
     """The Java exception (a JPype object, raisable from Python) that stands for ``exc``."""
-    from jpype import JClass
+    from jpype import JArray, JClass, JLong
 
     message, pytype, oom = error_info(exc)
     if oom is not None:
-        return JClass("org.cudabridge.GpuOutOfMemoryException")(message, pytype, *oom)
+        return JClass("org.cudabridge.GpuOutOfMemoryException")(message, pytype, JArray(JLong)(oom))
     return JClass("org.cudabridge.CudaBridgeException")(message, pytype)

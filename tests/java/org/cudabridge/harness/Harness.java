@@ -374,11 +374,11 @@ public final class Harness {
                     () -> b.allocate(40L << 20), "OutOfDeviceMemory", "out of device memory");
             if (oom != null) {
                 result("oom_message", oom.getMessage());
-                check(oom.requested() == 40L << 20, "requested " + oom.requested());
-                check(oom.inUse() >= 40L << 20, "in use " + oom.inUse());
-                check(oom.reserved() > 0 && oom.reserved() <= 64L << 20, "reserved " + oom.reserved());
-                check(oom.largestFree() < 40L << 20, "largest free " + oom.largestFree());
-                check(oom.limit() == 64L << 20, "limit " + oom.limit());
+                check(oom.requestedBytes() == 40L << 20, "requested " + oom.requestedBytes());
+                check(oom.inUseBytes() >= 40L << 20, "in use " + oom.inUseBytes());
+                check(oom.reservedBytes() > 0 && oom.reservedBytes() <= 64L << 20, "reserved " + oom.reservedBytes());
+                check(oom.largestFreeBlockBytes() < 40L << 20, "largest free " + oom.largestFreeBlockBytes());
+                check(oom.limitBytes() == 64L << 20, "limit " + oom.limitBytes());
                 check("cudabridge.errors.OutOfDeviceMemory".equals(oom.getPythonType()), "oom type " + oom.getPythonType());
             }
             big.close();
@@ -457,14 +457,14 @@ public final class Harness {
         DeviceBuffer leaked2 = b.allocate(4096);
         ReleaseReport rep = t.release();
         result("release", rep);
-        check(rep.leakedAllocations() == 2 && rep.leakedBytes() == 8192, "two leaks reclaimed: " + rep);
+        check(rep.leaksReclaimed() == 2 && rep.leakedBytesReclaimed() == 8192, "two leaks reclaimed: " + rep);
         check(!leaked.isAlive(), "a released task's buffer is dead");
         expect(IllegalStateException.class, "use of a dead buffer", () -> leaked.copyFrom(data, 0, 0, 10), "is dead");
         expect(IllegalStateException.class, "memset of a dead buffer", () -> leaked.memset(0), "is dead");
         leaked.close(); // no effect: the release freed it
         check(b.free(leaked2) == 0, "freeing a dead buffer frees nothing");
         expect(IllegalStateException.class, "allocate after the release", () -> b.allocate(10), "no task is bound");
-        check(t.release().leakedAllocations() == 2, "a second release returns the first report");
+        check(t.release().leaksReclaimed() == 2, "a second release returns the first report");
         // a stale handle straight into the hot path is refused by Python
         expect(CudaBridgeException.class, "stale handle", () -> NativeBridge.free(leaked.handle()), "not live");
         expect(CudaBridgeException.class, "batched frees with a stale handle",
@@ -765,7 +765,7 @@ public final class Harness {
         // (b) released before anyone applied it: never bound in Python, nothing to release there
         TaskScope never = b.bindTaskDeferred(11, null, Priority.NORMAL);
         ReleaseReport r = never.release();
-        check(r.leakedAllocations() == 0 && stat(b, "tasks_bound_total") == bound0 + 1, "never bound in Python");
+        check(r.leaksReclaimed() == 0 && stat(b, "tasks_bound_total") == bound0 + 1, "never bound in Python");
         check(!never.applyBind(), "applyBind after the release does nothing");
         expect(IllegalStateException.class, "stream of a released, never bound task", never::stream, "released");
         expect(IllegalStateException.class, "allocate after it", () -> b.allocate(10), "no task is bound");
@@ -779,7 +779,7 @@ public final class Harness {
         check(s12 == b.stream(), "the task's thread sees the stream");
         DeviceBuffer leak = b.allocate(4096);
         ReleaseReport rc = c.release();
-        check(rc.leakedAllocations() == 1 && !leak.isAlive(), "leak reclaimed: " + rc);
+        check(rc.leaksReclaimed() == 1 && !leak.isAlive(), "leak reclaimed: " + rc);
         // (d) a bind only Python refuses: the first GPU call fails with the reason, nothing is left
         TaskScope d = b.bindTaskDeferred(13, "7", Priority.NORMAL);
         check(d.bindFailure() == null, "no failure before the bind is applied");
@@ -788,7 +788,7 @@ public final class Harness {
         check(d.bindFailure() != null && d.bindFailure().contains("not owned"), "bindFailure says why: " + d.bindFailure());
         expect(CudaBridgeException.class, "stream() of the failed task", b::stream, "not owned");
         check(!d.applyBind(), "applyBind of a failed bind does nothing");
-        check(d.release().leakedAllocations() == 0, "a failed bind releases nothing");
+        check(d.release().leaksReclaimed() == 0, "a failed bind releases nothing");
         check(stat(b, "tasks_bound") == 0 && stat(b, "tasks_bound_total") == bound0 + 2, "nothing left in Python");
         // (e) Java-side refusals: immediate, nothing registered
         expect(IllegalArgumentException.class, "deferred negative id", () -> b.bindTaskDeferred(-2, null, Priority.NORMAL),
@@ -855,13 +855,13 @@ public final class Harness {
         DeviceBuffer g5b = b.allocate(20);
         ReleaseReport[] reps = b.releaseTasks(List.of(g1, g2, g3, g4, g5));
         check(reps.length == 5, "a report per scope");
-        check(reps[0].failure() == null && reps[0].leakedAllocations() == 1 && reps[0].leakedBytes() == 1000,
+        check(reps[0].failure() == null && reps[0].leaksReclaimed() == 1 && reps[0].leakedBytesReclaimed() == 1000,
                 "bound task's leak reclaimed: " + reps[0]);
-        check(reps[1].failure() == null && reps[1].leakedAllocations() == 0 && g2.wasNeverBound(), "never bound: " + reps[1]);
+        check(reps[1].failure() == null && reps[1].leaksReclaimed() == 0 && g2.wasNeverBound(), "never bound: " + reps[1]);
         check(reps[2].failure() != null && reps[2].failure().contains("3002") && reps[2].failure().contains("not bound"),
                 "the failed release says why: " + reps[2]);
         check(reps[3] == g4first, "a released scope gives its first report");
-        check(reps[4].failure() == null && reps[4].leakedAllocations() == 2 && reps[4].leakedBytes() == 30,
+        check(reps[4].failure() == null && reps[4].leaksReclaimed() == 2 && reps[4].leakedBytesReclaimed() == 30,
                 "the task after the failure released too: " + reps[4]);
         check(!g1leak.isAlive() && !g5a.isAlive() && g1.isReleased() && g3.isReleased(), "all dead in Java");
         check(g1.release() == reps[0], "a later release returns the batch's report");

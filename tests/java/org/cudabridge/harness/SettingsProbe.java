@@ -52,6 +52,7 @@ public final class SettingsProbe {
             case "validate": perLine(SettingsProbe::validate); break;
             case "nearest": perLine(line -> quote(Settings.nearestKey(decode(line.trim())))); break;
             case "json": json(); break;
+            case "names": names(); break;
             case "start": perLine(SettingsProbe::start); break;
             default:
                 System.err.println("usage: SettingsProbe dump|check|checkall|validate|nearest|json|start");
@@ -269,5 +270,18 @@ public final class SettingsProbe {
             }
         }
         return sb.append('"').toString();
+    }
+
+    /** The names the Java side derives: the OOM fields, the statistics, and the executor metrics
+     *  (through reflection: the plugin jar may be absent), one list a line, tab-separated. */
+    private static void names() throws Exception {
+        System.out.println("oom\t" + String.join("\t", org.cudabridge.GpuOutOfMemoryException.FIELDS));
+        System.out.println("statistics\t" + String.join("\t", org.cudabridge.CudaBridge.statisticsNames()));
+        try {
+            Object names = Class.forName("org.cudabridge.spark.MetricNames").getField("NAMES").get(null);
+            System.out.println("metrics\t" + String.join("\t", (java.util.List<String>) names));
+        } catch (ClassNotFoundException e) {
+            System.out.println("metrics");
+        }
     }
 }

@@ -668,6 +668,32 @@ public final class CudaBridge {
 
     // --- statistics and lifetime --------------------------------------------------------------------
 
+    /** What {@link #statistics()} adds to the service's numbers, named once here. */
+    public static final List<String> JAVA_STATISTICS = List.of("bridge_thread_states", "bridge_thread_states_created",
+            "bridge_thread_states_deleted", "bridge_java_tasks_bound");
+
+    /** Every key {@link #statistics()} holds, known without Python: the service's (the build writes
+     *  Python's {@code BridgeControl.statistics_names()} into the jar as
+     *  {@code org/cudabridge/statistics.txt}), then {@link #JAVA_STATISTICS}. */
+    public static List<String> statisticsNames() {
+        List<String> out = new ArrayList<>();
+        try (java.io.InputStream in = CudaBridge.class.getResourceAsStream("/org/cudabridge/statistics.txt")) {
+            if (in == null) {
+                throw new IllegalStateException("cudabridge.jar has no org/cudabridge/statistics.txt: rebuild it "
+                        + "(python -m cudabridge build)");
+            }
+            for (String line : new String(in.readAllBytes(), java.nio.charset.StandardCharsets.UTF_8).split("\n")) {
+                if (!line.isBlank()) {
+                    out.add(line.strip());
+                }
+            }
+        } catch (java.io.IOException e) {
+            throw new IllegalStateException("reading org/cudabridge/statistics.txt: " + e, e);
+        }
+        out.addAll(JAVA_STATISTICS);
+        return Collections.unmodifiableList(out);
+    }
+
     /** Executor-level numbers (pool bytes in use / reserved / peak, streams, tasks, event polls, GPU
      *  waits, host syncs, OOMs, leaks, the bridge's call counters and thread states): one snapshot,
      *  for metric gauges (poll it, say, once a second rather than per gauge). */
@@ -675,10 +701,10 @@ public final class CudaBridge {
         checkRunning("statistics");
         Map<String, Long> m = new TreeMap<>(control().statistics());
         long[] ts = threadStates();
-        m.put("bridge_thread_states", ts[0]);
-        m.put("bridge_thread_states_created", ts[1]);
-        m.put("bridge_thread_states_deleted", ts[2]);
-        m.put("bridge_java_tasks_bound", (long) tasks.size());
+        long[] own = {ts[0], ts[1], ts[2], tasks.size()};   // JAVA_STATISTICS' order
+        for (int i = 0; i < own.length; i++) {
+            m.put(JAVA_STATISTICS.get(i), own[i]);
+        }
         return Collections.unmodifiableMap(m);
     }
 

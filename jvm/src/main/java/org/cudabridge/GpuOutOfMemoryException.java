@@ -1,45 +1,48 @@
 package org.cudabridge;
 
+import java.util.Arrays;
+import java.util.List;
+
 /**
  * The GPU's memory pool could not satisfy an allocation, after reclaiming completed frees, taking
  * blocks in flight with a device-side wait and one host synchronize. The numbers tell
- * fragmentation (large {@link #reserved()}, small {@link #largestFree()}) from exhaustion.
+ * fragmentation (large {@link #reservedBytes()}, small {@link #largestFreeBlockBytes()}) from
+ * exhaustion. They are Python's {@code OutOfDeviceMemory.FIELDS}, in that order, named in
+ * camelCase ({@link #FIELDS}; a test compares the two lists) as the pool's statistics name them.
  */
 public class GpuOutOfMemoryException extends CudaBridgeException {
     private static final long serialVersionUID = 1L;
 
-    private final long requested;
-    private final long inUse;
-    private final long reserved;
-    private final long largestFree;
-    private final long waitingOnEvents;
-    private final long limit;
-    private final int device;
+    /** The numbers' names, in the order the bridge passes them. */
+    public static final List<String> FIELDS = List.of("requestedBytes", "inUseBytes", "reservedBytes",
+            "largestFreeBlockBytes", "waitingOnEventsBytes", "limitBytes", "device");
 
-    public GpuOutOfMemoryException(String message, String pythonType, long requested, long inUse, long reserved,
-                                   long largestFree, long waitingOnEvents, long limit, int device) {
+    private final long[] fields;
+
+    /** @param fields the numbers in {@link #FIELDS} order */
+    public GpuOutOfMemoryException(String message, String pythonType, long[] fields) {
         super(message, pythonType);
-        this.requested = requested;
-        this.inUse = inUse;
-        this.reserved = reserved;
-        this.largestFree = largestFree;
-        this.waitingOnEvents = waitingOnEvents;
-        this.limit = limit;
-        this.device = device;
+        if (fields == null || fields.length != FIELDS.size()) {
+            throw new IllegalArgumentException("GpuOutOfMemoryException: expected " + FIELDS.size() + " numbers "
+                    + FIELDS + ", got " + (fields == null ? "null" : Arrays.toString(fields)));
+        }
+        this.fields = fields.clone();
     }
 
+    private long field(String name) { return fields[FIELDS.indexOf(name)]; }
+
     /** Bytes asked for (rounded to the pool's 256-byte blocks). */
-    public long requested() { return requested; }
+    public long requestedBytes() { return field("requestedBytes"); }
     /** Bytes of blocks handed out and not yet freed. */
-    public long inUse() { return inUse; }
+    public long inUseBytes() { return field("inUseBytes"); }
     /** Bytes the pool holds from the device. */
-    public long reserved() { return reserved; }
+    public long reservedBytes() { return field("reservedBytes"); }
     /** The largest free block. */
-    public long largestFree() { return largestFree; }
+    public long largestFreeBlockBytes() { return field("largestFreeBlockBytes"); }
     /** Free bytes still waiting for their streams' work to pass them. */
-    public long waitingOnEvents() { return waitingOnEvents; }
+    public long waitingOnEventsBytes() { return field("waitingOnEventsBytes"); }
     /** The most the pool may reserve. */
-    public long limit() { return limit; }
+    public long limitBytes() { return field("limitBytes"); }
     /** The CUDA ordinal. */
-    public int device() { return device; }
+    public int device() { return (int) field("device"); }
 }

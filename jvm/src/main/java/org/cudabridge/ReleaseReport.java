@@ -4,18 +4,18 @@ package org.cudabridge;
  *  release ({@link CudaBridge#releaseTasks}), why its release failed. */
 public final class ReleaseReport {
     private final long taskAttemptId;
-    private final long leakedAllocations;
-    private final long leakedBytes;
+    private final long leaksReclaimed;        // allocations the task still held, freed by the release
+    private final long leakedBytesReclaimed;  // their bytes
     private final String failure;
 
-    ReleaseReport(long taskAttemptId, long leakedAllocations, long leakedBytes) {
-        this(taskAttemptId, leakedAllocations, leakedBytes, null);
+    ReleaseReport(long taskAttemptId, long leaksReclaimed, long leakedBytesReclaimed) {
+        this(taskAttemptId, leaksReclaimed, leakedBytesReclaimed, null);
     }
 
-    private ReleaseReport(long taskAttemptId, long leakedAllocations, long leakedBytes, String failure) {
+    private ReleaseReport(long taskAttemptId, long leaksReclaimed, long leakedBytesReclaimed, String failure) {
         this.taskAttemptId = taskAttemptId;
-        this.leakedAllocations = leakedAllocations;
-        this.leakedBytes = leakedBytes;
+        this.leaksReclaimed = leaksReclaimed;
+        this.leakedBytesReclaimed = leakedBytesReclaimed;
         this.failure = failure;
     }
 
@@ -27,15 +27,15 @@ public final class ReleaseReport {
     public String failure() { return failure; }
 
     public long taskAttemptId() { return taskAttemptId; }
-    public long leakedAllocations() { return leakedAllocations; }
-    public long leakedBytes() { return leakedBytes; }
+    public long leaksReclaimed() { return leaksReclaimed; }
+    public long leakedBytesReclaimed() { return leakedBytesReclaimed; }
 
     @Override
     public String toString() {
         if (failure != null) {
             return "ReleaseReport(task " + taskAttemptId + ": failed: " + failure + ")";
         }
-        return "ReleaseReport(task " + taskAttemptId + ": " + leakedAllocations + " leaked buffer(s), "
-                + leakedBytes + " bytes)";
+        return "ReleaseReport(task " + taskAttemptId + ": " + leaksReclaimed + " leak(s) reclaimed, "
+                + leakedBytesReclaimed + " bytes)";
     }
 }

@@ -16,17 +16,14 @@ import com.codahale.metrics.MetricRegistry;
 public final class BridgeMetrics {
     public static final String PREFIX = "executor.";
 
-    /** metric name (after {@code executor.}) -> statistics key: {@link MetricNames#GAUGES}. */
-    public static final Map<String, String> GAUGES = MetricNames.GAUGES;
 
     private BridgeMetrics() {}
 
     /** Registers every gauge; returns how many. */
     public static int register(MetricRegistry registry, TaskBinder binder) {
         int n = 0;
-        for (Map.Entry<String, String> e : GAUGES.entrySet()) {
-            String key = e.getValue();
-            registry.register(PREFIX + e.getKey(), gauge(binder, s -> s.getOrDefault(key, 0L)));
+        for (String name : MetricNames.NAMES) {
+            registry.register(PREFIX + name, gauge(binder, s -> s.getOrDefault(name, 0L)));
             n++;
         }
         return n;

@@ -209,9 +209,9 @@ public final class CudaBridgeExecutorPlugin implements ExecutorPlugin {
                 LOG.warn("cudabridge: executor {} service shutdown failed: {}", b.executorId(), TaskBinder.oneLine(failed));
             }
             Map<String, Long> s = b.statistics();
-            LOG.info("cudabridge: executor {} plugin shut down: {} task attempt(s) released, {} leaked buffer(s) reclaimed",
+            LOG.info("cudabridge: executor {} plugin shut down: {} task attempt(s) released, {} leak(s) reclaimed",
                     b.executorId(), s.getOrDefault("plugin_tasks_released", 0L),
-                    s.getOrDefault("plugin_leaked_allocations", 0L));
+                    s.getOrDefault("plugin_leaks_reclaimed", 0L));
         }
     }
 }

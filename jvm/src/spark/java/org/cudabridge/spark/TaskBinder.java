@@ -69,8 +69,8 @@ public final class TaskBinder {
     final AtomicLong releaseBatches = new AtomicLong();
     final AtomicLong bindsNeverApplied = new AtomicLong();
     final AtomicLong releaseFailures = new AtomicLong();
-    final AtomicLong leakedAllocations = new AtomicLong();
-    final AtomicLong leakedBytes = new AtomicLong();
+    final AtomicLong leaksReclaimed = new AtomicLong();
+    final AtomicLong leakedBytesReclaimed = new AtomicLong();
     final AtomicLong startNanos = new AtomicLong();
     final AtomicLong bindNanos = new AtomicLong();
     final AtomicLong releaseNanos = new AtomicLong();
@@ -415,9 +415,9 @@ public final class TaskBinder {
         if (s.wasNeverBound()) {
             bindsNeverApplied.incrementAndGet();
         }
-        if (r.leakedAllocations() > 0) {
-            leakedAllocations.addAndGet(r.leakedAllocations());
-            leakedBytes.addAndGet(r.leakedBytes());
+        if (r.leaksReclaimed() > 0) {
+            leaksReclaimed.addAndGet(r.leaksReclaimed());
+            leakedBytesReclaimed.addAndGet(r.leakedBytesReclaimed());
             if (LOG.isLoggable(Level.FINE)) {
                 LOG.fine("cudabridge: " + r);
             }
@@ -440,26 +440,44 @@ public final class TaskBinder {
     }
 
     /** The plugin's own counters (Java side). */
+    /** The plugin's own counters, named once here; the executor metrics register each
+     *  ({@link MetricNames}). */
+    public static final List<String> PLUGIN_COUNTERS = List.of(
+            "plugin_start_failed", "plugin_start_ms", "plugin_tasks_started", "plugin_tasks_succeeded",
+            "plugin_tasks_failed", "plugin_tasks_released", "plugin_releases_pending", "plugin_bind_failures",
+            "plugin_binds_ahead", "plugin_binds_never_applied", "plugin_release_failures", "plugin_leaks_reclaimed",
+            "plugin_leaked_bytes_reclaimed", "plugin_bind_us_total", "plugin_release_us_total",
+            "plugin_lifecycle_cpu_us", "plugin_release_batches");
+
     public Map<String, Long> pluginCounters() {
         Map<String, Long> m = new LinkedHashMap<>();
-        m.put("plugin_start_failed", bridge == null ? 1L : 0L);
-        m.put("plugin_start_ms", startNanos.get() / 1_000_000L);
-        m.put("plugin_tasks_started", tasksStarted.get());
-        m.put("plugin_tasks_succeeded", tasksSucceeded.get());
-        m.put("plugin_tasks_failed", tasksFailed.get());
-        m.put("plugin_tasks_released", tasksReleased.get());
-        m.put("plugin_releases_pending", releasesPending.get());
-        m.put("plugin_bind_failures", bindFailures.get());
-        m.put("plugin_binds_ahead", bindsAhead.get());                // applied on the lifecycle thread
-        m.put("plugin_binds_never_applied", bindsNeverApplied.get()); // ended before any GPU use: never bound in Python
-        m.put("plugin_release_failures", releaseFailures.get());
-        m.put("plugin_leaked_allocations", leakedAllocations.get());
-        m.put("plugin_leaked_bytes", leakedBytes.get());
-        m.put("plugin_bind_us_total", bindNanos.get() / 1000);        // time the task threads spent in onTaskStart's bind
-        m.put("plugin_release_us_total", releaseNanos.get() / 1000);  // ... and in the release
-        m.put("plugin_lifecycle_cpu_us", lifecycleCpuNanos / 1000);   // the lifecycle thread's CPU time
-        m.put("plugin_release_batches", releaseBatches.get());        // release calls (one task or a batch)
+        for (String name : PLUGIN_COUNTERS) {
+            m.put(name, counter(name));
+        }
         return m;
+    }
+
+    private long counter(String name) {
+        return switch (name) {
+            case "plugin_start_failed" -> bridge == null ? 1L : 0L;
+            case "plugin_start_ms" -> startNanos.get() / 1_000_000L;
+            case "plugin_tasks_started" -> tasksStarted.get();
+            case "plugin_tasks_succeeded" -> tasksSucceeded.get();
+            case "plugin_tasks_failed" -> tasksFailed.get();
+            case "plugin_tasks_released" -> tasksReleased.get();
+            case "plugin_releases_pending" -> releasesPending.get();
+            case "plugin_bind_failures" -> bindFailures.get();
+            case "plugin_binds_ahead" -> bindsAhead.get();                 // applied on the lifecycle thread
+            case "plugin_binds_never_applied" -> bindsNeverApplied.get();  // ended before any GPU use: never bound in Python
+            case "plugin_release_failures" -> releaseFailures.get();
+            case "plugin_leaks_reclaimed" -> leaksReclaimed.get();         // summed from the release reports
+            case "plugin_leaked_bytes_reclaimed" -> leakedBytesReclaimed.get();
+            case "plugin_bind_us_total" -> bindNanos.get() / 1000;         // time the task threads spent in onTaskStart's bind
+            case "plugin_release_us_total" -> releaseNanos.get() / 1000;   // ... and in the release
+            case "plugin_lifecycle_cpu_us" -> lifecycleCpuNanos / 1000;    // the lifecycle thread's CPU time
+            case "plugin_release_batches" -> releaseBatches.get();         // release calls (one task or a batch)
+            default -> throw new IllegalStateException("TaskBinder: no counter " + name);
+        };
     }
 
     /** Service statistics (through {@link CudaBridge#statistics()}) merged with the plugin's
@@ -532,8 +550,8 @@ public final class TaskBinder {
         }
         Map<String, Long> s = snapshot;
         LOG.info("cudabridge: executor " + executorId + " shut down: tasks started " + tasksStarted.get()
-                + ", released " + tasksReleased.get() + ", leaked buffers reclaimed " + leakedAllocations.get()
-                + " (" + leakedBytes.get() + " bytes), peak bytes in use " + s.getOrDefault("peak_in_use_bytes", 0L));
+                + ", released " + tasksReleased.get() + ", leaks reclaimed " + leaksReclaimed.get()
+                + " (" + leakedBytesReclaimed.get() + " bytes), peak bytes in use " + s.getOrDefault("peak_in_use_bytes", 0L));
     }
 
     public boolean isShutDown() { return shutDown; }

@@ -111,7 +111,7 @@ public final class GpuPartitionJob {
             s.put("leaks_reclaimed", stats.getOrDefault("leaks_reclaimed", 0L));
             s.put("leaked_bytes_reclaimed", stats.getOrDefault("leaked_bytes_reclaimed", 0L));
             s.put("live_allocations_after", stats.getOrDefault("live_allocations", 0L));
-            s.put("bytes_in_use_after", stats.getOrDefault("in_use_bytes", 0L));
+            s.put("in_use_bytes_after", stats.getOrDefault("in_use_bytes", 0L));
             s.put("executors_reporting", stats.getOrDefault("executors", 1L));
             s.statistics(stats);
         }

@@ -68,8 +68,8 @@ public final class Summary {
         }
         if (!statistics.isEmpty()) {
             sb.append("metrics (plugin.org.cudabridge.spark.CudaBridgePlugin.executor.*, summed over executors):\n");
-            for (Map.Entry<String, String> g : MetricNames.GAUGES.entrySet()) {
-                sb.append(String.format("  %-30s %d%n", g.getKey(), statistics.getOrDefault(g.getValue(), 0L)));
+            for (String name : MetricNames.NAMES) {
+                sb.append(String.format("  %-30s %d%n", name, statistics.getOrDefault(name, 0L)));
             }
         }
         return sb.toString();

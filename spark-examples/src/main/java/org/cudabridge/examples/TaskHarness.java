@@ -156,7 +156,7 @@ public final class TaskHarness {
         s.put("tasks_released", st.getOrDefault("plugin_tasks_released", 0L));
         s.put("leaks_reclaimed", st.getOrDefault("leaks_reclaimed", 0L));
         s.put("live_allocations_after", st.getOrDefault("live_allocations", 0L));
-        s.put("bytes_in_use_after", st.getOrDefault("in_use_bytes", 0L));
+        s.put("in_use_bytes_after", st.getOrDefault("in_use_bytes", 0L));
         s.put("startup_ms", String.format("%.1f", startupNanos / 1e6));
         s.put("task_phase_ms", String.format("%.1f", phaseNanos / 1e6));
         s.put("ms_per_task", String.format("%.3f", phaseNanos / 1e6 / attempts));
