@@ -33,6 +33,7 @@ from .native import load as load_native
 
 
 TRIM_MIN = 256
+DROP_MIN = 64          # size-class lists an arena keeps before it drops its empty ones
 
 
 class _ArenaSlots:
@@ -46,7 +47,7 @@ _native = load_native()
 
 
 class StreamArena(_native.ArenaBase if _native is not None else _ArenaSlots):  # type: ignore[misc]
-    __slots__ = ("__weakref__",)
+    __slots__ = ("__weakref__", "drop_at")
 
     def __init__(self, name: str, handle: int, kind: str, eager: bool = False) -> None:
         self.name = name
@@ -62,6 +63,7 @@ class StreamArena(_native.ArenaBase if _native is not None else _ArenaSlots):  #
         # ``recent`` gains an entry per free, and a block taken back by the fast path leaves its
         # entry behind; past this length the pool drops stale entries (see trim_recent).
         self.trim_at = TRIM_MIN
+        self.drop_at = DROP_MIN   # drop_empty when bins reaches this many lists
 
     def owned_by_caller(self) -> bool:
         """For per-thread arenas: whether the calling thread is the one whose stream this is."""
@@ -79,11 +81,31 @@ class StreamArena(_native.ArenaBase if _native is not None else _ArenaSlots):  #
     def push(self, blk: Block) -> None:
         """Put a freed block (already stamped) into this arena. Fast path: two atomic appends."""
         blk.state = self
-        lst = self.bins.get(blk.size)
+        size = blk.size
+        lst = self.bins.get(size)
         if lst is None:
-            lst = self.bins.setdefault(blk.size, [])
+            lst = self.bins.setdefault(size, [])
         lst.append(blk)
         self.recent.append(blk)
+        if self.bins.get(size) is not lst:
+            self.rehome(blk, lst)
+
+    def rehome(self, blk: Block, orphan: list) -> None:
+        """A lock-free free appended ``blk`` to a size class's list that :meth:`trim_recent` had
+        just dropped (empty) from ``bins``: move it to the live list, unless a thread took it
+        from the orphan first. The C fast path needs no such step: its lookup and append run
+        with no Python code between them, so a drop cannot fall in between."""
+        size = blk.size
+        while True:
+            try:
+                orphan.remove(blk)   # one atomic step: either we move it or someone took it
+            except ValueError:
+                return
+            lst = self.bins.setdefault(size, [])
+            lst.append(blk)
+            if self.bins.get(size) is lst:
+                return
+            orphan = lst
 
     def trim_recent(self) -> None:
         """Drop entries of blocks that are no longer in this arena, and repeats, keeping order.
@@ -100,6 +122,19 @@ class StreamArena(_native.ArenaBase if _native is not None else _ArenaSlots):  #
                 seen.add(id(blk))
                 recent.append(blk)   # concurrent frees append too: nothing is lost
         self.trim_at = max(TRIM_MIN, 2 * len(recent))
+        self.drop_empty()
+
+    def drop_empty(self) -> None:
+        """Drop the empty size-class lists (pool lock held), so that host memory does not grow
+        with every size ever freed; amortized O(1) per size class: the next drop waits until
+        ``bins`` has doubled. A free racing this (it fetched a list before the drop and appends
+        after) sees that the list is no longer the live one and rehomes its block."""
+        bins = self.bins
+        for size in [size for size, lst in list(bins.items()) if not lst]:
+            lst = bins.get(size)
+            if lst is not None and not lst:
+                del bins[size]
+        self.drop_at = max(DROP_MIN, 2 * len(bins))
 
     def take(self, blk: Block) -> bool:
         """Claim a specific block from the bins; False if another thread took it first."""

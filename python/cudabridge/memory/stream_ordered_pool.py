@@ -651,11 +651,13 @@ class StreamOrderedMemoryPool:
         else:
             blk.epoch = arena.epoch
             blk.state = arena
-            lst = arena.bins.get(blk.size)
+            lst = arena.bins.get(nbytes)
             if lst is None:
-                lst = arena.bins.setdefault(blk.size, [])
+                lst = arena.bins.setdefault(nbytes, [])
             lst.append(blk)
             arena.recent.append(blk)
+            if arena.bins.get(nbytes) is not lst:   # its size class was dropped meanwhile (trim_recent)
+                arena.rehome(blk, lst)
             if len(arena.recent) > arena.trim_at:
                 self._trim_recent(arena)
         self._ledger_add(-nbytes)
@@ -843,6 +845,8 @@ class StreamOrderedMemoryPool:
 
     def _reclaim_all(self) -> None:
         for arena in list(self._all_arenas):
+            if len(arena.bins) > arena.drop_at:
+                arena.drop_empty()
             if arena.recent or arena.fences:
                 self._reclaim(arena)
             elif arena.eager and not arena.owner_alive():
