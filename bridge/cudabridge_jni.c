@@ -246,7 +246,10 @@ static void throw_captured(JNIEnv *env, captured_error *err) {
                 (*env)->SetLongArrayRegion(env, fields, 0, err->oom_n, err->oom);
                 ex = (jthrowable)(*env)->NewObject(env, c_oom, ctor_oom, jm, jt, fields);
                 (*env)->DeleteLocalRef(env, fields);
-            } else if (!(*env)->ExceptionCheck(env)) {
+                if (ex == NULL && (*env)->ExceptionCheck(env))
+                    (*env)->ExceptionClear(env); /* fields Java does not take: keep the message at least */
+            }
+            if (ex == NULL && !(*env)->ExceptionCheck(env)) {
                 ex = (jthrowable)(*env)->NewObject(env, c_cbe, ctor_cbe, jm, jt);
             }
         }

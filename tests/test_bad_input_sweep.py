@@ -206,3 +206,13 @@ def test_byte_settings_below_2_mib_or_absurd_are_refused(key, value):
                                             ("8g", (8 << 30, 1.0))])
 def test_byte_settings_follow_the_rule(value, expected):
     assert ServiceConfig(pool_limit=value).limit() == expected
+
+
+@pytest.mark.parametrize("size", [0, -1, 64.0, 1 << 70])
+def test_a_refused_size_on_the_per_thread_stream_creates_no_arena(pool, size):
+    from cudabridge.device import PER_THREAD_STREAM
+
+    before = pool.statistics().streams_accepted
+    with pytest.raises(InvalidArgument):
+        pool.allocate(size, PER_THREAD_STREAM)
+    assert pool.statistics().streams_accepted == before

@@ -90,17 +90,13 @@ def test_a_transient_event_or_query_error_fails_the_allocation_clearly_and_loses
     blk.free()
     before = books(pool)
     faulty.fail_next(call, times=1)
-    try:
-        got = pool.allocate(MiB, b_s)
-    except CudaError as exc:
-        assert exc.call.startswith("cudaEvent") or exc.call == "cudaStreamQuery"
-        assert "injected" in str(exc)
-        assert books(pool) == before
-        events_accounted(pool)
-        got = pool.allocate(MiB, b_s)   # transient: the next one works, in stream order
-    else:
-        # the fault hit a query whose failure the pool could route around
-        assert faulty.injected.get(call, 0) <= 1
+    with pytest.raises(CudaError, match="injected") as info:
+        pool.allocate(MiB, b_s)
+    assert info.value.call.startswith("cudaEvent") or info.value.call == "cudaStreamQuery"
+    assert faulty.injected[call] == 1
+    assert books(pool) == before
+    events_accounted(pool)
+    got = pool.allocate(MiB, b_s)   # transient: the next one works, in stream order
     faulty.memset_async(got.ptr, 0, got.size, b_s)   # the race detector checks the ordering
     got.free()
     faulty.device_synchronize()

@@ -154,8 +154,12 @@ def test_bad_inputs_are_refused_and_change_nothing(service):
         hot.allocate(7)
     with pytest.raises(InvalidFree, match="not live"):
         hot.free(h + (1 << 6))
-    with pytest.raises(TypeError):
-        hot.free([h])                 # unhashable: not a handle
+    with pytest.raises(InvalidFree, match="a device buffer handle is an int, got list"):
+        hot.free([h])                 # not a handle: refused, typed
+    with pytest.raises(InvalidFree, match="got float"):
+        hot.free(float(h))            # 1.0 would find handle 1 in the dict
+    with pytest.raises(InvalidFree, match="nothing was freed"):
+        hot.free_many([h, float(h)])
     with pytest.raises(InvalidFree, match="appears twice; nothing was freed"):
         hot.free_many([h, h])
     with pytest.raises(InvalidFree, match="1 not live"):

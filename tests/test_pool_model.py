@@ -65,7 +65,8 @@ class PoolModel(RuleBasedStateMachine):
     # helpers -----------------------------------------------------------------------------------
     def unchanged(self):
         s = self.pool.statistics()
-        return (s.in_use_bytes, s.live_allocations, len(self.live), self.service.registry.tasks_bound)
+        return (s.in_use_bytes, s.live_allocations, s.allocations, s.reserved_bytes, s.streams_accepted,
+                s.free_safe_bytes + s.free_in_streams_bytes, len(self.live), self.service.registry.tasks_bound)
 
     def refused(self, errors, fn, *args, **kw):
         before = self.unchanged()

@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cudabridge.config import ServiceConfig
-from cudabridge.errors import InvalidFree, UnknownTask
+from cudabridge.errors import InvalidArgument, InvalidFree, UnknownTask
 from cudabridge.jvm.hot_path import JavaHotPath
 from cudabridge.memory import native
 from cudabridge.service import CudaBridgeService
@@ -78,6 +78,7 @@ def _race_round(svc, allocate, free, task: int, threads: int, seed: int, alone: 
     report = svc.release_task(task)
     for t in workers:
         t.join(30)
+    assert not any(t.is_alive() for t in workers), "an allocating thread hung"
     assert not errors, errors
     mem = svc.memory_pool(0)
     assert mem.owned_by(task) == []
@@ -130,6 +131,7 @@ def test_property_bind_allocate_release_races(threads, tasks, seed, python_pool,
             t.start()
         for t in releasers:
             t.join(60)
+        assert not any(t.is_alive() for t in releasers), "a release hung"
         assert not failures, failures
         stats = svc.memory_pool(0).statistics()
         assert stats.live_allocations == 0 and stats.in_use_bytes == 0
@@ -172,4 +174,62 @@ def test_bytes_in_use_stay_exact_under_threads(pool_fast_path, monkeypatch):
             assert (s.in_use_bytes, s.live_allocations) == (0, 0)
     finally:
         sys.setswitchinterval(interval)
+        svc.close()
+
+
+def test_a_failed_set_device_inside_a_copy_leaves_the_lease(monkeypatch):
+    """Two GPUs: a copy's set_device fails (a sticky error, say). The copy must leave the task's
+    lease on that way out too, or the task's release would wait for it forever."""
+    from cudabridge.errors import CudaError
+
+    svc = CudaBridgeService(ServiceConfig(backend="emulated", emulated_devices=2, emulated_memory="64m",
+                                          pool_limit="32m", streams_per_gpu=2, high_priority_streams=0,
+                                          log_level="WARNING"))
+    try:
+        hot = JavaHotPath(svc, fast_path="python")
+        svc.registry.bind(1, gpu=1)
+        h, _ = hot.allocate(1, 4096)
+
+        def failing(ordinal):
+            raise CudaError("cudaSetDevice", 700, "cudaErrorIllegalAddress", "injected")
+
+        monkeypatch.setattr(hot, "_set_device", failing)
+        with pytest.raises(CudaError):
+            hot.copy_in(h, 0, memoryview(bytearray(64)))
+        assert svc.registry.leases[1].inside == []
+        done = []
+        t = threading.Thread(target=lambda: done.append(svc.release_task(1)))
+        t.start()
+        t.join(10)
+        assert not t.is_alive() and done[0].leaks_reclaimed == 1
+    finally:
+        lease = svc.registry.leases.get(1)
+        if lease is not None:
+            lease.inside.clear()   # so that a failure here does not hang close()
+        svc.close()
+
+
+def test_a_task_id_cannot_be_bound_again_until_its_release_has_reclaimed(monkeypatch):
+    """A release that waits for an operation of its task keeps the id: a bind of the same id
+    meanwhile is refused, so the old release never reclaims the new task's memory."""
+    svc = _service("python", monkeypatch)
+    try:
+        reg = svc.registry
+        reg.bind(7)
+        lease = reg.enter(7)                    # an operation of task 7 in progress
+        r = threading.Thread(target=lambda: reg.release(7))
+        r.start()
+        deadline = time.monotonic() + 10
+        while 7 in reg.leases and time.monotonic() < deadline:
+            time.sleep(0.001)
+        with pytest.raises(InvalidArgument, match="still being released"):
+            reg.bind(7)
+        reg.leave(lease)
+        r.join(10)
+        assert not r.is_alive()
+        reg.bind(7)                             # now it may
+        a = svc.allocate(7, 4096)
+        assert a.alive
+        assert svc.release_task(7).leaks_reclaimed == 1
+    finally:
         svc.close()

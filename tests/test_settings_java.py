@@ -160,6 +160,10 @@ def test_every_jvm_property_has_its_settings_constant(dump):
 P = PREFIX
 # (name, value, accepted): names as users write them (Spark key, system property, variable).
 CASES = [
+    # blanks and characters outside ASCII: both sides trim ASCII blanks only and refuse the rest
+    (P + "streamsPerGpu", "8\u00a0", False), (P + "poolInitial", "8m\u00a0", False),
+    (P + "asyncRelease", "true\u00a0", False), (P + "streamsPerGpu", "\x1c8", False),
+    (P + "poolInitial", "8\u212a", False), (P + "streamsPerGpu", " 8\t", True), (P + "poolInitial", "8K ", True),
     # enum: case matters, except where every value is upper case (logLevel); no trimming
     (P + "backend", "auto", True), (P + "backend", "emulated", True), (P + "backend", "cuda", True),
     (P + "backend", "Emulated", False), (P + "backend", "gpu", False), (P + "backend", "", False),

@@ -96,6 +96,7 @@ _INT = re.compile(r"[+-]?[0-9]+")
 _NUMBER = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
 _BYTES = re.compile(r"(\+?[0-9]+)([kmgt]?b?)")
 TRUE, FALSE = ("true", "1"), ("false", "0")
+BLANKS = " \t\n\r\f\v"   # trimmed around values (ASCII only, as Java's Settings trims)
 
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "m": 1 << 20, "mb": 1 << 20,
           "g": 1 << 30, "gb": 1 << 30, "t": 1 << 40, "tb": 1 << 40}
@@ -106,7 +107,8 @@ def parse_bytes(text: Any, name: str = "size", minimum: int = 0) -> int:
     and at 2**63 or more."""
     if isinstance(text, bool):
         raise InvalidArgument(f"{name}={text!r}: expected bytes such as 1073741824, 512m or 8g")
-    m = _BYTES.fullmatch(str(text).strip().lower())
+    text_ = str(text).strip(BLANKS)
+    m = _BYTES.fullmatch(text_.lower()) if text_.isascii() else None
     if m is None or m.group(2) not in _UNITS:
         raise InvalidArgument(f"{name}={text!r}: expected bytes such as 1073741824, 512m or 8g")
     nbytes = int(m.group(1)) * _UNITS[m.group(2)]
@@ -121,7 +123,7 @@ def parse_limit(text: Any, name: str) -> tuple[int | None, float]:
     """(bytes, 1.0) or (None, fraction): a number with a decimal point is a fraction of free
     memory in (0, 1]; anything else is bytes (a bare integer, or with a suffix), at least 2 MiB.
     ``"1"`` is one byte (refused), not all of the memory."""
-    s = str(text).strip()
+    s = str(text).strip(BLANKS)
     if "." in s:
         if not _NUMBER.fullmatch(s):
             raise InvalidArgument(f"{name}={text!r}: expected bytes (1073741824, 512m, 8g) or a fraction of "
@@ -146,8 +148,10 @@ def check_value(key: str, value: Any) -> Any:
     if s.type == "int":
         if isinstance(value, bool) or not isinstance(value, (int, str)):
             raise InvalidArgument(f"{name}={value!r}: expected an integer")
-        if isinstance(value, str) and not _INT.fullmatch(value.strip()):
-            raise InvalidArgument(f"{name}={value!r}: expected an integer")
+        if isinstance(value, str):
+            if not _INT.fullmatch(value.strip(BLANKS)) or not value.isascii():
+                raise InvalidArgument(f"{name}={value!r}: expected an integer")
+            value = value.strip(BLANKS)
         n = int(value)
         if (s.min is not None and n < s.min) or (s.max is not None and n > s.max):
             raise InvalidArgument(f"{name}={value!r}: expected an integer in [{s.min}, {s.max}]")
@@ -155,12 +159,14 @@ def check_value(key: str, value: Any) -> Any:
     if s.type == "bool":
         if isinstance(value, bool):
             return value
-        if isinstance(value, str) and value.strip().lower() in TRUE + FALSE:
-            return value.strip().lower() in TRUE
+        if isinstance(value, str) and value.isascii() and value.strip(BLANKS).lower() in TRUE + FALSE:
+            return value.strip(BLANKS).lower() in TRUE
         raise InvalidArgument(f"{name}={value!r}: expected true or false (or 1 or 0)")
     if not isinstance(value, str) and not (s.type == "bytes" and isinstance(value, int)):
         raise InvalidArgument(f"{name}={value!r}: expected {_expected(s)}")
     text = str(value)
+    if not text.isascii() and s.type not in ("string", "list"):
+        raise InvalidArgument(f"{name}={value!r}: expected {_expected(s)} (ASCII only)")
     if s.type == "enum":
         folded = text.upper() if all(v.isupper() for v in s.values) else text
         if folded not in s.values:
@@ -173,7 +179,7 @@ def check_value(key: str, value: Any) -> Any:
         parse_limit(text, name)
         return text
     if s.type == "seconds":
-        seconds = float(text.strip()) if _NUMBER.fullmatch(text.strip()) else math.nan
+        seconds = float(text.strip(BLANKS)) if _NUMBER.fullmatch(text.strip(BLANKS)) else math.nan
         if not 0 < seconds < math.inf:
             raise InvalidArgument(f"{name}={value!r}: expected a positive number of seconds such as 300 or 0.5")
         return text

@@ -162,7 +162,12 @@ class CudaBridgeService:
         ``bind_task`` and ``allocate`` fail fast with :class:`DeviceUnusable` naming it."""
         if self._unusable is None and not self._closed:
             backend = self.backend
-            prev = backend.get_device()
+            try:
+                prev = backend.get_device()
+            except CudaError as exc:
+                if exc.sticky:
+                    self._mark_unusable(exc)
+                return self._unusable
             try:
                 for ordinal in self.gpus:
                     try:

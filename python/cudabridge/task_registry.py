@@ -105,6 +105,7 @@ class TaskRegistry:
         # task attempt id -> its lease (binding and admission). Read without the lock by the hot
         # paths (the C twin of the Java hot path included: ``leases``); written under the lock.
         self._leases: dict[int, TaskLease] = {}
+        self._releasing: set[int] = set()   # released, not yet reclaimed: not bindable again yet
         self._release_listeners: list[Callable[[TaskBinding], None]] = []
         self._stream_use: dict[int, int] = {}
         self._lock = threading.Lock()
@@ -142,6 +143,8 @@ class TaskRegistry:
                 raise PoolClosed("bind after the task registry was closed")
             if task_id in self._leases:
                 raise InvalidArgument(f"task {task_id} is bound already (to GPU {self._leases[task_id].binding.gpu})")
+            if task_id in self._releasing:
+                raise InvalidArgument(f"task {task_id} is still being released; bind it again once that returns")
             stream = res.streams.acquire(priority)
             binding = TaskBinding(task_id, res.ordinal, res.address, stream, priority)
             self._leases[task_id] = TaskLease(binding)
@@ -212,6 +215,7 @@ class TaskRegistry:
                 raise InvalidArgument(f"task {task_id} cannot be released from inside one of its own "
                                       f"operations on this thread")
             del self._leases[task_id]
+            self._releasing.add(task_id)   # until reclaimed: its allocations carry this id as owner
             lease.open = False
             b = lease.binding
             n = self._stream_use[b.stream] - 1
@@ -219,10 +223,16 @@ class TaskRegistry:
                 self._stream_use[b.stream] = n
             else:
                 del self._stream_use[b.stream]
-        self._drain(lease)
-        for listener in self._release_listeners:
-            listener(b)
-        count, nbytes = self._gpus[b.gpu].memory.release_owner(task_id)
+        try:
+            self._drain(lease)
+            try:
+                for listener in self._release_listeners:
+                    listener(b)
+            finally:   # the memory is reclaimed whatever a listener did
+                count, nbytes = self._gpus[b.gpu].memory.release_owner(task_id)
+        finally:
+            with self._lock:
+                self._releasing.discard(task_id)
         if getattr(self._local, "task", None) == task_id:
             self._local.task = None
         return ReleaseReport(task_id, count, nbytes)

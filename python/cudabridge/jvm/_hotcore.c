@@ -315,6 +315,7 @@ out_left:
 
 /* free(handle) */
 static PyObject *hc_free(HotCore *self, PyObject *handle) {
+    if (!PyLong_CheckExact(handle)) return raise_not_live(self, handle, "free"); /* 1.0 would find 1 */
     PyObject *a = PyDict_GetItemWithError(self->live, handle);
     if (a == NULL) return PyErr_Occurred() ? NULL : raise_not_live(self, handle, "free");
     long long h = PyLong_AsLongLong(handle); /* a key of live: an int */
@@ -342,6 +343,7 @@ static PyObject *hc_free_many(HotCore *self, PyObject *handles) {
     PyObject *result = NULL;
     int ok = 1;
     for (Py_ssize_t i = 0; i < n && ok; i++) {
+        if (!PyLong_CheckExact(items[i])) { ok = 0; break; }  /* refuse_many says why */
         int has = PyDict_Contains(self->live, items[i]);
         if (has < 0) goto out;
         ok = has;

@@ -154,6 +154,8 @@ class JavaHotPath:
         return hid, a.ptr
 
     def free(self, hid: int) -> None:
+        if hid.__class__ is not int:   # 1.0 would find handle 1 in the dict
+            self._refuse(hid, "free")
         a = self._live.pop(hid, None)
         if a is None:
             self._refuse(hid, "free")
@@ -166,7 +168,8 @@ class JavaHotPath:
         live = self._live
         hids = tuple(hids)
         # all checked before any is freed: one bad handle frees nothing
-        if not live.keys() >= set(hids) or len(set(hids)) != len(hids):
+        if (not live.keys() >= set(hids) or len(set(hids)) != len(hids)
+                or any(h.__class__ is not int for h in hids)):
             self._refuse_many(hids)
         pop = live.pop
         if self._multi_gpu:
@@ -188,13 +191,15 @@ class JavaHotPath:
     def _refuse_many(self, hids: tuple) -> None:
         """Raise what a free_many of ``hids`` that is not all live and distinct deserves."""
         live = self._live
-        bad = [h for h in hids if h not in live]
+        bad = [h for h in hids if h.__class__ is not int or h not in live]
         if bad:
             raise InvalidFree(f"free_many of {len(hids)} buffer(s): {len(bad)} not live "
                               f"(first: {self._why_not_live(bad[0], 'free')}); nothing was freed")
         raise InvalidFree(f"free_many of {len(hids)} buffer(s): a handle appears twice; nothing was freed")
 
     def _why_not_live(self, hid: int, call: str) -> str:
+        if hid.__class__ is not int:
+            return f"{call}: a device buffer handle is an int, got {type(hid).__name__} ({hid!r})"
         return (f"{call}: device buffer handle {hid:#x} is not live (freed already, released with its task, "
                 f"or never handed out by this bridge)")
 
@@ -208,13 +213,17 @@ class JavaHotPath:
             lease = self._enter(a.owner)
         except UnknownTask:  # released (or being released) with its task
             raise InvalidFree(self._why_not_live(hid, call)) from None
-        if not a.alive or offset < 0 or nbytes < 0 or offset + nbytes > a.size:
-            lease.inside.remove(get_ident())
+        try:
             if not a.alive:  # freed on another thread meanwhile
                 raise InvalidFree(self._why_not_live(hid, call))
-            raise InvalidArgument(f"{call}: range [{offset}, {offset}+{nbytes}) is outside the buffer of {a.size} bytes")
-        if self._multi_gpu:
-            self._set_device(a.device)
+            if offset < 0 or nbytes < 0 or offset + nbytes > a.size:
+                raise InvalidArgument(f"{call}: range [{offset}, {offset}+{nbytes}) is outside the buffer of "
+                                      f"{a.size} bytes")
+            if self._multi_gpu:
+                self._set_device(a.device)
+        except BaseException:
+            lease.inside.remove(get_ident())   # every way out of here leaves the lease
+            raise
         return a, lease
 
     # copies (each queued inside its buffer's task lease) ---------------------------------------

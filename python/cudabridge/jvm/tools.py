@@ -18,27 +18,28 @@ if TYPE_CHECKING:
     from .control import BridgeControl
 
 
-def _alloc(c: "BridgeControl", handle: int):
-    a = c.hot._live.get(int(handle))
-    if a is None:
-        raise InvalidArgument(f"device buffer handle {handle:#x} is not live")
-    return a
-
-
 def fill_u32(c: "BridgeControl", handle: int, value: int, delay_s: float = 0.0, offset: int = 0,
              count: int | None = None) -> None:
-    """The test kernel: on the buffer's stream, spin ``delay_s`` then write 32-bit ``value``s."""
-    a = _alloc(c, handle)
-    words = (a.size - offset) // 4 if count is None else int(count)
-    if offset < 0 or words < 0 or offset + 4 * words > a.size:
-        raise InvalidArgument(f"fill_u32: {words} words at offset {offset} do not fit {a.size} bytes")
-    c.service.backend.fill_u32_async(a.ptr + offset, words, int(value), a.stream, float(delay_s))
+    """The test kernel: on the buffer's stream, spin ``delay_s`` then write 32-bit ``value``s;
+    queued inside the buffer's task lease, as every operation that queues work for a task is."""
+    a = c.hot._live.get(int(handle))
+    words = (a.size - offset) // 4 if a is not None and count is None else int(count or 0)
+    a, lease = c.hot._enter_buffer(int(handle), "fill_u32", int(offset), 4 * max(words, 0))
+    try:
+        if words < 0:
+            raise InvalidArgument(f"fill_u32: {words} words at offset {offset} do not fit {a.size} bytes")
+        c.service.backend.fill_u32_async(a.ptr + offset, words, int(value), a.stream, float(delay_s))
+    finally:
+        c.service.registry.leave(lease)
 
 
 def spin(c: "BridgeControl", task: int, seconds: float) -> None:
-    """A kernel that only spins, on the task's stream."""
-    stream, _gpu = c.hot.stream(int(task))
-    c.service.backend.spin_async(stream, float(seconds))
+    """A kernel that only spins, on the task's stream, inside the task's lease."""
+    lease = c.service.registry.enter(int(task))
+    try:
+        c.service.backend.spin_async(lease.binding.stream, float(seconds))
+    finally:
+        c.service.registry.leave(lease)
 
 
 def apply_test_reuse_policy(service, policy: str) -> None:

@@ -483,6 +483,11 @@ static PyObject *fp_allocate(FastPath *self, PyObject *const *args, Py_ssize_t n
     if (!PyLong_CheckExact(size) || !PyLong_CheckExact(stream) || (owner != Py_None && !PyLong_CheckExact(owner)))
         return PyObject_Vectorcall(self->allocate_normalized, vals, 3, NULL);
 
+    /* The size before the stream: a refused request creates no (per-thread) arena. */
+    int overflow = 0;
+    long long s = PyLong_AsLongLongAndOverflow(size, &overflow);
+    if (overflow || s <= 0 || s > (long long)self->max_request)
+        return raise_via(self->bad_size, size);
     PyObject *arena = resolve_arena(self, stream, s_allocate);
     if (arena == NULL)
         return NULL;
@@ -490,16 +495,6 @@ static PyObject *fp_allocate(FastPath *self, PyObject *const *args, Py_ssize_t n
     AllocationBase *a = NULL;
     if (!PyObject_TypeCheck(arena, &ArenaBaseType)) {
         PyErr_SetString(PyExc_SystemError, "cudabridge fast path: arena of a foreign type");
-        goto fail;
-    }
-    if (!PyLong_CheckExact(size)) {
-        raise_via(self->bad_size, size);
-        goto fail;
-    }
-    int overflow = 0;
-    long long s = PyLong_AsLongLongAndOverflow(size, &overflow);
-    if (overflow || s <= 0 || s > (long long)self->max_request) {
-        raise_via(self->bad_size, size);
         goto fail;
     }
     rkey = PyLong_FromLongLong((s + 255) & ~255LL);

@@ -328,11 +328,11 @@ class StreamOrderedMemoryPool:
         ``stream`` and ``owner`` take any ``operator.index()`` type except ``bool``."""
         if size.__class__ is not int or stream.__class__ is not int or (owner is not None and owner.__class__ is not int):
             return self._allocate_normalized(size, stream, owner)
+        if size <= 0 or size > self._max_request:   # before the stream: a refusal creates no arena
+            self._bad_size(size)
         arena = self._arenas.get(stream)
         if arena is None:
             arena = self._arena_of(stream, "allocate")
-        if size <= 0 or size > self._max_request:
-            self._bad_size(size)
         r = (size + 255) & -256
         lst = arena.bins.get(r)
         blk = None
@@ -362,10 +362,14 @@ class StreamOrderedMemoryPool:
     def _allocate_normalized(self, size: object, stream: object, owner: object) -> Allocation:
         """``allocate`` with arguments that are not exact ints: made exact (or refused, before
         anything changes), then the fast path again (C or Python, whichever is installed)."""
-        self._arena_of(stream, "allocate")   # refuses a bad or unknown stream first, as allocate does
         size = index_int(size, "allocation size")
+        if size <= 0 or size > self._max_request:
+            self._bad_size(size)
+        stream = stream_handle(stream)
+        if stream not in self._arenas and stream != PER_THREAD_STREAM:
+            self._arena_of(stream, "allocate")   # says what is wrong with it
         owner = owner_key(owner)
-        return self.allocate(size, stream_handle(stream), owner)
+        return self.allocate(size, stream, owner)
 
     def _free_normalized(self, a: Allocation, stream: object) -> None:
         """``free`` with a stream that is not an exact int: made exact or refused first."""
@@ -995,8 +999,10 @@ class StreamOrderedMemoryPool:
                 arena.completed = max(arena.completed, cur)
                 self._poll(arena)
             elif arena.fences:
-                # Another thread's per-thread stream: only that thread can name it, but each of
-                # its frees recorded a fence (_record_eager), so its latest fence covers them all.
+                # Another thread's per-thread stream: only that thread can name it. Its own frees
+                # recorded fences (_record_eager), so its latest fence covers them; a block freed
+                # there from another thread (a release, say) has no fence and stays until the
+                # owner thread records again (known limitation: see the closing notes / issue 13).
                 self._wait.event(arena.fences[-1][1], f"stream {arena.name}")
                 self._poll(arena)
 

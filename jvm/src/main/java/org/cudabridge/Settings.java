@@ -176,6 +176,9 @@ public final class Settings {
             if (value == null) {
                 throw new IllegalArgumentException(name() + ": no value (expected " + expected() + ")");
             }
+            if (!type.equals("string") && !type.equals("list") && !value.chars().allMatch(c -> c < 128)) {
+                throw refused(value, "expected " + expected() + " (ASCII only)");
+            }
             switch (type) {
                 case "enum": {
                     // Case matters, except where every value is upper case (logLevel: INFO, info).
@@ -188,7 +191,7 @@ public final class Settings {
                     throw refused(value, "expected one of " + String.join(", ", values));
                 }
                 case "int": {
-                    String v = value.strip();
+                    String v = asciiTrim(value);
                     if (!INTEGER.matcher(v).matches()) {
                         throw refused(value, "expected an integer");
                     }
@@ -200,7 +203,7 @@ public final class Settings {
                     return n.longValue();
                 }
                 case "bool": {
-                    String v = value.strip();
+                    String v = asciiTrim(value);
                     if (v.equalsIgnoreCase("true") || v.equals("1")) {
                         return Boolean.TRUE;
                     }
@@ -212,7 +215,7 @@ public final class Settings {
                 case "bytes":
                     return parseBytes(value, min == null ? 0 : min);
                 case "limit": {
-                    String v = value.strip();
+                    String v = asciiTrim(value);
                     if (v.indexOf('.') >= 0) {
                         if (!DECIMAL.matcher(v).matches()) {
                             throw refused(value, "expected bytes (1073741824, 512m, 8g) or a fraction of free memory "
@@ -227,7 +230,7 @@ public final class Settings {
                     return parseBytes(value, MIN_LIMIT_BYTES);
                 }
                 case "seconds": {
-                    String v = value.strip();
+                    String v = asciiTrim(value);
                     double s = NUMBER.matcher(v).matches() ? Double.parseDouble(v) : Double.NaN;
                     if (!(s > 0.0 && s < Double.POSITIVE_INFINITY)) {
                         throw refused(value, "expected a positive number of seconds such as 300 or 0.5");
@@ -239,8 +242,21 @@ public final class Settings {
             }
         }
 
+        /** Blanks trimmed as Python's {@code str.strip(" \t\n\r\f\v")} does: ASCII ones only. */
+        private static String asciiTrim(String v) {
+            int i = 0;
+            int j = v.length();
+            while (i < j && " \t\n\r\f\u000B".indexOf(v.charAt(i)) >= 0) {
+                i++;
+            }
+            while (j > i && " \t\n\r\f\u000B".indexOf(v.charAt(j - 1)) >= 0) {
+                j--;
+            }
+            return v.substring(i, j);
+        }
+
         private Long parseBytes(String value, long least) {
-            Matcher m = BYTES.matcher(value.strip().toLowerCase(Locale.ROOT));
+            Matcher m = BYTES.matcher(asciiTrim(value).toLowerCase(Locale.ROOT));
             Long unit = m.matches() ? UNITS.get(m.group(2)) : null;
             if (unit == null) {
                 throw refused(value, "expected bytes such as 1073741824, 512m or 8g");
