@@ -6,6 +6,8 @@ before any state is touched, so a caller that catches one finds the service exac
 
 from __future__ import annotations
 
+import operator
+
 
 class CudaBridgeError(Exception):
     """Base class of every error the service raises."""
@@ -13,6 +15,20 @@ class CudaBridgeError(Exception):
 
 class InvalidArgument(CudaBridgeError, ValueError):
     """A call was given an argument the service cannot accept (size, stream, device, handle)."""
+
+
+def index_int(value: object, what: str, kind: str = "an int") -> int:
+    """An API argument as an int: any ``operator.index()`` type except ``bool`` (``True`` is not 1
+    byte nor stream 1, and ``1.0`` is not an int: a dict would take either for 1); anything else
+    is refused with :class:`InvalidArgument`."""
+    if value.__class__ is int:
+        return value  # type: ignore[return-value]
+    if isinstance(value, bool):
+        raise InvalidArgument(f"{what} must be {kind}, got a bool ({value!r})")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise InvalidArgument(f"{what} must be {kind}, got {type(value).__name__}") from None
 
 
 class PoolClosed(CudaBridgeError):

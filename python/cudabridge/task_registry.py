@@ -13,13 +13,12 @@ what the release reclaims is everything the task will ever have held.
 from __future__ import annotations
 
 import logging
-import operator
 import threading
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Mapping
 
-from .errors import InvalidArgument, PoolClosed, UnknownTask
+from .errors import InvalidArgument, PoolClosed, UnknownTask, index_int
 
 if TYPE_CHECKING:
     from .memory import Allocation, StreamOrderedMemoryPool
@@ -57,13 +56,7 @@ class ReleaseReport:
 def task_id_of(value: object) -> int:
     """A task attempt id from any ``operator.index()`` type except ``bool``; never negative.
     (``1.0`` or ``True`` would otherwise find task 1 in a dict.)"""
-    if value.__class__ is not int:
-        if isinstance(value, bool):
-            raise InvalidArgument(f"task attempt id must be an int, got a bool ({value!r})")
-        try:
-            value = operator.index(value)
-        except TypeError:
-            raise InvalidArgument(f"task attempt id must be an int, got {type(value).__name__} ({value!r})") from None
+    value = index_int(value, "task attempt id")
     if value < 0:
         raise InvalidArgument(f"task attempt id must be non-negative, got {value}")
     return value
@@ -152,18 +145,19 @@ class TaskRegistry:
             self.tasks_bound_total += 1
         return binding
 
-    def binding(self, task_id: int) -> TaskBinding:
+    def _lease_of(self, task_id: int) -> TaskLease:
         lease = self._leases.get(task_id) if task_id.__class__ is int else self._leases.get(task_id_of(task_id))
         if lease is None:
             raise UnknownTask(f"task {task_id!r} is not bound")
-        return lease.binding
+        return lease
+
+    def binding(self, task_id: int) -> TaskBinding:
+        return self._lease_of(task_id).binding
 
     def enter(self, task_id: int) -> TaskLease:
         """Admit one operation of the task (see :class:`TaskLease`); pair with :meth:`leave`.
         Raises :class:`UnknownTask` if the task is not bound or its release has begun."""
-        lease = self._leases.get(task_id) if task_id.__class__ is int else self._leases.get(task_id_of(task_id))
-        if lease is None:
-            raise UnknownTask(f"task {task_id!r} is not bound")
+        lease = self._lease_of(task_id)
         lease.inside.append(threading.get_ident())
         if not lease.open:
             lease.inside.remove(threading.get_ident())

@@ -22,11 +22,10 @@ def fill_u32(c: "BridgeControl", handle: int, value: int, delay_s: float = 0.0, 
              count: int | None = None) -> None:
     """The test kernel: on the buffer's stream, spin ``delay_s`` then write 32-bit ``value``s;
     queued inside the buffer's task lease, as every operation that queues work for a task is."""
-    a = c.hot._live.get(int(handle))
-    words = (a.size - offset) // 4 if a is not None and count is None else int(count or 0)
-    a, lease = c.hot._enter_buffer(int(handle), "fill_u32", int(offset), 4 * max(words, 0))
+    a, lease = c.hot._enter_buffer(int(handle), "fill_u32", int(offset), 0)
     try:
-        if words < 0:
+        words = (a.size - offset) // 4 if count is None else int(count)
+        if words < 0 or offset + 4 * words > a.size:
             raise InvalidArgument(f"fill_u32: {words} words at offset {offset} do not fit {a.size} bytes")
         c.service.backend.fill_u32_async(a.ptr + offset, words, int(value), a.stream, float(delay_s))
     finally:

@@ -36,13 +36,12 @@ from __future__ import annotations
 
 import itertools
 import logging
-import operator
 import threading
 from collections import deque
 from typing import Iterable
 
 from ..device import LEGACY_STREAM, PER_THREAD_STREAM, DeviceAllocationFailed, DeviceBackend
-from ..errors import CudaError, InvalidArgument, InvalidFree, OutOfDeviceMemory, PoolClosed, UnknownStream
+from ..errors import CudaError, InvalidArgument, InvalidFree, OutOfDeviceMemory, PoolClosed, UnknownStream, index_int
 from ..modes import Mode
 from .allocation import ALIVE, CLOSED, FREED, RELEASED, Allocation
 from .block import LIVE, PENDING, SAFE, UNMAPPED, Block, Chunk
@@ -87,19 +86,6 @@ FOLD_MASK = (1 << 14) - 1    # the Python path folds its usage ledger every 1638
 DEFAULT_HOST_WAIT_TIMEOUT_S = 300.0   # the longest the pool waits for a stream before OOM
 MAX_BYTES = (1 << 63) - 1       # sizes and limits are signed 64-bit byte counts (C, Java)
 MAX_HANDLE = (1 << 64) - 1      # stream handles are pointers (cudaStream_t)
-
-
-def index_int(value: object, what: str, kind: str = "an int") -> int:
-    """``value`` as an int: any ``operator.index()`` type except ``bool`` (``True`` is not 1 byte
-    nor stream 1, and ``1.0`` is not an int: a dict would take either for 1)."""
-    if value.__class__ is int:
-        return value  # type: ignore[return-value]
-    if isinstance(value, bool):
-        raise InvalidArgument(f"{what} must be {kind}, got a bool ({value!r})")
-    try:
-        return operator.index(value)
-    except TypeError:
-        raise InvalidArgument(f"{what} must be {kind}, got {type(value).__name__}") from None
 
 
 def stream_handle(value: object) -> int:
@@ -361,24 +347,16 @@ class StreamOrderedMemoryPool:
 
     def _allocate_normalized(self, size: object, stream: object, owner: object) -> Allocation:
         """``allocate`` with arguments that are not exact ints: made exact (or refused, before
-        anything changes), then the fast path again (C or Python, whichever is installed)."""
-        size = index_int(size, "allocation size")
-        if size <= 0 or size > self._max_request:
-            self._bad_size(size)
-        stream = stream_handle(stream)
-        if stream not in self._arenas and stream != PER_THREAD_STREAM:
-            self._arena_of(stream, "allocate")   # says what is wrong with it
-        owner = owner_key(owner)
-        return self.allocate(size, stream, owner)
+        anything changes), then the fast path again (C or Python, whichever is installed), which
+        checks the rest (range, unknown stream) as for any call."""
+        return self.allocate(index_int(size, "allocation size"), stream_handle(stream), owner_key(owner))
 
     def _free_normalized(self, a: Allocation, stream: object) -> None:
         """``free`` with a stream that is not an exact int: made exact or refused first."""
-        self._arena_of(stream, "free")
         return self.free(a, stream_handle(stream))
 
-    def _bad_size(self, size: object) -> None:
-        if isinstance(size, bool) or not isinstance(size, int):
-            raise InvalidArgument(f"allocation size must be an int, got {type(size).__name__}")
+    def _bad_size(self, size: int) -> None:
+        """Raise what an exact-int size out of range deserves (the fast paths call it)."""
         if size <= 0:
             raise InvalidArgument(f"allocation size must be positive, got {size}")
         raise InvalidArgument(f"allocation of {size} bytes exceeds the pool limit of {self._max_request} "
@@ -719,17 +697,22 @@ class StreamOrderedMemoryPool:
         try:
             cur = arena.epoch
             arena.epoch = cur + 1
-            ev = self._events.get()
-            try:
-                backend.event_record(ev, PER_THREAD_STREAM)
-            except BaseException:
-                self._events.put(ev)
-                raise
-            arena.fences.append((cur, ev))
+            self._fence(arena, cur, PER_THREAD_STREAM)
         finally:
             if prev != self.device:
                 backend.set_device(prev)
         return cur
+
+    def _fence(self, arena: StreamArena, stamp: int, handle: int) -> None:
+        """Record a pooled event on ``handle`` covering ``arena``'s work up to ``stamp``. An event
+        that fails to record goes back to the pool (never recorded: as good as new)."""
+        ev = self._events.get()
+        try:
+            self.backend.event_record(ev, handle)
+        except BaseException:
+            self._events.put(ev)
+            raise
+        arena.fences.append((stamp, ev))
 
     def record_stream(self, a: Allocation, stream: int) -> None:
         """Like PyTorch's ``Tensor.record_stream``: work on ``stream`` uses the buffer too, so its
@@ -800,13 +783,7 @@ class StreamOrderedMemoryPool:
         if self.backend.stream_query(arena.handle):
             arena.completed = max(arena.completed, cur)
             return
-        ev = self._events.get()
-        try:
-            self.backend.event_record(ev, arena.handle)
-        except BaseException:
-            self._events.put(ev)   # never recorded: as good as new (a later cover records anew)
-            raise
-        arena.fences.append((cur, ev))
+        self._fence(arena, cur, arena.handle)
         self.counters["events_recorded"] += 1
 
     def _poll(self, arena: StreamArena) -> None:
