@@ -217,14 +217,16 @@ def test_a_task_id_cannot_be_bound_again_until_its_release_has_reclaimed(monkeyp
         reg = svc.registry
         reg.bind(7)
         lease = reg.enter(7)                    # an operation of task 7 in progress
-        r = threading.Thread(target=lambda: reg.release(7))
+        r = threading.Thread(target=lambda: reg.release(7), daemon=True)
         r.start()
-        deadline = time.monotonic() + 10
-        while 7 in reg.leases and time.monotonic() < deadline:
-            time.sleep(0.001)
-        with pytest.raises(InvalidArgument, match="still being released"):
-            reg.bind(7)
-        reg.leave(lease)
+        try:
+            deadline = time.monotonic() + 10
+            while 7 in reg.leases and time.monotonic() < deadline:
+                time.sleep(0.001)
+            with pytest.raises(InvalidArgument, match="still being released"):
+                reg.bind(7)
+        finally:
+            reg.leave(lease)                    # so that a failure above does not hang the release
         r.join(10)
         assert not r.is_alive()
         reg.bind(7)                             # now it may
