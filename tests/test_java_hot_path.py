@@ -272,3 +272,35 @@ def test_release_many_releases_each_and_reports_failures_alone(service):
     control.shutdown()
     with pytest.raises(PoolClosed, match="releaseTasks after the cudabridge bridge was shut down"):
         control.native_release_many((5,))
+
+
+def test_the_test_kernels_queue_nothing_once_the_release_has_begun(service):
+    """fill_u32 and spin (the tools task code calls through callTool) run inside the task's lease
+    like the copies: after the release began they are refused, nothing is queued."""
+    from cudabridge.jvm import tools
+    from cudabridge.jvm.control import BridgeControl
+
+    hot = JavaHotPath(service)
+    control = BridgeControl(service, hot, {})
+    reg = service.registry
+    reg.bind(4)
+    h, _ = hot.allocate(4, 4096)
+    tools.fill_u32(control, h, 7)              # bound: queued
+    held = reg.enter(4)                        # an operation of the task in progress
+    r = threading.Thread(target=lambda: reg.release(4), daemon=True)
+    r.start()
+    try:
+        deadline = time.monotonic() + 10
+        while 4 in reg.leases and time.monotonic() < deadline:
+            time.sleep(0.001)
+        stream = held.binding.stream
+        before = service.backend._stream("query", stream)._enqueued
+        with pytest.raises(InvalidFree):
+            tools.fill_u32(control, h, 8)
+        with pytest.raises(UnknownTask):
+            tools.spin(control, 4, 0.0)
+        assert service.backend._stream("query", stream)._enqueued == before, "work queued after the release began"
+    finally:
+        reg.leave(held)
+    r.join(10)
+    assert not r.is_alive()
