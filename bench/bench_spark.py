@@ -1,8 +1,8 @@
 """Spark benchmarks: the plugin's overhead on a job's task phase, and pool streams against one
 cudaStreamCreate/Destroy per task.
 
-    python bench/bench_spark.py [--part all|plugin|bind|streams] [--apps 5] [--rounds 6] [--tasks 200]
-                                [--backend emulated|cuda|auto] [--out DIR]
+    python bench/bench_spark.py [--part all|plugin|bind|streams] [--apps 5] [--warmup-apps 1] [--rounds 10]
+                                [--tasks 200] [--backend emulated|cuda|auto] [--stream-rounds 7] [--out DIR]
 
 * ``plugin`` (needs Spark; emulated device): example (a)'s job of ``--tasks`` short tasks in
   ``local[4]``, with ``--work host`` (the same data and checks, no GPU call) without the plugin
@@ -11,20 +11,30 @@ cudaStreamCreate/Destroy per task.
   and released in Python; with ``taskBind`` lazy, ahead and eager), and with ``--work gpu``
   (plugin on; copies and a kernel per task, for scale; ``--skip-gpu-work`` leaves it out). The
   process's CPU time in the task phase is reported beside the wall time (in local mode driver,
-  executor and Python share the process), and the lifecycle thread's own CPU time per task. Each spark-submit runs the job
-  ``--rounds`` times; the first half of the rounds warms the JIT up (task phases fall for several
-  rounds) and is dropped, the app's task phase is the median of the second half. ``--apps`` spark-submits per configuration, interleaved (A, B, C, A, ...)
-  so that the machine's drift hits all alike; reported: median over apps and the spread
-  (min-max), and start-up (JVM start to a ready SparkSession, which includes the plugin's init
-  in local mode) on its own, with the bridge's own start time.
-* ``bind`` (no Spark): TaskHarness ``--bind-only`` in a plain JVM: the bind + release cost per
-  task outside Spark, the anchor for the in-Spark ``executor.plugin_*_us_total`` row.
+  executor and Python share the process), and the lifecycle thread's own CPU time per task. Each
+  spark-submit runs the job ``--rounds`` times; the first half of the job rounds warms the JIT up
+  (task phases fall for several rounds) and is dropped, the app's task phase is the median of the
+  second half. The configurations are interleaved (bench/rounds.py): ``--warmup-apps`` discarded
+  rounds, then ``--apps`` rounds, each running one spark-submit per configuration in an order
+  that rotates between rounds; "with plugin / no plugin" is computed inside each round.
+  Start-up (JVM start to a ready SparkSession, which includes the plugin's init in local mode) is
+  reported on its own, with the bridge's own start time.
+* ``bind`` (no Spark): TaskHarness ``--bind-only`` in a plain JVM, ``--apps`` runs after the
+  warm-up: the bind + release cost per task outside Spark, the anchor for the in-Spark
+  ``executor.plugin_*_us_total`` row.
 * ``streams`` (no Spark; runs on the GPU machine with ``--backend cuda``): per short task, the
   pool (bind_task + a 4 KiB memset on the task's stream + stream synchronize + release_task)
   against creating a stream (cudaStreamCreate + the same memset + synchronize +
-  cudaStreamDestroy); medians over batches, and the acquire/release step alone.
+  cudaStreamDestroy), and the acquire/release step alone: one batch of ``--stream-tasks`` tasks
+  per candidate and round, ``--stream-rounds`` interleaved rounds after a warm-up round;
+  create / pool computed inside each round.
 
-Nothing is asserted; the table is printed and written as JSON under --out (bench/out/ by default).
+What the numbers mean: every row is the median over the rounds (apps) with the min-max over the
+rounds. Times move with the machine; the ratios (with plugin / no plugin, created / pooled) come
+from measurements made next to each other and are what to compare between runs and against the
+target (plugin overhead on the task phase <= 3 %, i.e. a ratio <= 1.03). Nothing is asserted; the
+table is printed and written as JSON under --out (bench/out/ by default; "summary" holds every
+row's median, min, max and per-round values).
 """
 
 from __future__ import annotations
@@ -41,13 +51,12 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "python"))
+sys.path.insert(0, str(HERE))
+from rounds import Report, interleave, library_path  # noqa: E402
+
+sys.path.insert(0, str(library_path()))
 
 PLUGIN = "org.cudabridge.spark.CudaBridgePlugin"
-
-
-def spread(values: list[float]) -> str:
-    return f"{min(values):.1f}-{max(values):.1f}"
 
 
 # --- plugin overhead ------------------------------------------------------------------------------
@@ -87,7 +96,7 @@ def run_app(work: str, plugin: bool, tasks: int, rounds: int, elements: int, mas
             "tasks_released": s.get("tasks_released"), "verify_failures": s["verify_failures"]}
 
 
-def bench_bind_plain_jvm(args, rows: list, out: dict) -> None:
+def bench_bind_plain_jvm(args, report: Report, out: dict) -> None:
     """The plugin's per-task cost outside Spark: TaskHarness --bind-only (TaskBinder's bind and
     release, 4 task threads, no work), in a plain java process: the anchor for the in-Spark
     executor.plugin_bind_us_total / plugin_release_us_total."""
@@ -99,22 +108,22 @@ def bench_bind_plain_jvm(args, rows: list, out: dict) -> None:
     b.build()
     cp = os.pathsep.join([str(core.jar_path()), str(b.plugin_jar_path()), str(b.examples_jar_path()),
                           str(core.jpype_jar())])
-    per_task = []
-    for _ in range(args.apps):
+
+    def per_task() -> float:
         with tempfile.TemporaryDirectory(prefix="bench-bind-") as d:
             summary = Path(d) / "s.json"
             subprocess.run([shutil.which("java") or "java", "-cp", cp, "-Dspark.cudabridge.backend=emulated",
                             "org.cudabridge.examples.TaskHarness", "--bind-only", "--tasks", "4000", "--threads", "4",
                             "--summary-json", str(summary)], check=True, capture_output=True, timeout=300)
-            s = json.loads(summary.read_text())
-        st = s["statistics"]
-        per_task.append((st["plugin_bind_us_total"] + st["plugin_release_us_total"]) / st["plugin_tasks_started"])
-    rows.append(("plain JVM: bind + release per task (TaskBinder, 4 threads)", f"{statistics.median(per_task):.1f} us",
-                 f"spread {spread(per_task)} over {len(per_task)} runs (time inside the calls, summed over threads)"))
-    out["bind_plain_jvm_us"] = per_task
+            st = json.loads(summary.read_text())["statistics"]
+        return (st["plugin_bind_us_total"] + st["plugin_release_us_total"]) / st["plugin_tasks_started"]
+    res = interleave({"bind": per_task}, args.apps, args.warmup_apps)
+    report.values("plain JVM: bind + release per task (TaskBinder, 4 threads)", [r["bind"] for r in res], "us", "lower",
+                  "time inside the calls, summed over threads")
+    out["bind_plain_jvm_us"] = [r["bind"] for r in res]
 
 
-def bench_plugin(args, rows: list, out: dict) -> None:
+def bench_plugin(args, report: Report, out: dict) -> None:
     from cudabridge.spark import build as b
 
     b.build()
@@ -129,74 +138,52 @@ def bench_plugin(args, rows: list, out: dict) -> None:
     if args.configs:
         wanted = {c.strip() for c in args.configs.split(";")} | {"host, no plugin"}
         configs = [c for c in configs if c[0] in wanted]
-    results: dict[str, list[dict]] = {name: [] for name, *_ in configs}
-    for i in range(args.apps):
-        for name, work, plugin, extra in configs:
-            r = run_app(work, plugin, args.tasks, args.rounds, args.elements, args.master, extra)
-            results[name].append(r)
-            print(f"app {i + 1}/{args.apps} {name:18} task phase {r['phase_ms']:8.1f} ms (rounds {r['rounds_ms']}), "
-                  f"start-up {r['startup_ms']:.0f} ms", flush=True)
-    base = [r["phase_ms"] for r in results["host, no plugin"]]
-    base_cpu = [r["phase_cpu_ms"] for r in results["host, no plugin"] if r["phase_cpu_ms"] is not None]
+
+    def app(name, work, plugin, extra) -> dict:
+        r = run_app(work, plugin, args.tasks, args.rounds, args.elements, args.master, extra)
+        print(f"{name:30} task phase {r['phase_ms']:8.1f} ms (rounds {r['rounds_ms']}), start-up {r['startup_ms']:.0f} ms",
+              flush=True)
+        return r
+    res = interleave({c[0]: (lambda c=c: app(*c)) for c in configs}, args.apps, args.warmup_apps)
+    base = "host, no plugin"
     for name, *_ in configs:
-        phases = [r["phase_ms"] for r in results[name]]
-        cpus = [r["phase_cpu_ms"] for r in results[name] if r["phase_cpu_ms"] is not None]
-        starts = [r["startup_ms"] for r in results[name]]
-        med = statistics.median(phases)
-        rows.append((f"task phase, {args.tasks} tasks: {name}", f"{med:.1f} ms",
-                     f"spread {spread(phases)} over {len(phases)} apps; x{med / statistics.median(base):.3f} of no plugin"))
-        if cpus and base_cpu:
-            mc = statistics.median(cpus)
-            rows.append((f"  process CPU in the task phase: {name}", f"{mc:.0f} ms",
-                         f"spread {spread(cpus)}; x{mc / statistics.median(base_cpu):.3f} of no plugin"))
-        rows.append((f"  start-up: {name}", f"{statistics.median(starts):.0f} ms", f"spread {spread(starts)}"))
-        out[name] = results[name]
-    out["overhead"] = {}
-    for name, *_ in configs:
-        if name == "host, no plugin" or name.startswith("gpu"):
+        runs = [r[name] for r in res]
+        report.values(f"task phase, {args.tasks} tasks: {name}", [r["phase_ms"] for r in runs], "ms", "lower")
+        if all(r["phase_cpu_ms"] is not None for r in runs):
+            report.values(f"  process CPU in the task phase: {name}", [r["phase_cpu_ms"] for r in runs], "ms", "lower")
+        report.values(f"  start-up: {name}", [r["startup_ms"] for r in runs], "ms", "lower")
+        out[name] = runs
+        if name == base or name.startswith("gpu"):
             continue
-        with_plugin = [r["phase_ms"] for r in results[name]]
-        overhead = statistics.median(with_plugin) / statistics.median(base) - 1
-        # paired by app index (the same moment of the machine's drift)
-        paired = [w / n - 1 for w, n in zip(with_plugin, base)]
-        rows.append((f"plugin overhead on the task phase: {name}", f"{100 * overhead:+.1f} %",
-                     f"paired per app: median {100 * statistics.median(paired):+.1f} %, spread "
-                     f"{100 * min(paired):+.1f} to {100 * max(paired):+.1f} % (target <= 3 %)"))
-        out["overhead"][name] = {"median": overhead, "paired": paired}
-        binds, lifecycle, ahead, never = [], [], [], []
-        for r in results[name]:
-            st = r.get("stats") or {}
-            n = st.get("plugin_tasks_started")
-            if n:
-                binds.append(st["plugin_bind_us_total"] / n)
-                lifecycle.append(st.get("plugin_lifecycle_cpu_us", 0) / n)
-                ahead.append(st.get("plugin_binds_ahead", 0) / n)
-                never.append(st.get("plugin_binds_never_applied", 0) / n)
-        cpu_per_task = statistics.median(base_cpu) * 1000 / args.tasks if base_cpu else None
-        if binds:
-            rows.append((f"  {name}: onTaskStart on the task thread, per task", f"{statistics.median(binds):.1f} us",
-                         f"spread {spread(binds)} (executor.plugin_bind_us_total)"))
-            share = (f"; {100 * statistics.median(lifecycle) / cpu_per_task:.1f} % of the CPU per task without the "
-                     f"plugin ({cpu_per_task:.0f} us)") if cpu_per_task else ""
-            rows.append((f"  {name}: lifecycle thread CPU per task", f"{statistics.median(lifecycle):.1f} us",
-                         f"spread {spread(lifecycle)}{share}; bound ahead {100 * statistics.median(ahead):.0f} %, "
-                         f"never bound {100 * statistics.median(never):.0f} %"))
-    starts = [r["bridge_start_ms"] for r in results["host, plugin"] if r["bridge_start_ms"] is not None]
-    if starts:
-        rows.append(("bridge + service start in ExecutorPlugin.init", f"{statistics.median(starts):.0f} ms",
-                     f"spread {spread(starts)}"))
+        report.ratio(f"with plugin / no plugin, task phase: {name}", [r[name]["phase_ms"] / r[base]["phase_ms"] for r in res],
+                     "lower", "target <= 1.03")
+        if all(r[n]["phase_cpu_ms"] is not None for r in res for n in (name, base)):
+            report.ratio(f"  with plugin / no plugin, process CPU: {name}",
+                         [r[name]["phase_cpu_ms"] / r[base]["phase_cpu_ms"] for r in res], "lower")
+        stats = [r.get("stats") or {} for r in runs]
+        if all(st.get("plugin_tasks_started") for st in stats):
+            def per_task(key: str) -> list[float]:
+                return [st.get(key, 0) / st["plugin_tasks_started"] for st in stats]
+            report.values(f"  {name}: onTaskStart on the task thread, per task", per_task("plugin_bind_us_total"), "us",
+                          "lower", "executor.plugin_bind_us_total")
+            ahead, never = per_task("plugin_binds_ahead"), per_task("plugin_binds_never_applied")
+            report.values(f"  {name}: lifecycle thread CPU per task", per_task("plugin_lifecycle_cpu_us"), "us", "lower",
+                          f"bound ahead {100 * statistics.median(ahead):.0f} %, never bound {100 * statistics.median(never):.0f} %")
+    starts = [r["host, plugin"]["bridge_start_ms"] for r in res if "host, plugin" in r]
+    if starts and None not in starts:
+        report.values("bridge + service start in ExecutorPlugin.init", starts, "ms", "lower")
 
 
 # --- pool streams vs create/destroy per task ------------------------------------------------------
 
-def bench_streams(args, rows: list, out: dict) -> None:
+def bench_streams(args, report: Report, out: dict) -> None:
     from cudabridge import CudaBridgeService, ServiceConfig
 
     service = CudaBridgeService(ServiceConfig(backend=args.backend))
     backend = service.backend
     try:
         ptr = backend.malloc(4096)
-        n, batches = args.stream_tasks, args.stream_batches
+        n = args.stream_tasks
 
         def pooled(k: int, work: bool) -> None:
             bind, release = service.bind_task, service.release_task
@@ -218,22 +205,24 @@ def bench_streams(args, rows: list, out: dict) -> None:
                     sync(s)
                 destroy(s)
 
-        def per_task_us(fn, work: bool) -> tuple[float, list[float]]:
-            fn(min(n, 200), work)
-            samples = []
-            for _ in range(batches):
+        def batch(fn, work: bool):
+            def run() -> float:
                 t0 = time.perf_counter()
                 fn(n, work)
-                samples.append((time.perf_counter() - t0) / n * 1e6)
-            return statistics.median(samples), samples
+                return (time.perf_counter() - t0) / n * 1e6
+            return run
 
-        for work, label in ((True, "short task (memset 4 KiB + sync)"), (False, "acquire + release only")):
-            p, ps = per_task_us(pooled, work)
-            c, cs = per_task_us(created, work)
-            rows.append((f"{backend.name}: pool stream, {label}", f"{p:.2f} us/task", f"spread {spread(ps)}"))
-            rows.append((f"{backend.name}: cudaStreamCreate/Destroy, {label}", f"{c:.2f} us/task",
-                         f"spread {spread(cs)}; x{c / p:.2f} of the pool"))
-            out[f"streams_{'work' if work else 'bare'}"] = {"pool_us": p, "create_us": c, "pool": ps, "create": cs}
+        labels = {True: "short task (memset 4 KiB + sync)", False: "acquire + release only"}
+        cands = {f"{backend.name}: {kind}, {labels[work]}": batch(fn, work) for work in (True, False)
+                 for kind, fn in (("pool stream", pooled), ("cudaStreamCreate/Destroy", created))}
+        res = interleave(cands, args.stream_rounds)
+        for name in cands:
+            report.values_of(res, name, "us/task", "lower")
+        for work in (True, False):
+            report.ratio_of(f"{backend.name}: created / pool stream, {labels[work]}", res,
+                            f"{backend.name}: cudaStreamCreate/Destroy, {labels[work]}",
+                            f"{backend.name}: pool stream, {labels[work]}", "higher")
+        out["streams"] = res
         backend.free(ptr)
     finally:
         service.close()
@@ -242,7 +231,8 @@ def bench_streams(args, rows: list, out: dict) -> None:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--part", choices=("all", "plugin", "bind", "streams"), default="all")
-    p.add_argument("--apps", type=int, default=5, help="spark-submits per configuration (>= 5 for the medians)")
+    p.add_argument("--apps", type=int, default=5, help="rounds: spark-submits per configuration (>= 5 for the medians)")
+    p.add_argument("--warmup-apps", type=int, default=1, help="discarded warm-up rounds of spark-submits")
     p.add_argument("--rounds", type=int, default=10, help="job rounds per app; the first half is dropped")
     p.add_argument("--tasks", type=int, default=200)
     p.add_argument("--elements", type=int, default=1024, help="ints per task (short tasks)")
@@ -252,25 +242,23 @@ def main() -> int:
                    "(e.g. 'host, plugin;stream, plugin'; the baseline always runs)")
     p.add_argument("--backend", default="emulated", help="backend of the streams part")
     p.add_argument("--stream-tasks", type=int, default=2000)
-    p.add_argument("--stream-batches", type=int, default=7)
+    p.add_argument("--stream-rounds", "--stream-batches", dest="stream_rounds", type=int, default=7)
     p.add_argument("--out", default=str(HERE / "out"))
     args = p.parse_args()
-    rows: list[tuple[str, str, str]] = []
+    report = Report()
     out: dict = {"args": vars(args), "date": time.strftime("%Y-%m-%d %H:%M"), "machine": os.uname().nodename,
                  "cpus": os.cpu_count()}
     if args.part in ("all", "streams"):
-        bench_streams(args, rows, out)
+        bench_streams(args, report, out)
     if args.part in ("all", "plugin", "bind"):
-        bench_bind_plain_jvm(args, rows, out)
+        bench_bind_plain_jvm(args, report, out)
     if args.part in ("all", "plugin"):
-        bench_plugin(args, rows, out)
-    width = max(len(r[0]) for r in rows)
-    print()
-    for name, value, note in rows:
-        print(f"{name:{width}}  {value:>14}  {note}")
+        bench_plugin(args, report, out)
+    print(f"\nmedian and min-max over the rounds (plugin, bind: {args.apps} apps; streams: {args.stream_rounds} rounds)")
+    print(report.text())
     Path(args.out).mkdir(parents=True, exist_ok=True)
     path = Path(args.out) / f"bench_spark-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    path.write_text(json.dumps({"rows": rows, **out}, indent=1, default=str))
+    path.write_text(json.dumps({"summary": report.summary(), **out}, indent=1, default=str))
     print(f"\nwritten: {path}")
     return 0
 

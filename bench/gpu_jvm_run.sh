@@ -26,5 +26,5 @@ for scenario in "smoke" "stress 16 2000" "errors" "race event-deferred" "race na
   [ "$scenario" = "race naive" ] || [ $rc -eq 0 ] || status=1
 done
 timeout 400 python3 bench/bench_jvm.py --backend cuda --n 50000 --copies 100 --seconds 1 --rounds 3 >"$out/bench_jvm.log" 2>&1
-echo "bench_jvm exit $?"; tail -40 "$out/bench_jvm.log"
+echo "bench_jvm exit $?"; tail -100 "$out/bench_jvm.log"
 exit $status
