@@ -31,8 +31,9 @@ times), each round gives after's median / before's median, from two runs made ne
 other; the table shows the median of these quotients over the rounds and their min-max. 1.00 is
 no change. A row is flagged WORSE when the median quotient moved more than --threshold (10 %) in
 the row's bad direction (its "better": a time that grew, a ratio such as "cudaMallocAsync pair /
-our pair" that fell), BETTER the other way; rows without a direction are not flagged. A flag
-whose min-max straddles 1 is weak evidence. Written as JSON with --json-out.
+our pair" that fell), "better" the other way; rows without a direction are not flagged. A "?"
+after the flag says the rounds' min-max straddles 1 (some rounds moved the other way): weak
+evidence, run more rounds or a longer configuration. Written as JSON with --json-out.
 """
 
 from __future__ import annotations
@@ -101,7 +102,8 @@ def compare(res: list[dict], threshold: float) -> list[dict]:
                          "before": median(r["before"][kind][name]["median"] for r in res),
                          "after": median(r["after"][kind][name]["median"] for r in res),
                          "after/before": m, "min": min(q), "max": max(q), "rounds": q,
-                         "flag": "WORSE" if worse else "better" if improved else ""})
+                         "flag": ("WORSE" if worse else "better" if improved else "")
+                         + ("?" if (worse or improved) and min(q) < 1 < max(q) else "")})
     return rows
 
 
@@ -138,7 +140,8 @@ def main() -> int:
     w = [max(len(t[i]) for t in table) for i in range(7)]
     for t in table:
         print(f"{t[0]:<{w[0]}}  {t[1]:>{w[1]}}  {t[2]:>{w[2]}}  {t[3]:>{w[3]}}  {t[4]:>{w[4]}}  {t[5]:<{w[5]}}  {t[6]}".rstrip())
-    worse = [r["name"] for r in rows if r["flag"] == "WORSE" and r["kind"] == "ratios"]
+    worse = [r["name"] + ("" if r["flag"] == "WORSE" else " (?)") for r in rows
+             if r["flag"].startswith("WORSE") and r["kind"] == "ratios"]
     print(f"\nratios worse by more than {args.threshold:.0%}: {', '.join(worse) if worse else 'none'}")
     if args.json_out:
         args.json_out.write_text(json.dumps({"script": str(script), "args": args.script_args, "rows": rows,
