@@ -155,6 +155,262 @@ static inline void set_slot(PyObject **slot, PyObject *value) {
     Py_XSETREF(*slot, value);
 }
 
+/* ---- SerialWorker: the pool's serialized section, on a thread of its own ---------------------
+ *
+ * Python code can be interrupted between any two bytecodes: a signal handler (KeyboardInterrupt
+ * on the main thread) or PyThreadState_SetAsyncExc raises wherever the thread happens to be. The
+ * pool's locked steps (the slow path, growth, coalescing, trims, releases) move blocks between
+ * containers in several bytecodes each, so an interruption there loses blocks. CPython offers
+ * no way to defer those exceptions, but both only ever reach *the thread they target*, and a
+ * thread that is waiting in C runs no bytecode. So on the C path every locked step runs on this
+ * worker's own thread (started lazily, gone after IDLE_EXIT_S idle, never seen by
+ * threading.enumerate()), while the caller waits here with the GIL released, uninterruptibly;
+ * an exception arriving meanwhile is raised in the caller once the step is complete and its
+ * result (an allocation, registered with its owner) is back. Exceptions the step raises itself
+ * (OutOfDeviceMemory, ...) travel back to the caller. A call made on the worker's own thread,
+ * or while the interpreter finalizes, runs inline.
+ */
+#include <pthread.h>
+#include <time.h>
+#include <errno.h>
+
+#define IDLE_EXIT_S 2
+
+typedef struct {
+    PyObject_HEAD
+    pthread_mutex_t mu;            /* guards every field below; never held while taking the GIL */
+    pthread_cond_t wake;           /* a request arrived, or stop */
+    pthread_cond_t done_cv;        /* the request was answered */
+    pthread_mutex_t callers;       /* one request at a time */
+    PyObject *fn, *args;           /* the request (references owned by the waiting caller) */
+    PyObject *result, *et, *ev, *etb;  /* the answer: a result or a fetched exception */
+    int has_request, done, serving, stopping;
+    unsigned long ident;           /* the serving thread, 0 when none */
+    long long calls;               /* requests served on the worker's thread */
+} SerialWorker;
+
+static int sw_init(SerialWorker *self, PyObject *args, PyObject *kwds) {
+    if (!PyArg_ParseTuple(args, ":SerialWorker"))
+        return -1;
+    return 0;
+}
+
+static PyObject *sw_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    SerialWorker *self = (SerialWorker *)type->tp_alloc(type, 0);
+    if (self == NULL)
+        return NULL;
+    pthread_mutex_init(&self->mu, NULL);
+    pthread_mutex_init(&self->callers, NULL);
+    pthread_cond_init(&self->wake, NULL);
+    pthread_cond_init(&self->done_cv, NULL);
+    return (PyObject *)self;
+}
+
+static void sw_dealloc(SerialWorker *self) {
+    /* The serving thread holds a reference while it runs, so none is left here. */
+    pthread_mutex_destroy(&self->mu);
+    pthread_mutex_destroy(&self->callers);
+    pthread_cond_destroy(&self->wake);
+    pthread_cond_destroy(&self->done_cv);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* serve(): the worker thread's body; returns after IDLE_EXIT_S idle or stop(). */
+static PyObject *sw_serve(SerialWorker *self, PyObject *unused) {
+    unsigned long me = PyThread_get_thread_ident();
+    pthread_mutex_lock(&self->mu);
+    self->ident = me;
+    pthread_mutex_unlock(&self->mu);
+    for (;;) {
+        PyObject *fn = NULL, *args = NULL;
+        int quit = 0;
+        Py_BEGIN_ALLOW_THREADS
+        pthread_mutex_lock(&self->mu);
+        while (!self->has_request && !self->stopping) {
+            struct timespec until;
+            clock_gettime(CLOCK_REALTIME, &until);
+            until.tv_sec += IDLE_EXIT_S;
+            if (pthread_cond_timedwait(&self->wake, &self->mu, &until) == ETIMEDOUT && !self->has_request)
+                break;
+        }
+        if (self->has_request) {
+            fn = self->fn;
+            args = self->args;
+            self->has_request = 0;
+        } else {
+            /* Idle or stopping: leave; a later request starts a new thread. */
+            self->serving = 0;
+            self->ident = 0;
+            quit = 1;
+        }
+        pthread_mutex_unlock(&self->mu);
+        Py_END_ALLOW_THREADS
+        if (quit)
+            Py_RETURN_NONE;
+        PyObject *r = PyObject_Call(fn, args, NULL);
+        PyObject *et = NULL, *ev = NULL, *etb = NULL;
+        if (r == NULL) {
+            PyErr_Fetch(&et, &ev, &etb);
+            PyErr_NormalizeException(&et, &ev, &etb);
+            if (etb != NULL && ev != NULL)
+                PyException_SetTraceback(ev, etb);
+        }
+        self->calls++;
+        Py_BEGIN_ALLOW_THREADS
+        pthread_mutex_lock(&self->mu);
+        self->result = r;
+        self->et = et; self->ev = ev; self->etb = etb;
+        self->done = 1;
+        pthread_cond_broadcast(&self->done_cv);
+        pthread_mutex_unlock(&self->mu);
+        Py_END_ALLOW_THREADS
+    }
+}
+
+/* Start a serving thread (GIL held): _thread.start_new_thread(self.serve, ()). */
+static int sw_start(SerialWorker *self) {
+    PyObject *mod = PyImport_ImportModule("_thread");
+    if (mod == NULL)
+        return -1;
+    PyObject *serve = PyObject_GetAttrString((PyObject *)self, "serve");
+    PyObject *empty = PyTuple_New(0);
+    PyObject *r = (serve && empty) ? PyObject_CallMethod(mod, "start_new_thread", "OO", serve, empty) : NULL;
+    Py_XDECREF(serve);
+    Py_XDECREF(empty);
+    Py_DECREF(mod);
+    if (r == NULL)
+        return -1;
+    Py_DECREF(r);
+    return 0;
+}
+
+/* The core of call(): run fn(*args) on the worker's thread and return its result (new reference)
+ * or NULL with its exception set. */
+static PyObject *sw_run(SerialWorker *self, PyObject *fn, PyObject *args) {
+    unsigned long me = PyThread_get_thread_ident();
+    int inline_call;
+    pthread_mutex_lock(&self->mu);
+    inline_call = self->ident == me || self->stopping;
+    pthread_mutex_unlock(&self->mu);
+    if (inline_call || _Py_IsFinalizing())
+        return PyObject_Call(fn, args, NULL);
+    Py_INCREF(fn);
+    Py_INCREF(args);
+    int need_start = 0;
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&self->callers);
+    pthread_mutex_lock(&self->mu);
+    self->fn = fn;
+    self->args = args;
+    self->done = 0;
+    self->has_request = 1;
+    if (!self->serving) {
+        self->serving = 1;
+        need_start = 1;
+    } else {
+        pthread_cond_signal(&self->wake);
+    }
+    pthread_mutex_unlock(&self->mu);
+    Py_END_ALLOW_THREADS
+    if (need_start && sw_start(self) < 0) {
+        /* No thread: withdraw the request and run it here (it is still unanswered). */
+        PyErr_Clear();
+        pthread_mutex_lock(&self->mu);
+        self->has_request = 0;
+        self->serving = 0;
+        pthread_mutex_unlock(&self->mu);
+        pthread_mutex_unlock(&self->callers);
+        PyObject *r = PyObject_Call(fn, args, NULL);
+        Py_DECREF(fn);
+        Py_DECREF(args);
+        return r;
+    }
+    PyObject *r, *et, *ev, *etb;
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&self->mu);
+    while (!self->done)
+        pthread_cond_wait(&self->done_cv, &self->mu);
+    r = self->result; et = self->et; ev = self->ev; etb = self->etb;
+    self->result = self->et = self->ev = self->etb = NULL;
+    self->done = 0;
+    self->fn = self->args = NULL;
+    pthread_mutex_unlock(&self->mu);
+    pthread_mutex_unlock(&self->callers);
+    Py_END_ALLOW_THREADS
+    Py_DECREF(fn);
+    Py_DECREF(args);
+    if (r == NULL)
+        PyErr_Restore(et, ev, etb);
+    return r;
+}
+
+static PyObject *sw_call(SerialWorker *self, PyObject *args) {
+    if (PyTuple_GET_SIZE(args) < 1) {
+        PyErr_SetString(PyExc_TypeError, "call(fn, *args) needs fn");
+        return NULL;
+    }
+    PyObject *fn = PyTuple_GET_ITEM(args, 0);
+    PyObject *rest = PyTuple_GetSlice(args, 1, PyTuple_GET_SIZE(args));
+    if (rest == NULL)
+        return NULL;
+    PyObject *r = sw_run(self, fn, rest);
+    Py_DECREF(rest);
+    return r;
+}
+
+static PyObject *sw_stop(SerialWorker *self, PyObject *unused) {
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&self->callers);   /* after any request in flight */
+    pthread_mutex_lock(&self->mu);
+    self->stopping = 1;
+    pthread_cond_broadcast(&self->wake);
+    pthread_mutex_unlock(&self->mu);
+    pthread_mutex_unlock(&self->callers);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
+static PyObject *sw_get_thread(SerialWorker *self, void *closure) {
+    unsigned long ident;
+    pthread_mutex_lock(&self->mu);
+    ident = self->ident;
+    pthread_mutex_unlock(&self->mu);
+    if (ident == 0)
+        Py_RETURN_NONE;
+    return PyLong_FromUnsignedLong(ident);
+}
+
+static PyObject *sw_get_calls(SerialWorker *self, void *closure) {
+    return PyLong_FromLongLong(self->calls);
+}
+
+static PyMethodDef sw_methods[] = {
+    {"call", (PyCFunction)sw_call, METH_VARARGS,
+     "call(fn, *args): fn(*args) on the worker's thread; the caller waits uninterruptibly."},
+    {"serve", (PyCFunction)sw_serve, METH_NOARGS, "the worker thread's body (started by call)."},
+    {"stop", (PyCFunction)sw_stop, METH_NOARGS, "end the worker thread; later calls run inline."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef sw_getset[] = {
+    {"thread", (getter)sw_get_thread, NULL, "ident of the serving thread, or None", NULL},
+    {"calls", (getter)sw_get_calls, NULL, "requests served on the worker's thread", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject SerialWorkerType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "cudabridge.memory._fastpath.SerialWorker",
+    .tp_basicsize = sizeof(SerialWorker),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Runs a pool's locked steps on a thread that no signal or async exception reaches.",
+    .tp_dealloc = (destructor)sw_dealloc,
+    .tp_methods = sw_methods,
+    .tp_getset = sw_getset,
+    .tp_init = (initproc)sw_init,
+    .tp_new = sw_new,
+};
+
 /* ---- FastPath: one per pool --------------------------------------------------------------- */
 
 typedef struct {
@@ -164,7 +420,10 @@ typedef struct {
     PyObject *owners;      /* dict: owner -> dict of Allocations */
     PyTypeObject *alloc_type;
     PyObject *pool;
-    PyObject *slow, *arena_of, *bad_size, *bad_free, *free_fenced;  /* pool's Python methods */
+    PyObject *slow, *arena_of, *bad_size, *bad_free;  /* pool's Python methods */
+    PyObject *fence_stamps, *place_pending;  /* ... for frees behind events or several streams */
+    PyObject *queue_waits, *return_unwaited;  /* ... for blocks the caller's own stream must wait for */
+    SerialWorker *worker;  /* runs the locked steps (slow, place_pending, trims) off this thread */
     PyObject *allocate_normalized, *free_normalized;  /* ... for arguments that are not exact ints */
     PyObject *live_state, *alive, *freed;  /* LIVE (block state), ALIVE / FREED (allocation) */
     PyObject *all_arenas;  /* list of every StreamArena, the pool's own */
@@ -184,7 +443,9 @@ static int fp_traverse(FastPath *self, visitproc visit, void *arg) {
     Py_VISIT(self->arenas); Py_VISIT(self->live); Py_VISIT(self->owners);
     Py_VISIT(self->alloc_type); Py_VISIT(self->pool); Py_VISIT(self->slow);
     Py_VISIT(self->arena_of); Py_VISIT(self->bad_size); Py_VISIT(self->bad_free);
-    Py_VISIT(self->free_fenced); Py_VISIT(self->allocate_normalized); Py_VISIT(self->free_normalized);
+    Py_VISIT(self->fence_stamps); Py_VISIT(self->place_pending); Py_VISIT(self->worker);
+    Py_VISIT(self->queue_waits); Py_VISIT(self->return_unwaited);
+    Py_VISIT(self->allocate_normalized); Py_VISIT(self->free_normalized);
     Py_VISIT(self->live_state); Py_VISIT(self->alive); Py_VISIT(self->freed);
     Py_VISIT(self->all_arenas); Py_VISIT(self->stream_query);
     return 0;
@@ -194,7 +455,9 @@ static int fp_clear(FastPath *self) {
     Py_CLEAR(self->arenas); Py_CLEAR(self->live); Py_CLEAR(self->owners);
     Py_CLEAR(self->alloc_type); Py_CLEAR(self->pool); Py_CLEAR(self->slow);
     Py_CLEAR(self->arena_of); Py_CLEAR(self->bad_size); Py_CLEAR(self->bad_free);
-    Py_CLEAR(self->free_fenced); Py_CLEAR(self->allocate_normalized); Py_CLEAR(self->free_normalized);
+    Py_CLEAR(self->fence_stamps); Py_CLEAR(self->place_pending); Py_CLEAR(self->worker);
+    Py_CLEAR(self->queue_waits); Py_CLEAR(self->return_unwaited);
+    Py_CLEAR(self->allocate_normalized); Py_CLEAR(self->free_normalized);
     Py_CLEAR(self->live_state); Py_CLEAR(self->alive); Py_CLEAR(self->freed);
     Py_CLEAR(self->all_arenas); Py_CLEAR(self->stream_query);
     return 0;
@@ -207,16 +470,16 @@ static void fp_dealloc(FastPath *self) {
 }
 
 static int fp_init(FastPath *self, PyObject *args, PyObject *kwds) {
-    static char *kw[] = {"pool", "arenas", "live", "owners", "alloc_type",
+    static char *kw[] = {"pool", "worker", "arenas", "live", "owners", "alloc_type",
                          "live_state", "alive", "freed", "max_request", "naive", "first_id", "all_arenas",
                          "stream_query", "cu_stream_query", NULL};
-    PyObject *pool, *arenas, *live, *owners, *alloc_type, *live_state, *alive, *freed;
+    PyObject *pool, *worker, *arenas, *live, *owners, *alloc_type, *live_state, *alive, *freed;
     unsigned long long cu_query = 0;
     PyObject *all_arenas, *stream_query;
     Py_ssize_t max_request;
     int naive;
     long long first_id;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO!O!O!O!OOOnpLO!O|K", kw, &pool, &PyDict_Type, &arenas,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO!O!O!O!O!OOOnpLO!O|K", kw, &pool, &SerialWorkerType, &worker, &PyDict_Type, &arenas,
                                      &PySet_Type, &live, &PyDict_Type, &owners,
                                      &PyType_Type, &alloc_type, &live_state, &alive, &freed,
                                      &max_request, &naive, &first_id, &PyList_Type, &all_arenas,
@@ -230,12 +493,17 @@ static int fp_init(FastPath *self, PyObject *args, PyObject *kwds) {
     PyObject *arena_of = PyObject_GetAttrString(pool, "_arena_of");
     PyObject *bad_size = PyObject_GetAttrString(pool, "_bad_size");
     PyObject *bad_free = PyObject_GetAttrString(pool, "_bad_free");
-    PyObject *free_fenced = PyObject_GetAttrString(pool, "_free_fenced");
+    PyObject *fence_stamps = PyObject_GetAttrString(pool, "_fence_stamps");
+    PyObject *place_pending = PyObject_GetAttrString(pool, "_place_pending");
+    PyObject *queue_waits = PyObject_GetAttrString(pool, "_queue_waits");
+    PyObject *return_unwaited = PyObject_GetAttrString(pool, "_return_unwaited");
     PyObject *allocate_normalized = PyObject_GetAttrString(pool, "_allocate_normalized");
     PyObject *free_normalized = PyObject_GetAttrString(pool, "_free_normalized");
-    if (!slow || !arena_of || !bad_size || !bad_free || !free_fenced || !allocate_normalized || !free_normalized) {
+    if (!slow || !arena_of || !bad_size || !bad_free || !fence_stamps || !place_pending || !allocate_normalized ||
+        !free_normalized || !queue_waits || !return_unwaited) {
+        Py_XDECREF(queue_waits); Py_XDECREF(return_unwaited);
         Py_XDECREF(slow); Py_XDECREF(arena_of); Py_XDECREF(bad_size); Py_XDECREF(bad_free);
-        Py_XDECREF(free_fenced); Py_XDECREF(allocate_normalized); Py_XDECREF(free_normalized);
+        Py_XDECREF(fence_stamps); Py_XDECREF(place_pending); Py_XDECREF(allocate_normalized); Py_XDECREF(free_normalized);
         return -1;
     }
     fp_clear(self);
@@ -248,7 +516,9 @@ static int fp_init(FastPath *self, PyObject *args, PyObject *kwds) {
     Py_INCREF(alive); self->alive = alive;
     Py_INCREF(freed); self->freed = freed;
     self->slow = slow; self->arena_of = arena_of; self->bad_size = bad_size;
-    self->bad_free = bad_free; self->free_fenced = free_fenced;
+    self->bad_free = bad_free; self->fence_stamps = fence_stamps; self->place_pending = place_pending;
+    Py_INCREF(worker); self->worker = (SerialWorker *)worker;
+    self->queue_waits = queue_waits; self->return_unwaited = return_unwaited;
     self->allocate_normalized = allocate_normalized; self->free_normalized = free_normalized;
     Py_INCREF(all_arenas); self->all_arenas = all_arenas;
     Py_INCREF(stream_query); self->stream_query = stream_query;
@@ -311,13 +581,18 @@ static int push_to_bin(PyObject *pool, ArenaBase *arena, PyObject *blk, PyObject
     if (r == NULL)
         return -1;
     Py_DECREF(r);
-    /* Bound `recent` (see StreamArena.trim_recent): amortized, so rarely taken. */
+    return 0;
+}
+
+/* Bound `recent` (see StreamArena.trim_recent): amortized, so rarely taken. Called once a free
+ * is complete: the trim (a locked step, on the worker) may raise, the free stands. */
+static int maybe_trim(PyObject *pool, ArenaBase *arena) {
     Py_ssize_t len = PyObject_Length(arena->recent);
     Py_ssize_t limit = arena->trim_at ? PyLong_AsSsize_t(arena->trim_at) : 0;
     if (len < 0 || (limit == -1 && PyErr_Occurred()))
         return -1;
     if (len > limit) {
-        r = PyObject_CallMethodOneArg(pool, s_trim_recent, (PyObject *)arena);
+        PyObject *r = PyObject_CallMethodOneArg(pool, s_trim_recent, (PyObject *)arena);
         if (r == NULL)
             return -1;
         Py_DECREF(r);
@@ -517,10 +792,33 @@ static PyObject *fp_allocate(FastPath *self, PyObject *const *args, Py_ssize_t n
             goto fail;
     }
     if (blk == NULL) {
-        PyObject *sargs[2] = {rkey, arena};
-        blk = PyObject_Vectorcall(self->slow, sargs, 2, NULL);
+        PyObject *sargs = PyTuple_Pack(2, rkey, arena);
+        blk = sargs ? sw_run(self->worker, self->slow, sargs) : NULL;
+        Py_XDECREF(sargs);
         if (blk == NULL)
             goto fail;
+        if (PyTuple_CheckExact(blk) && PyTuple_GET_SIZE(blk) == 2) {
+            /* (block, waits): this thread's own stream must wait for them first. If that fails
+             * (or is interrupted) the block goes back, fenced by what it was to wait for. */
+            PyObject *pair = blk, *waits = PyTuple_GET_ITEM(pair, 1);
+            blk = PyTuple_GET_ITEM(pair, 0);
+            Py_INCREF(blk);
+            PyObject *r = PyObject_CallFunctionObjArgs(self->queue_waits, arena, waits, NULL);
+            if (r == NULL) {
+                PyObject *et, *ev, *etb;
+                PyErr_Fetch(&et, &ev, &etb);
+                PyObject *gargs = PyTuple_Pack(3, blk, arena, waits);
+                PyObject *g = gargs ? sw_run(self->worker, self->return_unwaited, gargs) : NULL;
+                Py_XDECREF(gargs);
+                Py_XDECREF(g);
+                PyErr_Clear();
+                PyErr_Restore(et, ev, etb);
+                Py_DECREF(pair);
+                goto fail_blk;
+            }
+            Py_DECREF(r);
+            Py_DECREF(pair);
+        }
     }
     if (!PyObject_TypeCheck(blk, &BlockBaseType) || ((BlockBase *)blk)->ptr == NULL) {
         PyErr_SetString(PyExc_SystemError, "cudabridge fast path: block of a foreign type");
@@ -635,72 +933,90 @@ static PyObject *fp_free(FastPath *self, PyObject *const *args, Py_ssize_t nargs
         PyErr_SetString(PyExc_SystemError, "cudabridge fast path: arena of a foreign type");
         return NULL;
     }
-    int removed = PySet_Discard(self->live, a);
-    if (removed < 0) {
-        if (!PyErr_ExceptionMatches(PyExc_TypeError)) {
-            Py_XDECREF(arena);
-            return NULL;
-        }
-        PyErr_Clear();
-    }
-    /* Only exact Allocations ever enter the live set, so a removed object has the slots. */
-    if (removed <= 0 || arena == NULL) {
-        Py_XDECREF(arena);
+    /* Only exact Allocations ever enter the live set: anything else (no arena) is refused. */
+    if (arena == NULL)
         return raise_via(self->bad_free, a);
-    }
     AllocationBase *al = (AllocationBase *)a;
     ArenaBase *ar = (ArenaBase *)arena;
+    PyObject *stamps = NULL;
+    int fenced = self->naive || (al->extra != NULL && al->extra != Py_None) || ar->eager == Py_True;
+    if (fenced) {
+        /* Device work first (a per-thread stream records its event now), before anything changes:
+         * if it fails or is interrupted, the allocation is still live and untouched. */
+        int has = PySet_Contains(self->live, a);
+        if (has < 0) {
+            Py_DECREF(arena);
+            return NULL;
+        }
+        if (!has) {
+            Py_DECREF(arena);
+            return raise_via(self->bad_free, a);
+        }
+        stamps = PyObject_CallFunctionObjArgs(self->fence_stamps, a, arena, NULL);
+        if (stamps == NULL) {
+            Py_DECREF(arena);
+            return NULL;
+        }
+    }
+    int removed = PySet_Discard(self->live, a);
+    if (removed <= 0) {
+        Py_XDECREF(stamps);
+        Py_DECREF(arena);
+        return removed < 0 ? NULL : raise_via(self->bad_free, a);
+    }
+    /* From here on the free completes: the allocation is no longer live, so its block must reach
+     * a container whatever fails (an interpreter-level failure is reported after it did). */
     set_slot(&al->state, self->freed);
     if (al->owner != NULL && al->owner != Py_None) {
         PyObject *owned = PyDict_GetItemWithError(self->owners, al->owner);
         if (owned != NULL) {
-            if (PyDict_DelItem(owned, a) < 0) {
-                if (!PyErr_ExceptionMatches(PyExc_KeyError))
-                    goto fail;
+            if (PyDict_DelItem(owned, a) < 0 && PyErr_ExceptionMatches(PyExc_KeyError))
                 PyErr_Clear();
-            }
-        } else if (PyErr_Occurred()) {
-            goto fail;
         }
     }
+    PyObject *et = NULL, *ev = NULL, *etb = NULL;
+    PyErr_Fetch(&et, &ev, &etb);   /* kept for the caller; the block is placed regardless */
     BlockBase *blk = (BlockBase *)al->block;
-    if (blk == NULL || blk->size == NULL) {
-        PyErr_SetString(PyExc_SystemError, "cudabridge fast path: allocation without a block");
-        goto fail;
-    }
     Py_INCREF(blk);
     PyObject *size = blk->size;
     Py_INCREF(size);
-    if (self->naive || (al->extra != NULL && al->extra != Py_None) || ar->eager == Py_True) {
-        PyObject *fargs[3] = {a, (PyObject *)blk, arena};
-        PyObject *r = PyObject_Vectorcall(self->free_fenced, fargs, 3, NULL);
-        if (r == NULL)
-            goto fail_blk;
-        Py_DECREF(r);
-    } else {
-        if (ar->epoch == NULL) {
-            PyErr_SetString(PyExc_SystemError, "cudabridge fast path: stream arena without an epoch");
-            goto fail_blk;
-        }
+    int placed = 0;
+    PyObject *one = NULL;
+    if (fenced && PyDict_CheckExact(stamps) && PyDict_GET_SIZE(stamps) == 1 &&
+        (one = PyDict_GetItemWithError(stamps, arena)) != NULL) {
+        set_slot(&blk->epoch, one);   /* fenced on this stream only: as a plain free, stamped */
+        fenced = 0;
+    } else if (!fenced) {
         set_slot(&blk->epoch, ar->epoch);
+    }
+    if (!fenced) {
         set_slot(&blk->state, arena);
-        if (push_to_bin(self->pool, ar, (PyObject *)blk, size) < 0)
-            goto fail_blk;
+        placed = push_to_bin(self->pool, ar, (PyObject *)blk, size) == 0;
+    } else {
+        /* behind several streams (or none): the pending list, a locked step on the worker */
+        PyObject *pargs = PyTuple_Pack(3, (PyObject *)blk, arena, stamps);
+        PyObject *r = pargs ? sw_run(self->worker, self->place_pending, pargs) : NULL;
+        Py_XDECREF(pargs);
+        placed = r != NULL;
+        Py_XDECREF(r);
     }
     long long nbytes = PyLong_AsLongLong(size);
-    if (nbytes == -1 && PyErr_Occurred())
-        goto fail_blk;
-    self->in_use -= nbytes;
+    if (!(nbytes == -1 && PyErr_Occurred()))
+        self->in_use -= nbytes;
+    if (placed && et == NULL && !PyErr_Occurred())
+        placed = maybe_trim(self->pool, ar) == 0;
     Py_DECREF(size);
     Py_DECREF(blk);
+    Py_XDECREF(stamps);
     Py_DECREF(arena);
+    if (et != NULL) {           /* the first error wins */
+        PyErr_Clear();
+        PyErr_Restore(et, ev, etb);
+        return NULL;
+    }
+    if (!placed || PyErr_Occurred())
+        return NULL;
     Py_RETURN_NONE;
-fail_blk:
-    Py_DECREF(size);
-    Py_DECREF(blk);
-fail:
-    Py_DECREF(arena);
-    return NULL;
 }
 
 static PyObject *fp_get_issued(FastPath *self, void *closure) {
@@ -788,6 +1104,7 @@ static PyTypeObject FastPathType = {
     .tp_new = PyType_GenericNew,
 };
 
+
 static struct PyModuleDef fastpath_module = {
     PyModuleDef_HEAD_INIT, "cudabridge.memory._fastpath",
     "C fast paths of the stream-ordered memory pool.", -1, NULL, NULL, NULL, NULL, NULL,
@@ -800,14 +1117,16 @@ PyMODINIT_FUNC PyInit__fastpath(void) {
     INTERN(s_trim_recent, "_trim_recent");
 #undef INTERN
     if (PyType_Ready(&AllocationBaseType) < 0 || PyType_Ready(&FastPathType) < 0 ||
-        PyType_Ready(&BlockBaseType) < 0 || PyType_Ready(&ArenaBaseType) < 0)
+        PyType_Ready(&BlockBaseType) < 0 || PyType_Ready(&ArenaBaseType) < 0 ||
+        PyType_Ready(&SerialWorkerType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&fastpath_module);
     if (m == NULL)
         return NULL;
     /* PyModule_AddType (3.10+) takes its own reference and names the type by tp_name's tail. */
     if (PyModule_AddType(m, &AllocationBaseType) < 0 || PyModule_AddType(m, &BlockBaseType) < 0 ||
-        PyModule_AddType(m, &ArenaBaseType) < 0 || PyModule_AddType(m, &FastPathType) < 0) {
+        PyModule_AddType(m, &ArenaBaseType) < 0 || PyModule_AddType(m, &FastPathType) < 0 ||
+        PyModule_AddType(m, &SerialWorkerType) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -101,6 +101,12 @@ def owner_key(value: object) -> int | None:
     return None if value is None else index_int(value, "owner (a task attempt id)")
 
 
+def _inline(fn, *args):
+    """The Python path's serial section: the step runs on the calling thread, under the lock it
+    takes itself (consistent for the errors the pool raises, not for an interruption)."""
+    return fn(*args)
+
+
 class StreamOrderedMemoryPool:
     """Device memory for one GPU, handed out per stream.
 
@@ -196,6 +202,9 @@ class StreamOrderedMemoryPool:
         # _steal queries streams outside the slow path's device scope: only where there is
         # one device, so that the current device cannot be another GPU's.
         self._steal_ok = not self._naive and backend.device_count() == 1
+        self._deferred_waits: list = []   # the current slow path's waits for the caller's stream
+        self._worker = None   # the SerialWorker of the C path (see _native_fast_path)
+        self._serial = _inline
         self._fast = self._native_fast_path(fast_path)
         if initial_bytes:
             with self._lock, self._on_device():
@@ -220,8 +229,12 @@ class StreamOrderedMemoryPool:
             if choice == "native":
                 raise InvalidArgument("fast_path='native': the pool's classes were defined before the extension was built")
             return None
+        # On the C path every locked step runs on the worker's thread, where no signal handler or
+        # async exception can interrupt it half done (see SerialWorker in _fastpath.c).
+        self._worker = module.SerialWorker()
+        self._serial = self._worker.call
         fast = module.FastPath(
-            pool=self, arenas=self._arenas, live=self._live, owners=self._owners,
+            pool=self, worker=self._worker, arenas=self._arenas, live=self._live, owners=self._owners,
             alloc_type=Allocation,
             live_state=LIVE, alive=ALIVE, freed=FREED, max_request=self._max_request,
             naive=self._naive, first_id=1, all_arenas=self._all_arenas,
@@ -256,6 +269,9 @@ class StreamOrderedMemoryPool:
         """Accept a stream the pool does not own (one CuPy or PyTorch created). It must outlive
         its registration; :meth:`unregister_stream` before destroying it."""
         self._check_open("register_stream")
+        self._serial(self._register_stream, handle)
+
+    def _register_stream(self, handle: int) -> None:
         with self._lock:
             self._add_arena(handle, "external")
 
@@ -263,6 +279,9 @@ class StreamOrderedMemoryPool:
         """Stop accepting a registered stream: synchronizes it and keeps its free blocks (now
         safe). Refused while live allocations still name it as their stream."""
         self._check_open("unregister_stream")
+        self._serial(self._unregister_stream, handle)
+
+    def _unregister_stream(self, handle: int) -> None:
         with self._lock:
             arena = self._arenas.get(handle)
             if arena is None or arena.kind != "external":
@@ -330,7 +349,7 @@ class StreamOrderedMemoryPool:
         if blk is None:
             blk = self._steal(r, arena) if self._steal_ok else None
             if blk is None:
-                blk = self._allocate_slow(r, arena)
+                blk = self._allocate_slow_here(r, arena)
         blk.state = LIVE
         aid = next(self._ids)
         a = Allocation(blk.ptr, size, aid, stream, owner, blk, arena, self)
@@ -363,6 +382,9 @@ class StreamOrderedMemoryPool:
                               f"bytes on GPU {self.device}")
 
     def _trim_recent(self, arena: StreamArena) -> None:
+        self._serial(self._trim_recent_locked, arena)
+
+    def _trim_recent_locked(self, arena: StreamArena) -> None:
         with self._lock:
             arena.trim_recent()
 
@@ -401,18 +423,56 @@ class StreamOrderedMemoryPool:
                 return blk
         return None
 
-    def _allocate_slow(self, r: int, arena: StreamArena) -> Block:
+    def _allocate_slow(self, r: int, arena: StreamArena) -> "Block | tuple[Block, list]":
+        """Steps 2-7 (lock held). Returns the block, or (block, waits) when the block must be
+        waited for on a stream only the caller can name (its per-thread stream, when this runs on
+        the C path's worker): the caller queues those waits (:meth:`_queue_waits`) before using it."""
         with self._lock:
             if self._closed:
                 raise PoolClosed(f"allocate on the memory pool of GPU {self.device} after close()")
             self.counters["slow_allocations"] += 1
+            self._deferred_waits = waits = []
             small = r <= SMALL_REQUEST
             index = self._small if small else self._large
             blk = index.take_best_fit(r)
             if blk is None:
                 with self._on_device():
                     blk = self._find(r, arena, small, index)
-            return self._fit(blk, r)
+            blk = self._fit(blk, r)
+            return (blk, waits) if waits else blk
+
+    def _queue_waits(self, arena: StreamArena, waits: list) -> None:
+        """On the allocating thread: make its stream wait for the events the slow path found
+        (``(user, stamp, event)``), before the block is used there."""
+        backend = self.backend
+        prev = backend.get_device()
+        if prev != self.device:
+            backend.set_device(self.device)
+        try:
+            for _user, _stamp, ev in waits:
+                backend.stream_wait_event(arena.handle, ev)
+        finally:
+            if prev != self.device:
+                backend.set_device(prev)
+
+    def _return_unwaited(self, blk: Block, arena: StreamArena, waits: list) -> None:
+        """The waits could not be queued: the block goes back, fenced by what it waited for."""
+        stamps: dict[StreamArena, int] = {}
+        for user, stamp, _ev in waits:
+            stamps[user] = max(stamp, stamps.get(user, 0))
+        self._place_pending(blk, arena, stamps)
+
+    def _allocate_slow_here(self, r: int, arena: StreamArena) -> Block:
+        """The Python path's slow path: on the calling thread, waits queued at once."""
+        blk = self._allocate_slow(r, arena)
+        if blk.__class__ is tuple:
+            blk, waits = blk
+            try:
+                self._queue_waits(arena, waits)
+            except BaseException:
+                self._return_unwaited(blk, arena, waits)
+                raise
+        return blk
 
     def _find(self, r: int, arena: StreamArena, small: bool, index: SafeFreeIndex) -> Block:
         # 3. poll every arena and move what has completed to the safe index.
@@ -617,6 +677,12 @@ class StreamOrderedMemoryPool:
             arena = self._arenas.get(stream)
             if arena is None:
                 arena = self._arena_of(stream, "free")
+        fenced = arena is not None and (a._extra is not None or arena.eager or self._naive)
+        if fenced:
+            # device work first (a per-thread stream records now), while nothing has changed
+            if not self._is_live(a):
+                self._bad_free(a)
+            stamps = self._fence_stamps(a, arena)
         try:
             self._live.remove(a)
         except (KeyError, TypeError):
@@ -628,8 +694,8 @@ class StreamOrderedMemoryPool:
                 owned.pop(a, None)
         blk = a._block
         nbytes = blk.size   # read before the block is visible to other threads: a taker may cut it
-        if a._extra is not None or arena.eager or self._naive:
-            self._free_fenced(a, blk, arena)
+        if fenced:
+            self._place_fenced(blk, arena, stamps)
         else:
             blk.epoch = arena.epoch
             blk.state = arena
@@ -655,13 +721,18 @@ class StreamOrderedMemoryPool:
                CLOSED: "the pool was closed"}.get(a._state, "not a live allocation of this pool")
         raise InvalidFree(f"free of {a!r}: {why}")
 
-    def _free_fenced(self, a: Allocation, blk: Block, arena: StreamArena) -> None:
-        """Frees that need more than a stamp: per-thread streams record now, ``record_stream``
-        users add fences, the naive policy skips them all."""
+    def _is_live(self, a: object) -> bool:
+        try:
+            return a in self._live
+        except TypeError:
+            return False
+
+    def _fence_stamps(self, a: Allocation, arena: StreamArena) -> dict[StreamArena, int]:
+        """The stamps a free on ``arena`` must wait for: the freeing stream's and those of the
+        streams given to ``record_stream``. A per-thread stream owned by the calling thread records
+        its event now (device work only: nothing of the pool changes here)."""
         if self._naive:
-            with self._lock:
-                self._to_safe(blk)
-            return
+            return {}
         users = [arena]
         if a._extra:
             users.extend(x for x in a._extra if x is not arena)
@@ -678,11 +749,22 @@ class StreamOrderedMemoryPool:
                     stamps[user] = user.epoch
             else:
                 stamps[user] = user.epoch
-        if len(stamps) == 1:
+        return stamps
+
+    def _place_fenced(self, blk: Block, arena: StreamArena, stamps: dict[StreamArena, int]) -> None:
+        """Put a freed block where its stamps say: one stream's bins (lock-free, as any free),
+        else the pending list (a locked step)."""
+        if len(stamps) == 1 and arena in stamps:
             blk.epoch = stamps[arena]
             arena.push(blk)
             return
+        self._serial(self._place_pending, blk, arena, stamps)
+
+    def _place_pending(self, blk: Block, arena: StreamArena, stamps: dict[StreamArena, int]) -> None:
         with self._lock:
+            if self._naive:
+                self._to_safe(blk)
+                return
             blk.epoch = 0
             blk.extra = stamps
             blk.state = PENDING
@@ -734,7 +816,9 @@ class StreamOrderedMemoryPool:
 
         The caller excludes allocations for ``owner`` while this runs (the TaskRegistry does,
         with its task leases): one made concurrently may be missed."""
-        owner = owner_key(owner)
+        return self._serial(self._release_owner, owner_key(owner))
+
+    def _release_owner(self, owner: int | None) -> tuple[int, int]:
         owned = self._owners.pop(owner, None)
         count = nbytes = 0
         if not owned:
@@ -752,7 +836,7 @@ class StreamOrderedMemoryPool:
             blk = a._block
             size = blk.size   # before the block is visible to other threads (a taker may cut it)
             if a._extra is not None or a._arena.eager or self._naive:
-                self._free_fenced(a, blk, a._arena)
+                self._place_fenced(blk, a._arena, self._fence_stamps(a, a._arena))
             else:
                 blk.epoch = a._arena.epoch
                 a._arena.push(blk)
@@ -913,7 +997,10 @@ class StreamOrderedMemoryPool:
                 if stamp <= user.completed:
                     continue
                 ev = user.fences[-1][1]
-            self.backend.stream_wait_event(consumer.handle, ev)
+            if consumer.can_record():
+                self.backend.stream_wait_event(consumer.handle, ev)
+            else:   # another thread's per-thread stream: that thread queues it (_queue_waits)
+                self._deferred_waits.append((user, stamp, ev))
             self.counters["gpu_waits"] += 1
 
     def _take_run(self, r: int, consumer: StreamArena, small: bool) -> Block | None:
@@ -1044,6 +1131,13 @@ class StreamOrderedMemoryPool:
     def close(self) -> int:
         """Wait for the device to pass every block, return all memory, destroy the events.
         Returns how many allocations were still live (they are dead now). Idempotent."""
+        try:
+            return self._serial(self._close)
+        finally:
+            if self._worker is not None:
+                self._worker.stop()
+
+    def _close(self) -> int:
         with self._lock:
             if self._closed:
                 return 0
