@@ -14,7 +14,7 @@ for scenario in "smoke" "stress 16 2000" "errors" "race event-deferred" "race na
   extra=()
   case $scenario in
     errors) extra=(-Dspark.cudabridge.poolLimit=64m) ;;
-    "race naive") extra=(-Dspark.cudabridge.poolLimit=2m -Dspark.cudabridge.testReusePolicy=naive) ;;
+    "race naive") extra=(-Dspark.cudabridge.poolLimit=2m -Dspark.cudabridge.testStreamArena=naive_arena:NaiveArena -Dcudabridge.pythonPath="$PYTHONPATH:$PWD/tests") ;;
     race*) extra=(-Dspark.cudabridge.poolLimit=2m) ;;
   esac
   log="$out/jvm-${scenario// /-}.log"

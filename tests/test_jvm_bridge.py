@@ -138,7 +138,8 @@ def test_seven_step_race_from_java_threads_naive_pool_corrupts(harness):
     # The emulated device's race detector (on for the suite, tests/conftest.py) would stop the
     # racing write this test exists to show land; it is off here so the corruption is seen.
     r = run_java(harness, "race", "naive",
-                 jvm=["-Dspark.cudabridge.poolLimit=2m", "-Dspark.cudabridge.testReusePolicy=naive"],
+                 jvm=["-Dspark.cudabridge.poolLimit=2m", "-Dspark.cudabridge.testStreamArena=naive_arena:NaiveArena",
+                      "-Dcudabridge.pythonPath=" + str(ROOT / "tests")],
                  env={"CUDABRIDGE_EMULATED_RACE_CHECK": "0"})
     r.ok()
     assert r["same_block"] == "true"

@@ -246,7 +246,7 @@ def test_calls_after_close_refused(emulated, streams):
 
 def test_bad_construction(emulated):
     for kw in ({"limit_bytes": 0}, {"limit_bytes": -5}, {"limit_fraction": 0.0}, {"limit_fraction": 1.5},
-               {"initial_bytes": -1}, {"reuse_policy": "yolo"}, {"limit_bytes": 1 << 20, "initial_bytes": 2 << 20}):
+               {"initial_bytes": -1}, {"arena_type": "yolo"}, {"arena_type": int}, {"limit_bytes": 1 << 20, "initial_bytes": 2 << 20}):
         with pytest.raises(InvalidArgument):
             StreamOrderedMemoryPool(emulated, 0, [], **kw)
     with pytest.raises(InvalidArgument):

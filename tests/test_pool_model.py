@@ -301,7 +301,7 @@ if native.load() is None:
 
 
 def test_the_model_catches_a_pool_that_ignores_stream_order(monkeypatch):
-    """The machine can fail: with the naive reuse policy (freed blocks go to any stream at once)
+    """The machine can fail: with the naive stream arena (tests/naive_arena.py: freed blocks go to any stream at once)
     it must find a sequence in which another stream's work touches a block too early."""
     from hypothesis.stateful import run_state_machine_as_test
 
@@ -311,7 +311,9 @@ def test_the_model_catches_a_pool_that_ignores_stream_order(monkeypatch):
     real_init = StreamOrderedMemoryPool.__init__
 
     def naive_init(self, *args, **kw):
-        kw["reuse_policy"] = "naive"
+        from naive_arena import NaiveArena
+
+        kw["arena_type"] = NaiveArena
         real_init(self, *args, **kw)
 
     monkeypatch.setattr(StreamOrderedMemoryPool, "__init__", naive_init)

@@ -13,7 +13,7 @@ from cudabridge import config
 from cudabridge.config import SETTINGS, SPARK_KEYS, check_value, markdown_table
 from cudabridge.device import Backend
 from cudabridge.errors import InvalidArgument
-from cudabridge.memory import PoolGrowth, ReusePolicy
+from cudabridge.memory import PoolGrowth
 from cudabridge.stream_pool import Priority, StreamPolicy
 
 README = Path(__file__).resolve().parent.parent / "README.md"
@@ -40,8 +40,7 @@ def test_every_key_the_readme_names_is_in_the_table():
 
 
 @pytest.mark.parametrize("key,enum", [("streamPolicy", StreamPolicy), ("taskPriority", Priority),
-                                      ("poolGrowth", PoolGrowth), ("backend", Backend),
-                                      ("testReusePolicy", ReusePolicy)])
+                                      ("poolGrowth", PoolGrowth), ("backend", Backend)])
 def test_mode_enums_are_the_tables_values(key, enum):
     assert tuple(m.value for m in enum) == config.BY_KEY[key].values
 

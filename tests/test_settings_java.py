@@ -172,8 +172,7 @@ CASES = [
     (P + "poolGrowth", "segment", True), (P + "poolGrowth", "chunk", False),
     (P + "logLevel", "INFO", True), (P + "logLevel", "info", True), (P + "logLevel", "Warning", True),
     (P + "logLevel", "critical", True), (P + "logLevel", "TRACE", False), (P + "logLevel", " INFO", False),
-    (P + "testReusePolicy", "naive", True), (P + "testReusePolicy", "event-deferred", True),
-    (P + "testReusePolicy", "Naive", False),
+    (P + "testStreamArena", "naive_arena:NaiveArena", True),
     (P + "taskPriority", "normal", True), (P + "taskPriority", "high", True), (P + "taskPriority", "HIGH", False),
     (P + "taskPriority", "urgent", False),
     (P + "taskBind", "lazy", True), (P + "taskBind", "ahead", True), (P + "taskBind", "eager", True),
@@ -306,7 +305,7 @@ def conf_line(conf: dict[str, str]) -> str:
 MISSPELLED = [
     ("spark.cudabridge.poolLimt", "spark.cudabridge.poolLimit"),
     ("spark.cudabridge.pool_limit", "spark.cudabridge.poolLimit"),
-    ("spark.cudabridge.test_reuse_policy", "spark.cudabridge.testReusePolicy"),
+    ("spark.cudabridge.test_stream_arena", "spark.cudabridge.testStreamArena"),
     ("spark.cudabridge.emulated_devices", "spark.cudabridge.emulatedDevices"),
     ("spark.cudabridge.gpu_addresses", "spark.cudabridge.gpuAddresses"),
     ("spark.cudabridge.streams_per_gpu", "spark.cudabridge.streamsPerGpu"),

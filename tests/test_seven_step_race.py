@@ -6,6 +6,7 @@ policy is refused at the first unordered access, whatever the timing; with the d
 shows the corruption itself."""
 
 import pytest
+from naive_arena import NaiveArena
 
 from cudabridge.device import EmulatedBackend
 from cudabridge.errors import StreamOrderRace
@@ -55,7 +56,7 @@ def checked():
 
 def test_naive_reuse_trips_the_race_detector(checked):
     sa, sb = checked.stream_create(), checked.stream_create()
-    with _pool(checked, [sa, sb], reuse_policy="naive") as pool:
+    with _pool(checked, [sa, sb], arena_type=NaiveArena) as pool:
         with pytest.raises(StreamOrderRace) as info:
             seven_step(checked, pool, sa, sb, NBYTES, DELAY)
         checked.stream_synchronize(sa)
@@ -72,7 +73,7 @@ def test_naive_reuse_trips_the_race_detector(checked):
 
 def test_naive_reuse_corrupts(unchecked):
     sa, sb = unchecked.stream_create(), unchecked.stream_create()
-    with _pool(unchecked, [sa, sb], reuse_policy="naive") as pool:
+    with _pool(unchecked, [sa, sb], arena_type=NaiveArena) as pool:
         r = seven_step(unchecked, pool, sa, sb, NBYTES, DELAY)
     assert r["same_block"]
     assert not (r["a_intact"] and r["b_intact"]), "the naive policy should have shown the race"
@@ -90,7 +91,7 @@ def test_per_thread_default_streams_are_distinct(emulated):
 
 
 def test_per_thread_naive_trips_the_race_detector(checked):
-    with _pool(checked, [], reuse_policy="naive") as pool:
+    with _pool(checked, [], arena_type=NaiveArena) as pool:
         with pytest.raises(StreamOrderRace) as info:
             seven_step_per_thread(checked, pool, NBYTES, DELAY)
     race = info.value
@@ -103,7 +104,7 @@ def test_per_thread_naive_trips_the_race_detector(checked):
 
 
 def test_per_thread_naive_corrupts(unchecked):
-    with _pool(unchecked, [], reuse_policy="naive") as pool:
+    with _pool(unchecked, [], arena_type=NaiveArena) as pool:
         r = seven_step_per_thread(unchecked, pool, NBYTES, DELAY)
     assert r["same_block"]
     assert not (r["a_intact"] and r["b_intact"])
@@ -139,7 +140,7 @@ def test_gpu_event_deferred_pool_keeps_both_intact(cuda_backend, limit):
 def test_gpu_naive_reuse_corrupts(cuda_backend):
     sa, sb = cuda_backend.stream_create(), cuda_backend.stream_create()
     try:
-        with _pool(cuda_backend, [sa, sb], reuse_policy="naive") as pool:
+        with _pool(cuda_backend, [sa, sb], arena_type=NaiveArena) as pool:
             r = seven_step(cuda_backend, pool, sa, sb, NBYTES, 0.05)
         assert r["same_block"] and not (r["a_intact"] and r["b_intact"])
     finally:
@@ -153,6 +154,6 @@ def test_gpu_per_thread_streams(cuda_backend):
         r = seven_step_per_thread(cuda_backend, pool, NBYTES, 0.05)
         assert pool.statistics().gpu_waits == 1
     assert r["a_intact"] and r["b_intact"] and r["same_block"]
-    with _pool(cuda_backend, [], reuse_policy="naive") as pool:
+    with _pool(cuda_backend, [], arena_type=NaiveArena) as pool:
         r = seven_step_per_thread(cuda_backend, pool, NBYTES, 0.05)
     assert r["same_block"] and not (r["a_intact"] and r["b_intact"])

@@ -71,6 +71,23 @@ def _wrap_backend(spec: str, backend: DeviceBackend) -> DeviceBackend:
     return wrapped
 
 
+def _load_arena_type(spec: str) -> type:
+    """The ``test_stream_arena`` test setting: ``module:Class``, a StreamArena subclass."""
+    import importlib
+
+    from .memory.stream_arena import StreamArena
+
+    module, _, name = spec.partition(":")
+    try:
+        arena_type = getattr(importlib.import_module(module), name)
+    except Exception as exc:
+        raise InvalidArgument(f"spark.cudabridge.testStreamArena={spec!r}: {type(exc).__name__}: {exc}") from exc
+    if not (isinstance(arena_type, type) and issubclass(arena_type, StreamArena)):
+        raise InvalidArgument(f"spark.cudabridge.testStreamArena={spec!r}: not a StreamArena subclass")
+    log.warning("memory pools use the stream arenas of %s (a test setting)", spec)
+    return arena_type
+
+
 class CudaBridgeService:
     def __init__(self, config: ServiceConfig | None = None, backend: DeviceBackend | None = None) -> None:
         self.config = config = config or ServiceConfig()
@@ -91,6 +108,7 @@ class CudaBridgeService:
         self.addresses = mapping
         limit_bytes, fraction = config.limit()
         initial = parse_bytes(config.pool_initial)
+        arena_kw = {"arena_type": _load_arena_type(config.test_stream_arena)} if config.test_stream_arena else {}
         gpus: dict[int, GpuResources] = {}
         try:
             for address, ordinal in mapping.items():
@@ -100,7 +118,7 @@ class CudaBridgeService:
                     memory = StreamOrderedMemoryPool(backend, ordinal, streams.handles, limit_bytes=limit_bytes,
                                                      limit_fraction=fraction, initial_bytes=initial,
                                                      growth=config.pool_growth,
-                                                     host_wait_timeout_s=config.wait_timeout_s())
+                                                     host_wait_timeout_s=config.wait_timeout_s(), **arena_kw)
                 except BaseException:
                     streams.close()
                     raise

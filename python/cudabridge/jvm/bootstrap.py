@@ -149,11 +149,6 @@ def start(library: str, conf_json: str) -> Any:
 
     service = CudaBridgeService(config)
     try:
-        policy = config.test_reuse_policy
-        if policy != "event-deferred":
-            from .tools import apply_test_reuse_policy
-
-            apply_test_reuse_policy(service, str(policy))
         hot = JavaHotPath(service)
         info = {"python": sys.executable, "prefix": sys.prefix, "version": sys.version.split()[0],
                 "pid": os.getpid(), "library": library}

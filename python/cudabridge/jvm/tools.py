@@ -41,31 +41,6 @@ def spin(c: "BridgeControl", task: int, seconds: float) -> None:
         c.service.registry.leave(lease)
 
 
-def apply_test_reuse_policy(service, policy: str) -> None:
-    """Test-only, at start-up (``spark.cudabridge.testReusePolicy``): rebuild every GPU's
-    memory pool with ``policy``. ``naive`` hands freed blocks to any stream at once; it exists so
-    that the Java-driven seven-step race test can show it is able to fail. The pool fixes its
-    policy at construction (its C fast path reads it once), so the pools are replaced before
-    anything has used them; the service has no such option of its own."""
-    from dataclasses import replace
-
-    from ..memory import StreamOrderedMemoryPool
-
-    if policy not in ("event-deferred", "naive"):
-        raise InvalidArgument(f"spark.cudabridge.testReusePolicy={policy!r}: expected event-deferred or naive")
-    for ordinal, res in list(service.gpus.items()):
-        old = res.memory
-        if old.statistics().allocations:
-            raise InvalidArgument("test_reuse_policy: the pool was used already")
-        limit = old.limit
-        old.close()
-        pool = StreamOrderedMemoryPool(service.backend, ordinal, res.streams.handles, limit_bytes=limit,
-                                       reuse_policy=policy)
-        new = replace(res, memory=pool)
-        service.gpus[ordinal] = new
-        service.registry._gpus[ordinal] = new  # the registry's own view of the GPUs
-
-
 def pool_statistics(c: "BridgeControl", gpu: int = 0) -> dict[str, int]:
     return c.service.memory_pool(int(gpu)).statistics().as_dict()
 

@@ -2,7 +2,6 @@
 
 from .allocation import Allocation
 from .statistics import PoolStatistics
-from .stream_ordered_pool import ALIGNMENT, FastPath, PoolGrowth, ReusePolicy, StreamOrderedMemoryPool
+from .stream_ordered_pool import ALIGNMENT, FastPath, PoolGrowth, StreamOrderedMemoryPool
 
-__all__ = ["ALIGNMENT", "Allocation", "FastPath", "PoolGrowth", "PoolStatistics", "ReusePolicy",
-           "StreamOrderedMemoryPool"]
+__all__ = ["ALIGNMENT", "Allocation", "FastPath", "PoolGrowth", "PoolStatistics",            "StreamOrderedMemoryPool"]

@@ -433,7 +433,6 @@ typedef struct {
     long long in_use, peak;  /* block bytes lent out, exact under the GIL (the ledger's job) */
     int (*cu_stream_query)(void *);  /* the driver's cuStreamQuery, or NULL: call stream_query */
     Py_ssize_t max_request;
-    int naive;
 } FastPath;
 
 /* Method names, interned once. */
@@ -471,18 +470,17 @@ static void fp_dealloc(FastPath *self) {
 
 static int fp_init(FastPath *self, PyObject *args, PyObject *kwds) {
     static char *kw[] = {"pool", "worker", "arenas", "live", "owners", "alloc_type",
-                         "live_state", "alive", "freed", "max_request", "naive", "first_id", "all_arenas",
+                         "live_state", "alive", "freed", "max_request", "first_id", "all_arenas",
                          "stream_query", "cu_stream_query", NULL};
     PyObject *pool, *worker, *arenas, *live, *owners, *alloc_type, *live_state, *alive, *freed;
     unsigned long long cu_query = 0;
     PyObject *all_arenas, *stream_query;
     Py_ssize_t max_request;
-    int naive;
     long long first_id;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO!O!O!O!O!OOOnpLO!O|K", kw, &pool, &SerialWorkerType, &worker, &PyDict_Type, &arenas,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO!O!O!O!O!OOOnLO!O|K", kw, &pool, &SerialWorkerType, &worker, &PyDict_Type, &arenas,
                                      &PySet_Type, &live, &PyDict_Type, &owners,
                                      &PyType_Type, &alloc_type, &live_state, &alive, &freed,
-                                     &max_request, &naive, &first_id, &PyList_Type, &all_arenas,
+                                     &max_request, &first_id, &PyList_Type, &all_arenas,
                                      &stream_query, &cu_query))
         return -1;
     if (!PyType_IsSubtype((PyTypeObject *)alloc_type, &AllocationBaseType)) {
@@ -523,7 +521,6 @@ static int fp_init(FastPath *self, PyObject *args, PyObject *kwds) {
     Py_INCREF(all_arenas); self->all_arenas = all_arenas;
     Py_INCREF(stream_query); self->stream_query = stream_query;
     self->max_request = max_request;
-    self->naive = naive;
     self->steals = self->stream_polls = 0;
     self->in_use = self->peak = 0;
     self->cu_stream_query = (int (*)(void *))(uintptr_t)cu_query;
@@ -786,7 +783,7 @@ static PyObject *fp_allocate(FastPath *self, PyObject *const *args, Py_ssize_t n
     } else if (PyErr_Occurred()) {
         goto fail;
     }
-    if (blk == NULL && !self->naive) {
+    if (blk == NULL) {
         blk = steal(self, arena, rkey);
         if (blk == NULL && PyErr_Occurred())
             goto fail;
@@ -939,7 +936,7 @@ static PyObject *fp_free(FastPath *self, PyObject *const *args, Py_ssize_t nargs
     AllocationBase *al = (AllocationBase *)a;
     ArenaBase *ar = (ArenaBase *)arena;
     PyObject *stamps = NULL;
-    int fenced = self->naive || (al->extra != NULL && al->extra != Py_None) || ar->eager == Py_True;
+    int fenced = (al->extra != NULL && al->extra != Py_None) || ar->eager == Py_True;
     if (fenced) {
         /* Device work first (a per-thread stream records its event now), before anything changes:
          * if it fails or is interrupted, the allocation is still live and untouched. */
@@ -993,7 +990,7 @@ static PyObject *fp_free(FastPath *self, PyObject *const *args, Py_ssize_t nargs
         set_slot(&blk->state, arena);
         placed = push_to_bin(self->pool, ar, (PyObject *)blk, size) == 0;
     } else {
-        /* behind several streams (or none): the pending list, a locked step on the worker */
+        /* behind several streams: the pending list, a locked step on the worker */
         PyObject *pargs = PyTuple_Pack(3, (PyObject *)blk, arena, stamps);
         PyObject *r = pargs ? sw_run(self->worker, self->place_pending, pargs) : NULL;
         Py_XDECREF(pargs);

@@ -65,11 +65,6 @@ CHUNK_GRANULE = 2 << 20
 
 
 
-class ReusePolicy(Mode):
-    EVENT_DEFERRED = "event-deferred"
-    NAIVE = "naive"   # tests only: shows the race the default prevents
-
-
 class FastPath(Mode):
     AUTO = "auto"       # the C extension where built, else Python
     NATIVE = "native"
@@ -114,8 +109,10 @@ class StreamOrderedMemoryPool:
     each thread's per-thread default stream (normally the GPU's :class:`StreamPool` streams);
     more can be added with :meth:`register_stream`. ``limit_bytes``: the most the pool reserves
     from the device (``None``: ``limit_fraction`` of the device's free memory at creation).
-    ``reuse_policy="naive"`` hands freed blocks to any stream at once, ignoring stream order:
-    it exists only so that tests can show the race the default policy prevents.
+    ``arena_type``: the class of the per-stream free lists (:class:`StreamArena`, the event-
+    deferred one). It is the pool's extension point for tests: ``tests/naive_arena.py``'s arena
+    ignores stream order, so that tests can show the race the default prevents (the service takes
+    it from the ``testStreamArena`` setting). A pool of another arena type runs the Python path.
     """
 
     def __init__(
@@ -127,14 +124,17 @@ class StreamOrderedMemoryPool:
         limit_bytes: int | None = None,
         limit_fraction: float = 0.9,
         initial_bytes: int = 0,
-        reuse_policy: str = "event-deferred",
+        arena_type: type[StreamArena] = StreamArena,
         fast_path: str = "auto",
         growth: str = "auto",
         host_wait_timeout_s: float | None = DEFAULT_HOST_WAIT_TIMEOUT_S,
     ) -> None:
         growth = PoolGrowth.parse(growth, "growth")
         fast_path = FastPath.parse(fast_path, "fast_path")
-        reuse_policy = ReusePolicy.parse(reuse_policy, "reuse_policy")
+        if not (isinstance(arena_type, type) and issubclass(arena_type, StreamArena)):
+            raise InvalidArgument(f"arena_type must be a StreamArena class, got {arena_type!r}")
+        if arena_type is not StreamArena and fast_path == "native":
+            raise InvalidArgument(f"fast_path='native' runs only the default composition, not arena_type={arena_type!r}")
         if limit_bytes is not None:
             limit_bytes = index_int(limit_bytes, "limit_bytes")
             if not 0 < limit_bytes <= MAX_BYTES:
@@ -151,8 +151,7 @@ class StreamOrderedMemoryPool:
             raise InvalidArgument(f"host_wait_timeout_s: {exc}") from None
         self.backend = backend
         self.device = device
-        self.reuse_policy = reuse_policy
-        self._naive = reuse_policy == "naive"
+        self._arena_type = arena_type
         self._lock = threading.Lock()
         self._closed = False
         with self._on_device():
@@ -171,7 +170,7 @@ class StreamOrderedMemoryPool:
         self._arenas: dict[int, StreamArena] = {}   # by handle; per-thread arenas live in _local
         self._all_arenas: list[StreamArena] = []
         self._local = threading.local()
-        legacy = StreamArena(f"gpu{device}/legacy", LEGACY_STREAM, "legacy")
+        legacy = arena_type(f"gpu{device}/legacy", LEGACY_STREAM, "legacy")
         self._arenas[LEGACY_STREAM] = legacy
         self._arenas[0] = legacy
         self._all_arenas.append(legacy)
@@ -201,11 +200,11 @@ class StreamOrderedMemoryPool:
         self._fast_polls = 0
         # _steal queries streams outside the slow path's device scope: only where there is
         # one device, so that the current device cannot be another GPU's.
-        self._steal_ok = not self._naive and backend.device_count() == 1
+        self._steal_ok = backend.device_count() == 1
         self._deferred_waits: list = []   # the current slow path's waits for the caller's stream
         self._worker = None   # the SerialWorker of the C path (see _native_fast_path)
         self._serial = _inline
-        self._fast = self._native_fast_path(fast_path)
+        self._fast = self._native_fast_path(fast_path if arena_type is StreamArena else "python")
         if initial_bytes:
             with self._lock, self._on_device():
                 blk = self._grow(initial_bytes, small=False, exact=True)
@@ -237,7 +236,7 @@ class StreamOrderedMemoryPool:
             pool=self, worker=self._worker, arenas=self._arenas, live=self._live, owners=self._owners,
             alloc_type=Allocation,
             live_state=LIVE, alive=ALIVE, freed=FREED, max_request=self._max_request,
-            naive=self._naive, first_id=1, all_arenas=self._all_arenas,
+            first_id=1, all_arenas=self._all_arenas,
             stream_query=self.backend.stream_query if self._steal_ok else None,
             cu_stream_query=self.backend.native_stream_query() if self._steal_ok else 0,
         )
@@ -260,7 +259,7 @@ class StreamOrderedMemoryPool:
             raise InvalidArgument(f"stream handle {handle!r} cannot be added: 0, 1 and 2 are the default streams")
         if handle in self._arenas:
             raise InvalidArgument(f"stream {handle:#x} is already accepted by the pool of GPU {self.device}")
-        arena = StreamArena(f"gpu{self.device}/{kind}/{handle:#x}", handle, kind)
+        arena = self._arena_type(f"gpu{self.device}/{kind}/{handle:#x}", handle, kind)
         self._arenas[handle] = arena
         self._all_arenas.append(arena)
         return arena
@@ -318,7 +317,8 @@ class StreamOrderedMemoryPool:
             arena = getattr(self._local, "ptds", None)
             if arena is None:
                 name = threading.current_thread().name
-                arena = StreamArena(f"gpu{self.device}/per-thread/{name}", PER_THREAD_STREAM, "per-thread", eager=True)
+                arena = self._arena_type(f"gpu{self.device}/per-thread/{name}", PER_THREAD_STREAM, "per-thread",
+                                         eager=True)
                 with self._lock:
                     self._all_arenas.append(arena)
                 self._local.ptds = arena
@@ -677,7 +677,7 @@ class StreamOrderedMemoryPool:
             arena = self._arenas.get(stream)
             if arena is None:
                 arena = self._arena_of(stream, "free")
-        fenced = arena is not None and (a._extra is not None or arena.eager or self._naive)
+        fenced = arena is not None and (a._extra is not None or arena.eager)
         if fenced:
             # device work first (a per-thread stream records now), while nothing has changed
             if not self._is_live(a):
@@ -731,8 +731,6 @@ class StreamOrderedMemoryPool:
         """The stamps a free on ``arena`` must wait for: the freeing stream's and those of the
         streams given to ``record_stream``. A per-thread stream owned by the calling thread records
         its event now (device work only: nothing of the pool changes here)."""
-        if self._naive:
-            return {}
         users = [arena]
         if a._extra:
             users.extend(x for x in a._extra if x is not arena)
@@ -762,9 +760,6 @@ class StreamOrderedMemoryPool:
 
     def _place_pending(self, blk: Block, arena: StreamArena, stamps: dict[StreamArena, int]) -> None:
         with self._lock:
-            if self._naive:
-                self._to_safe(blk)
-                return
             blk.epoch = 0
             blk.extra = stamps
             blk.state = PENDING
@@ -835,7 +830,7 @@ class StreamOrderedMemoryPool:
             a._state = RELEASED
             blk = a._block
             size = blk.size   # before the block is visible to other threads (a taker may cut it)
-            if a._extra is not None or a._arena.eager or self._naive:
+            if a._extra is not None or a._arena.eager:
                 self._place_fenced(blk, a._arena, self._fence_stamps(a, a._arena))
             else:
                 blk.epoch = a._arena.epoch

@@ -500,10 +500,10 @@ public final class Harness {
 
     /** (d) the seven-step race from two Java threads, two tasks on two streams. Expects
      *  -Dspark.cudabridge.poolLimit=2m (B must reuse A's block) and, for the naive run,
-     *  -Dspark.cudabridge.testReusePolicy=naive. */
+     *  -Dspark.cudabridge.testStreamArena=naive_arena:NaiveArena (tests/ on -Dcudabridge.pythonPath). */
     static void race(String policy) throws Exception {
         CudaBridge b = CudaBridge.start();
-        // the pool's policy comes from -Dspark.cudabridge.testReusePolicy (fixed at start-up)
+        // the pool's stream arenas come from -Dspark.cudabridge.testStreamArena (fixed at start-up)
         result("policy", policy);
         final int nbytes = 2 << 20;
         final double delay = 0.15;
