@@ -141,7 +141,7 @@ def test_bad_inputs_are_refused_and_change_nothing(service):
     hot = JavaHotPath(service, fast_path="native")
     service.registry.bind(7)
     h, ptr = hot.allocate(7, 4096)
-    before = (dict(hot._live), hot.counters, service.memory_pool(0).statistics().in_use_bytes)
+    before = (dict(hot._live.items()), hot.counters, service.memory_pool(0).statistics().in_use_bytes)
     with pytest.raises(UnknownTask, match="not bound"):
         hot.allocate(8, 4096)
     with pytest.raises(InvalidArgument, match="task attempt id must be an int, got str"):
@@ -168,7 +168,7 @@ def test_bad_inputs_are_refused_and_change_nothing(service):
         hot.free_many(42)
     with pytest.raises(UnknownTask):
         hot.stream(8)
-    assert (dict(hot._live), hot.counters, service.memory_pool(0).statistics().in_use_bytes) == before
+    assert (dict(hot._live.items()), hot.counters, service.memory_pool(0).statistics().in_use_bytes) == before
     hot.free(h)
     with pytest.raises(InvalidFree, match="not live"):
         hot.free(h)                   # a second free of the same handle

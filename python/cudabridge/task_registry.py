@@ -8,6 +8,40 @@ Bindings are keyed by task attempt id, never by thread: Spark reuses task thread
 Release excludes every operation that queues GPU work for the task (see :class:`TaskLease`):
 once ``release`` has begun, no allocation, copy or kernel of the task is queued any more, and
 what the release reclaims is everything the task will ever have held.
+
+The lease protocol
+------------------
+The hot paths (this registry's own ``allocate``, the Java hot path ``jvm/hot_path.py`` and its C
+twin ``jvm/_hotcore.c``) admit their operations through one contract, which is the API between
+the registry and them; the C twin depends on it and on nothing else of this module:
+
+* :class:`TaskLeases` (``TaskRegistry.leases``), the table of bound tasks' leases:
+
+  - ``get(task_id)``: the :class:`TaskLease` of an *exact* ``int`` task id, or ``None``. It is the
+    table's own ``dict.get`` (no Python frame when C calls it); callers make the id exact first
+    (``True`` or ``1.0`` would find task 1), or leave other types to :meth:`TaskLeases.lease_of`
+    and :meth:`TaskLeases.enter`, which normalize them with :func:`task_id_of`.
+  - ``refusal(task_id, lease)``: the :class:`~cudabridge.errors.UnknownTask` to raise when a
+    lookup found no lease (``lease`` is None: "task N is not bound") or found one whose release
+    has begun ("task N is being released"). Both twins word their refusals through it.
+  - ``enter(task_id)`` / ``leave(lease)`` and ``lease_of(task_id)``: the steps below, in Python.
+
+* :class:`TaskLease`, whose three attributes are part of the API (the C twin reads them):
+  ``binding`` (the :class:`TaskBinding`, never changes), ``inside`` (a ``list`` of the thread
+  idents of the task's operations in progress; the same list object for the lease's life) and
+  ``open`` (True until the release begins, then False for good).
+
+Enter is: ``lease = get(task_id)``; None -> raise ``refusal(task_id, None)``; append this
+thread's ident to ``lease.inside``; then read ``lease.open``; False -> remove that ident again and
+raise ``refusal(task_id, lease)``; else the operation runs. Leave removes one occurrence of this
+thread's ident from ``lease.inside`` (on every way out of the operation). Release (under the
+registry's lock) removes the lease from the table, *then* sets ``open`` False, then (lock
+released) waits until ``inside`` is empty, and only then calls its listeners and reclaims the
+task's memory. Invariants: a lease in the table is open; a closed lease never opens again and is
+never put back (a re-bound task gets a new lease), so an operation that entered an old lease is
+refused even when its task id is bound again meanwhile; once a release's wait has returned, no
+operation of the task is in progress and none can start. Only the registry writes the table and
+``open``; the hot paths only append and remove their own idents.
 """
 
 from __future__ import annotations
@@ -16,7 +50,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Mapping
+from typing import TYPE_CHECKING, Callable, Iterator, Mapping
 
 from .errors import InvalidArgument, PoolClosed, UnknownTask, index_int
 
@@ -66,7 +100,7 @@ class TaskLease:
     """Admission of a bound task's operations; release closes it and waits until none is inside.
 
     Every operation that queues GPU work for the task (allocate, copies, memsets, kernels)
-    runs between :meth:`TaskRegistry.enter` and :meth:`TaskRegistry.leave`. Invariant: once
+    runs between :meth:`TaskLeases.enter` and :meth:`TaskLeases.leave`. Invariant: once
     ``open`` is False and ``inside`` is empty, no operation of the task is in progress and none
     can start, so nothing is queued for it and nothing more will be owned by it.
 
@@ -75,7 +109,8 @@ class TaskLease:
     atomic operation) and ``open`` is a plain flag. Enter appends, then reads ``open``; release
     clears ``open``, then waits for ``inside`` to be empty. In any interleaving either the
     entering thread sees the lease closed (and backs out) or the release sees it inside (and
-    waits for it). The C hot path (``jvm/_hotcore.c``) follows the same two steps.
+    waits for it). ``binding``, ``inside`` and ``open`` are the documented lease protocol (module
+    docstring), which the C hot path (``jvm/_hotcore.c``) follows step for step.
     """
 
     __slots__ = ("binding", "inside", "open")
@@ -84,6 +119,80 @@ class TaskLease:
         self.binding = binding
         self.inside: list[int] = []
         self.open = True
+
+
+class TaskLeases:
+    """Task attempt id -> :class:`TaskLease` of every bound task: the lease protocol's table
+    (module docstring). Readable by anyone (``get``, ``in``, ``[]``, iteration, ``len``);
+    written only by its :class:`TaskRegistry`, under the registry's lock."""
+
+    __slots__ = ("_by_id", "get")
+
+    def __init__(self) -> None:
+        self._by_id: dict[int, TaskLease] = {}
+        # The lookup of the protocol: the dict's own bound ``get`` (exact int ids only).
+        self.get = self._by_id.get
+
+    # reading -----------------------------------------------------------------------------------
+    def __contains__(self, task_id: object) -> bool:
+        return task_id in self._by_id
+
+    def __getitem__(self, task_id: int) -> TaskLease:
+        return self._by_id[task_id]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(list(self._by_id))
+
+    def __len__(self) -> int:
+        return len(self._by_id)
+
+    @staticmethod
+    def refusal(task_id: object, lease: TaskLease | None) -> UnknownTask:
+        """What a lookup of ``task_id`` that found ``lease`` (None: nothing) is refused with."""
+        if lease is None:
+            return UnknownTask(f"task {task_id!r} is not bound")
+        return UnknownTask(f"task {task_id!r} is being released")
+
+    def lease_of(self, task_id: object) -> TaskLease:
+        """The lease of a bound task (any ``operator.index`` id but bool), entered or not."""
+        lease = self.get(task_id) if task_id.__class__ is int else self.get(task_id_of(task_id))
+        if lease is None:
+            raise self.refusal(task_id, None)
+        return lease
+
+    def enter(self, task_id: object) -> TaskLease:
+        """Admit one operation of the task; pair with :meth:`leave`. Raises
+        :class:`UnknownTask` if the task is not bound or its release has begun."""
+        lease = self.get(task_id) if task_id.__class__ is int else self.get(task_id_of(task_id))
+        if lease is None:
+            raise self.refusal(task_id, None)
+        inside = lease.inside
+        me = threading.get_ident()
+        inside.append(me)
+        try:
+            if lease.open:
+                return lease
+        except BaseException:
+            inside.remove(me)
+            raise
+        inside.remove(me)
+        raise self.refusal(task_id, lease)
+
+    @staticmethod
+    def leave(lease: TaskLease) -> None:
+        lease.inside.remove(threading.get_ident())
+
+    # writing (the registry only, under its lock) -----------------------------------------------
+    def _add(self, lease: TaskLease) -> None:
+        self._by_id[lease.binding.task_id] = lease
+
+    def _close(self, task_id: int) -> TaskLease | None:
+        """Take the task's lease out of the table, then close it (the order readers rely on:
+        a lease in the table is open)."""
+        lease = self._by_id.pop(task_id, None)
+        if lease is not None:
+            lease.open = False
+        return lease
 
 
 class TaskRegistry:
@@ -95,9 +204,10 @@ class TaskRegistry:
         if not gpus:
             raise InvalidArgument("a task registry needs at least one GPU")
         self._gpus = dict(gpus)
-        # task attempt id -> its lease (binding and admission). Read without the lock by the hot
-        # paths (the C twin of the Java hot path included: ``leases``); written under the lock.
-        self._leases: dict[int, TaskLease] = {}
+        # task attempt id -> its lease (binding and admission): the lease protocol's table, read
+        # without the lock by the hot paths (the C twin of the Java hot path included); written
+        # here, under the lock.
+        self._leases = TaskLeases()
         self._releasing: set[int] = set()   # released, not yet reclaimed: not bindable again yet
         self._release_listeners: list[Callable[[TaskBinding], None]] = []
         self._stream_use: dict[int, int] = {}
@@ -114,8 +224,9 @@ class TaskRegistry:
         return res
 
     @property
-    def leases(self) -> Mapping[int, TaskLease]:
-        """Task attempt id -> lease; what the Java hot path's C twin reads (never writes)."""
+    def leases(self) -> TaskLeases:
+        """The lease protocol's table (module docstring): what the hot paths, the Java hot
+        path's C twin included, look leases up in and enter and leave them through."""
         return self._leases
 
     def on_release(self, listener: Callable[[TaskBinding], None]) -> None:
@@ -140,33 +251,20 @@ class TaskRegistry:
                 raise InvalidArgument(f"task {task_id} is still being released; bind it again once that returns")
             stream = res.streams.acquire(priority)
             binding = TaskBinding(task_id, res.ordinal, res.address, stream, priority)
-            self._leases[task_id] = TaskLease(binding)
+            self._leases._add(TaskLease(binding))
             self._stream_use[stream] = self._stream_use.get(stream, 0) + 1
             self.tasks_bound_total += 1
         return binding
 
-    def _lease_of(self, task_id: int) -> TaskLease:
-        lease = self._leases.get(task_id) if task_id.__class__ is int else self._leases.get(task_id_of(task_id))
-        if lease is None:
-            raise UnknownTask(f"task {task_id!r} is not bound")
-        return lease
-
     def binding(self, task_id: int) -> TaskBinding:
-        return self._lease_of(task_id).binding
+        return self._leases.lease_of(task_id).binding
 
     def enter(self, task_id: int) -> TaskLease:
         """Admit one operation of the task (see :class:`TaskLease`); pair with :meth:`leave`.
         Raises :class:`UnknownTask` if the task is not bound or its release has begun."""
-        lease = self._lease_of(task_id)
-        lease.inside.append(threading.get_ident())
-        if not lease.open:
-            lease.inside.remove(threading.get_ident())
-            raise UnknownTask(f"task {task_id!r} is being released")
-        return lease
+        return self._leases.enter(task_id)
 
-    @staticmethod
-    def leave(lease: TaskLease) -> None:
-        lease.inside.remove(threading.get_ident())
+    leave = staticmethod(TaskLeases.leave)   # pairs with enter
 
     def stream(self, task_id: int) -> int:
         return self.binding(task_id).stream
@@ -190,12 +288,12 @@ class TaskRegistry:
 
     def allocate(self, task_id: int, size: int) -> "Allocation":
         """Memory on the task's GPU, ordered on its stream, owned by the task."""
-        lease = self.enter(task_id)
+        lease = self._leases.enter(task_id)
         try:
             b = lease.binding
             return self._gpus[b.gpu].memory.allocate(size, b.stream, owner=b.task_id)
         finally:
-            lease.inside.remove(threading.get_ident())
+            TaskLeases.leave(lease)
 
     def release(self, task_id: int) -> ReleaseReport:
         """Release the task: refuse its new operations, wait for those in progress, then free
@@ -204,13 +302,12 @@ class TaskRegistry:
         with self._lock:
             lease = self._leases.get(task_id)
             if lease is None:
-                raise UnknownTask(f"task {task_id!r} is not bound")
+                raise self._leases.refusal(task_id, None)
             if threading.get_ident() in lease.inside:
                 raise InvalidArgument(f"task {task_id} cannot be released from inside one of its own "
                                       f"operations on this thread")
-            del self._leases[task_id]
+            self._leases._close(task_id)   # out of the table, then closed (the lease protocol)
             self._releasing.add(task_id)   # until reclaimed: its allocations carry this id as owner
-            lease.open = False
             b = lease.binding
             n = self._stream_use[b.stream] - 1
             if n:

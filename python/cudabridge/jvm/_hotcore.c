@@ -6,19 +6,30 @@
  * kept thread state. The crossing itself is cheap (an empty call is about 0.2 us); what cost a
  * Java allocate+free pair 2x the pool's own pair was the Python frames around the pool's C fast
  * path: a binding lookup, a handle table insert, counters, each a few bytecodes. Here each of
- * those is one C-API call on the same containers the Python side uses (the registry's leases,
- * the hot path's handle table), so Python and C can be mixed freely: forget_task, sweep and the
- * copies stay in Python and see exactly what this code wrote.
+ * those is one C-level call.
  *
- * Thread safety: every method runs with the GIL held and touches the shared containers only in
- * single C-API calls between which no Python code runs, except where it calls back into Python
- * (the pool's slow path, set_device, error messages), after which it re-reads what it needs.
- * allocate runs inside the task's lease exactly as TaskRegistry.enter / leave do
- * (task_registry.py, TaskLease): append this thread's ident to lease.inside, then read
- * lease.open; on the way out remove the ident. A release clears open, then waits for inside to
- * empty, so an allocation either completes before the release reclaims or is refused.
- * Arguments that are not exact ints (a bool, a float, an int subclass) go to the Python
- * reference, which normalizes or refuses them: a dict lookup would take True or 1.0 for 1.
+ * What this code is handed, and all it depends on (HotCore's constructor):
+ *   leases      the registry's TaskLeases: the lease protocol documented in task_registry.py.
+ *               Used: leases.get(task) -> TaskLease | None (exact int ids), leases.refusal(task,
+ *               lease | None) -> the UnknownTask to raise, and the lease's documented attributes
+ *               binding, inside (a list of thread idents) and open.
+ *   handles     the hot path's HandleTable (handles.py). Used: insert(handle, allocation),
+ *               pop(handle, default), get(handle), refusal(handle, call) -> InvalidFree,
+ *               refusal_many(handles) -> InvalidFree.
+ *   allocators, frees   per GPU ordinal: the pool's allocate(size, stream, owner) and free(a).
+ *   set_device  backend.set_device, or None with one GPU.
+ *   reference   {"stream", "allocate", "free", "free_many"} -> the Python reference methods,
+ *               called (with the arguments as given) for the forms this code does not take:
+ *               keywords, a wrong argument count, a task id that is not an exact int.
+ * Errors are worded by the refusal methods only, so both twins raise the same type and words.
+ *
+ * Thread safety: every method runs with the GIL held. Between the calls above no Python code
+ * runs here, but each call may run Python code (and let another thread run), so nothing read
+ * before a call is trusted after it except what the contracts guarantee (a lease's inside list
+ * is the same object for the lease's life; a closed lease never reopens).
+ * allocate runs inside the task's lease with the protocol's steps (TaskLeases.enter / leave):
+ * look the lease up, append this thread's ident to lease.inside, then read lease.open; closed:
+ * remove the ident and raise leases.refusal(task, lease); on every way out remove the ident.
  * Free-threaded builds are not supported (the loader falls back to Python there).
  */
 #define PY_SSIZE_T_CLEAN
@@ -30,27 +41,30 @@
 #define GPU_MASK (MAX_GPUS - 1)
 #define SMALL_BATCH 16          /* free_many checks duplicates pairwise up to this many */
 
-static PyObject *s_stream, *s_gpu, *s_id, *s_ptr, *s_binding, *s_inside, *s_open, *s_task_id;
+static PyObject *s_stream, *s_gpu, *s_id, *s_ptr, *s_binding, *s_inside, *s_open, *s_task_id, *s_get,
+    *s_refusal, *s_insert, *s_pop, *s_refusal_many, *s_free, *s_allocate, *s_free_many;
 
 typedef struct {
     PyObject_HEAD
-    PyObject *leases;                   /* the registry's task id -> TaskLease mapping (read only) */
-    PyObject *live;                     /* handle -> Allocation, shared with JavaHotPath */
+    PyObject *lease_get;                /* leases.get(task) -> TaskLease | None */
+    PyObject *lease_refusal;            /* leases.refusal(task, lease | None) -> UnknownTask */
+    PyObject *h_insert, *h_pop, *h_get; /* the handle table's operations */
+    PyObject *h_refusal;                /* handles.refusal(handle, call) -> InvalidFree */
+    PyObject *h_refusal_many;           /* handles.refusal_many(handles) -> InvalidFree */
     PyObject *allocators[MAX_GPUS];     /* per GPU ordinal: pool.allocate(size, stream, owner) */
     PyObject *frees[MAX_GPUS];          /* per GPU ordinal: pool.free(allocation) */
     PyObject *set_device;               /* backend.set_device, or NULL with one GPU */
-    PyObject *unknown_task;             /* registry.binding: raises UnknownTask with its message */
-    PyObject *not_live;                 /* JavaHotPath._refuse(handle, call): raises InvalidFree */
-    PyObject *refuse_many;              /* JavaHotPath._refuse_many(handles): raises InvalidFree */
-    PyObject *enter;                    /* registry.enter(task): the reference's admission, for its errors */
-    PyObject *py_allocate;              /* the Python reference allocate(task, size), for odd argument types */
+    PyObject *ref_stream, *ref_allocate, *ref_free, *ref_free_many;  /* the Python reference */
     long long allocations, frees_count, batched_frees, batches;
 } HotCore;
 
+#define HC_FIELDS(X) X(lease_get); X(lease_refusal); X(h_insert); X(h_pop); X(h_get); X(h_refusal); \
+    X(h_refusal_many); X(set_device); X(ref_stream); X(ref_allocate); X(ref_free); X(ref_free_many)
+
 static int hc_traverse(HotCore *self, visitproc visit, void *arg) {
-    Py_VISIT(self->leases); Py_VISIT(self->live); Py_VISIT(self->set_device);
-    Py_VISIT(self->enter); Py_VISIT(self->py_allocate);
-    Py_VISIT(self->unknown_task); Py_VISIT(self->not_live); Py_VISIT(self->refuse_many);
+#define V(f) Py_VISIT(self->f)
+    HC_FIELDS(V);
+#undef V
     for (int i = 0; i < MAX_GPUS; i++) {
         Py_VISIT(self->allocators[i]);
         Py_VISIT(self->frees[i]);
@@ -59,9 +73,9 @@ static int hc_traverse(HotCore *self, visitproc visit, void *arg) {
 }
 
 static int hc_clear(HotCore *self) {
-    Py_CLEAR(self->leases); Py_CLEAR(self->live); Py_CLEAR(self->set_device);
-    Py_CLEAR(self->enter); Py_CLEAR(self->py_allocate);
-    Py_CLEAR(self->unknown_task); Py_CLEAR(self->not_live); Py_CLEAR(self->refuse_many);
+#define C(f) Py_CLEAR(self->f)
+    HC_FIELDS(C);
+#undef C
     for (int i = 0; i < MAX_GPUS; i++) {
         Py_CLEAR(self->allocators[i]);
         Py_CLEAR(self->frees[i]);
@@ -97,23 +111,52 @@ static int fill_per_gpu(PyObject *map, PyObject **slots, const char *what) {
     return 0;
 }
 
-static int hc_init(HotCore *self, PyObject *args, PyObject *kwds) {
-    static char *kw[] = {"leases", "live", "allocators", "frees", "set_device", "unknown_task", "not_live",
-                         "refuse_many", "enter", "py_allocate", NULL};
-    PyObject *leases, *live, *allocators, *frees, *set_device, *unknown_task, *not_live, *refuse_many, *enter,
-        *py_allocate;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!O!OOOOOOOO:HotCore", kw, &PyDict_Type, &leases, &PyDict_Type,
-                                     &live, &allocators, &frees, &set_device, &unknown_task, &not_live,
-                                     &refuse_many, &enter, &py_allocate))
+/* *slot = a callable attribute `name` of `obj` (from a mapping when `obj` is a dict); -1 if not. */
+static int take_callable(PyObject *obj, PyObject *name, const char *what, PyObject **slot) {
+    PyObject *f;
+    if (PyDict_Check(obj)) {
+        f = PyDict_GetItemWithError(obj, name);
+        if (f == NULL) {
+            if (!PyErr_Occurred()) PyErr_Format(PyExc_TypeError, "HotCore: %s has no %R", what, name);
+            return -1;
+        }
+        Py_INCREF(f);
+    } else {
+        f = PyObject_GetAttr(obj, name);
+        if (f == NULL) return -1;
+    }
+    if (!PyCallable_Check(f)) {
+        PyErr_Format(PyExc_TypeError, "HotCore: %s.%U must be callable, got %R", what, name, f);
+        Py_DECREF(f);
         return -1;
-    if (!PyCallable_Check(unknown_task) || !PyCallable_Check(not_live) || !PyCallable_Check(refuse_many) ||
-        !PyCallable_Check(enter) || !PyCallable_Check(py_allocate) ||
-        (set_device != Py_None && !PyCallable_Check(set_device))) {
-        PyErr_SetString(PyExc_TypeError, "HotCore: unknown_task, not_live, refuse_many, enter, py_allocate and "
-                                         "set_device (or None) must be callable");
+    }
+    Py_XSETREF(*slot, f);
+    return 0;
+}
+
+static int hc_init(HotCore *self, PyObject *args, PyObject *kwds) {
+    static char *kw[] = {"leases", "handles", "allocators", "frees", "set_device", "reference", NULL};
+    PyObject *leases, *handles, *allocators, *frees, *set_device, *reference;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOO!:HotCore", kw, &leases, &handles, &allocators, &frees,
+                                     &set_device, &PyDict_Type, &reference))
+        return -1;
+    if (set_device != Py_None && !PyCallable_Check(set_device)) {
+        PyErr_SetString(PyExc_TypeError, "HotCore: set_device must be callable or None");
         return -1;
     }
     hc_clear(self);
+    if (take_callable(leases, s_get, "leases", &self->lease_get) < 0 ||
+        take_callable(leases, s_refusal, "leases", &self->lease_refusal) < 0 ||
+        take_callable(handles, s_insert, "handles", &self->h_insert) < 0 ||
+        take_callable(handles, s_pop, "handles", &self->h_pop) < 0 ||
+        take_callable(handles, s_get, "handles", &self->h_get) < 0 ||
+        take_callable(handles, s_refusal, "handles", &self->h_refusal) < 0 ||
+        take_callable(handles, s_refusal_many, "handles", &self->h_refusal_many) < 0 ||
+        take_callable(reference, s_stream, "reference", &self->ref_stream) < 0 ||
+        take_callable(reference, s_allocate, "reference", &self->ref_allocate) < 0 ||
+        take_callable(reference, s_free, "reference", &self->ref_free) < 0 ||
+        take_callable(reference, s_free_many, "reference", &self->ref_free_many) < 0)
+        return -1;
     if (fill_per_gpu(allocators, self->allocators, "allocators") < 0 || fill_per_gpu(frees, self->frees, "frees") < 0)
         return -1;
     for (int i = 0; i < MAX_GPUS; i++) {
@@ -122,81 +165,82 @@ static int hc_init(HotCore *self, PyObject *args, PyObject *kwds) {
             return -1;
         }
     }
-    Py_INCREF(leases); self->leases = leases;
-    Py_INCREF(enter); self->enter = enter;
-    Py_INCREF(py_allocate); self->py_allocate = py_allocate;
-    Py_INCREF(live); self->live = live;
     if (set_device != Py_None) { Py_INCREF(set_device); self->set_device = set_device; }
-    Py_INCREF(unknown_task); self->unknown_task = unknown_task;
-    Py_INCREF(not_live); self->not_live = not_live;
-    Py_INCREF(refuse_many); self->refuse_many = refuse_many;
     return 0;
 }
 
-/* Raises what Python would: registry.binding(task) raises UnknownTask. NULL always. */
-static PyObject *raise_unknown_task(HotCore *self, PyObject *task) {
-    PyObject *r = PyObject_CallOneArg(self->unknown_task, task);
-    if (r != NULL) {   /* bound again in between (a callback let another thread run): still refuse */
-        Py_DECREF(r);
-        PyErr_Format(PyExc_RuntimeError, "task %R was released during the call", task);
-    }
+/* Raises `exc`, a new reference to the exception instance a refusal method returned. NULL always. */
+static PyObject *raise_exc(PyObject *exc) {
+    if (exc == NULL) return NULL;
+    if (PyExceptionInstance_Check(exc))
+        PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
+    else
+        PyErr_Format(PyExc_TypeError, "cudabridge hot core: a refusal returned %R, not an exception", exc);
+    Py_DECREF(exc);
     return NULL;
 }
 
-static PyObject *raise_not_live(HotCore *self, PyObject *handle, const char *call) {
+/* raise leases.refusal(task, lease): lease is a TaskLease or Py_None. NULL always. */
+static PyObject *refuse_task(HotCore *self, PyObject *task, PyObject *lease) {
+    PyObject *a[2] = {task, lease};
+    return raise_exc(PyObject_Vectorcall(self->lease_refusal, a, 2, NULL));
+}
+
+/* raise handles.refusal(handle, call). NULL always. */
+static PyObject *refuse_handle(HotCore *self, PyObject *handle, const char *call) {
     PyObject *c = PyUnicode_FromString(call);
     if (c == NULL) return NULL;
-    PyObject *args[2] = {handle, c};
-    PyObject *r = PyObject_Vectorcall(self->not_live, args, 2, NULL);
+    PyObject *a[2] = {handle, c};
+    PyObject *exc = PyObject_Vectorcall(self->h_refusal, a, 2, NULL);
     Py_DECREF(c);
-    if (r != NULL) {
-        Py_DECREF(r);
-        PyErr_SetString(PyExc_RuntimeError, "not_live did not raise");
-    }
-    return NULL;
+    return raise_exc(exc);
 }
 
-/* (stream, gpu) of a binding as new references and the ordinal; -1 with an error. */
-static int binding_fields(PyObject *b, PyObject **stream, long *gpu) {
-    PyObject *g = PyObject_GetAttr(b, s_gpu);
-    if (g == NULL) return -1;
-    *gpu = PyLong_AsLong(g);
-    Py_DECREF(g);
-    if (*gpu == -1 && PyErr_Occurred()) return -1;
-    if (*gpu < 0 || *gpu >= MAX_GPUS) {
-        PyErr_Format(PyExc_ValueError, "binding's GPU ordinal %ld is outside [0, %d)", *gpu, MAX_GPUS);
-        return -1;
+/* leases.get(task) for an exact int task: a new reference to its lease, or NULL with
+ * leases.refusal(task, None) raised (or the lookup's own error). */
+static PyObject *lookup_lease(HotCore *self, PyObject *task) {
+    PyObject *lease = PyObject_CallOneArg(self->lease_get, task);
+    if (lease == Py_None) {
+        Py_DECREF(lease);
+        return refuse_task(self, task, Py_None);
     }
-    *stream = PyObject_GetAttr(b, s_stream);
-    return *stream == NULL ? -1 : 0;
-}
-
-/* The lease of an exact-int task (borrowed), or NULL with UnknownTask raised as Python words it. */
-static PyObject *lease_of(HotCore *self, PyObject *task) {
-    PyObject *lease = PyDict_GetItemWithError(self->leases, task); /* borrowed */
-    if (lease == NULL && !PyErr_Occurred()) raise_unknown_task(self, task);
     return lease;
 }
 
-static PyObject *hc_stream(HotCore *self, PyObject *task) {
-    PyObject *b;
-    if (PyLong_CheckExact(task)) {
-        PyObject *lease = lease_of(self, task);
-        if (lease == NULL) return NULL;
-        b = PyObject_GetAttr(lease, s_binding);
-    } else {
-        b = PyObject_CallOneArg(self->unknown_task, task); /* registry.binding: normalizes or refuses */
+static PyObject *gpu_key_error(long gpu) {
+    PyObject *g = PyLong_FromLong(gpu);
+    if (g != NULL) {
+        PyErr_SetObject(PyExc_KeyError, g);
+        Py_DECREF(g);
     }
-    if (b == NULL) return NULL;
-    PyObject *stream;
-    long gpu;
-    int rc = binding_fields(b, &stream, &gpu);
-    Py_DECREF(b);
-    if (rc < 0) return NULL;
-    return Py_BuildValue("(Nl)", stream, gpu);
+    return NULL;
 }
 
-/* Remove one occurrence of this thread's ident from lease.inside (TaskRegistry.leave). */
+/* stream(task) -> (stream, GPU ordinal) */
+static PyObject *hc_stream(HotCore *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (kwnames != NULL || nargs != 1 || !PyLong_CheckExact(args[0]))
+        return PyObject_Vectorcall(self->ref_stream, args, nargs, kwnames);
+    PyObject *lease = lookup_lease(self, args[0]);
+    if (lease == NULL) return NULL;
+    PyObject *b = PyObject_GetAttr(lease, s_binding);
+    Py_DECREF(lease);
+    if (b == NULL) return NULL;
+    PyObject *stream = PyObject_GetAttr(b, s_stream);
+    PyObject *gpu = stream ? PyObject_GetAttr(b, s_gpu) : NULL;
+    Py_DECREF(b);
+    if (gpu == NULL) {
+        Py_XDECREF(stream);
+        return NULL;
+    }
+    PyObject *out = PyTuple_Pack(2, stream, gpu);
+    Py_DECREF(stream);
+    Py_DECREF(gpu);
+    return out;
+}
+
+/* Remove one occurrence of this thread's ident from lease.inside (TaskLeases.leave). Keeps
+ * any error already raised. */
 static void leave_lease(PyObject *inside, unsigned long ident) {
     PyObject *et, *ev, *etb;
     PyErr_Fetch(&et, &ev, &etb);
@@ -206,25 +250,24 @@ static void leave_lease(PyObject *inside, unsigned long ident) {
             if (PyList_SetSlice(inside, i, i + 1, NULL) < 0) PyErr_Clear();
             break;
         }
+        if (PyErr_Occurred()) PyErr_Clear();
     }
-    if (PyErr_Occurred()) PyErr_Clear();
     PyErr_Restore(et, ev, etb);
 }
 
 /* allocate(task, size) -> (handle, device pointer) */
-static PyObject *hc_allocate(HotCore *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 2) {
-        PyErr_Format(PyExc_TypeError, "allocate(task, size) takes 2 arguments, got %zd", nargs);
-        return NULL;
-    }
+static PyObject *hc_allocate(HotCore *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (kwnames != NULL || nargs != 2 || !PyLong_CheckExact(args[0]))
+        return PyObject_Vectorcall(self->ref_allocate, args, nargs, kwnames);
     PyObject *task = args[0], *size = args[1];
-    if (!PyLong_CheckExact(task)) return PyObject_Vectorcall(self->py_allocate, args, 2, NULL);
-    PyObject *lease = lease_of(self, task);
+    /* enter: look up, append this thread's ident to inside, then read open */
+    PyObject *lease = lookup_lease(self, task);
     if (lease == NULL) return NULL;
-    Py_INCREF(lease);
     PyObject *inside = PyObject_GetAttr(lease, s_inside);
     if (inside == NULL || !PyList_CheckExact(inside)) {
-        if (inside != NULL) PyErr_SetString(PyExc_SystemError, "cudabridge hot core: lease.inside is not a list");
+        if (inside != NULL)
+            PyErr_Format(PyExc_TypeError, "the lease protocol: lease.inside must be a list, got %R", inside);
         Py_XDECREF(inside);
         Py_DECREF(lease);
         return NULL;
@@ -238,119 +281,147 @@ static PyObject *hc_allocate(HotCore *self, PyObject *const *args, Py_ssize_t na
         return NULL;
     }
     Py_DECREF(me);
-    PyObject *b = NULL, *stream = NULL, *owner = NULL, *a = NULL, *id = NULL, *ptr = NULL, *handle = NULL,
-             *out = NULL;
+    PyObject *b = NULL, *gpu_obj = NULL, *stream = NULL, *owner = NULL, *a = NULL, *id = NULL, *ptr = NULL,
+             *handle = NULL, *out = NULL;
     long gpu = -1;
     PyObject *open = PyObject_GetAttr(lease, s_open);
     int is_open = open ? PyObject_IsTrue(open) : -1;
     Py_XDECREF(open);
     if (is_open < 0) goto done;
-    if (!is_open) {
-        /* The release has begun: refuse with the reference's words (its enter raises). */
+    if (!is_open) {   /* the release has begun (the task may be bound again since: a new lease) */
         leave_lease(inside, ident);
-        PyObject *r = PyObject_CallOneArg(self->enter, task);
-        if (r != NULL) { /* cannot happen: a closed lease never reopens */
-            Py_DECREF(r);
-            PyErr_Format(PyExc_RuntimeError, "task %R was released during the call", task);
-        }
+        refuse_task(self, task, lease);
         goto out_left;
     }
+    /* the operation, inside the lease */
     b = PyObject_GetAttr(lease, s_binding);
-    if (b == NULL || binding_fields(b, &stream, &gpu) < 0) goto done;
-    owner = PyObject_GetAttr(b, s_task_id);
-    if (owner == NULL) goto done;
-    if (self->allocators[gpu] == NULL) {
-        PyErr_Format(PyExc_ValueError, "task %R is bound to GPU %ld, which this hot path has no pool for", task, gpu);
-        goto done;
-    }
+    if (b == NULL) goto done;
+    gpu_obj = PyObject_GetAttr(b, s_gpu);
+    if (gpu_obj == NULL) goto done;
     if (self->set_device != NULL) {
-        PyObject *o = PyLong_FromLong(gpu);
-        PyObject *r = o ? PyObject_CallOneArg(self->set_device, o) : NULL;
-        Py_XDECREF(o);
+        PyObject *r = PyObject_CallOneArg(self->set_device, gpu_obj);
         if (r == NULL) goto done;
         Py_DECREF(r);
     }
+    gpu = PyLong_Check(gpu_obj) ? PyLong_AsLong(gpu_obj) : -1;
+    if (gpu == -1 && PyErr_Occurred()) PyErr_Clear();
+    if (gpu < 0 || gpu >= MAX_GPUS || self->allocators[gpu] == NULL) {   /* as allocators[b.gpu] does */
+        PyErr_SetObject(PyExc_KeyError, gpu_obj);
+        goto done;
+    }
+    stream = PyObject_GetAttr(b, s_stream);
+    owner = stream ? PyObject_GetAttr(b, s_task_id) : NULL;
+    if (owner == NULL) goto done;
     PyObject *call[3] = {size, stream, owner};
     a = PyObject_Vectorcall(self->allocators[gpu], call, 3, NULL);
     if (a == NULL) goto done;
     id = PyObject_GetAttr(a, s_id);
-    ptr = id ? PyObject_GetAttr(a, s_ptr) : NULL;
-    if (ptr == NULL) goto fail_free;
-    long long idv = PyLong_AsLongLong(id);
-    if (idv == -1 && PyErr_Occurred()) goto fail_free;
-    if (idv < 0 || idv > (LLONG_MAX >> GPU_BITS)) {
-        PyErr_Format(PyExc_OverflowError, "allocation id %lld does not fit a bridge handle", idv);
-        goto fail_free;
+    if (id == NULL) goto done;
+    long long idv = PyLong_CheckExact(id) ? PyLong_AsLongLong(id) : -1;
+    if (idv == -1 && PyErr_Occurred()) PyErr_Clear();
+    if (idv >= 0 && idv <= (LLONG_MAX >> GPU_BITS)) {
+        handle = PyLong_FromLongLong(idv << GPU_BITS | gpu);
+    } else {   /* Python's int arithmetic, as the reference computes it */
+        PyObject *bits = PyLong_FromLong(GPU_BITS);
+        PyObject *shifted = bits ? PyNumber_Lshift(id, bits) : NULL;
+        handle = shifted ? PyNumber_Or(shifted, gpu_obj) : NULL;
+        Py_XDECREF(bits);
+        Py_XDECREF(shifted);
     }
-    handle = PyLong_FromLongLong(idv << GPU_BITS | gpu);
-    if (handle == NULL || PyDict_SetItem(self->live, handle, a) < 0) goto fail_free;
-    out = PyTuple_Pack(2, handle, ptr);
-    if (out == NULL) {
-        /* Nothing reaches the caller: undo the handle and the allocation. */
-        PyObject *et, *ev, *etb;
-        PyErr_Fetch(&et, &ev, &etb);
-        if (PyDict_DelItem(self->live, handle) < 0) PyErr_Clear();
-        PyErr_Restore(et, ev, etb);
-        goto fail_free;
-    }
-    self->allocations++;
-    goto done;
-
-fail_free: {
-        /* The pool lent memory that cannot be handed out: return it, keep the first error. */
-        PyObject *et, *ev, *etb;
-        PyErr_Fetch(&et, &ev, &etb);
-        PyObject *r = PyObject_CallOneArg(self->frees[gpu], a);
-        if (r == NULL) PyErr_Clear();
-        Py_XDECREF(r);
-        PyErr_Restore(et, ev, etb);
-    }
+    if (handle == NULL) goto done;
+    PyObject *ins[2] = {handle, a};
+    PyObject *r = PyObject_Vectorcall(self->h_insert, ins, 2, NULL);
+    if (r == NULL) goto done;
+    Py_DECREF(r);
+    ptr = PyObject_GetAttr(a, s_ptr);
 done:
     leave_lease(inside, ident);
+    if (ptr != NULL) {   /* counted once out of the lease, as the reference counts */
+        self->allocations++;
+        out = PyTuple_Pack(2, handle, ptr);
+    }
 out_left:
     Py_XDECREF(handle); Py_XDECREF(id); Py_XDECREF(ptr); Py_XDECREF(a); Py_XDECREF(owner); Py_XDECREF(stream);
-    Py_XDECREF(b); Py_DECREF(inside); Py_DECREF(lease);
+    Py_XDECREF(gpu_obj); Py_XDECREF(b); Py_DECREF(inside); Py_DECREF(lease);
     return out;
 }
 
-/* free(handle) */
-static PyObject *hc_free(HotCore *self, PyObject *handle) {
-    if (!PyLong_CheckExact(handle)) return raise_not_live(self, handle, "free"); /* 1.0 would find 1 */
-    PyObject *a = PyDict_GetItemWithError(self->live, handle);
-    if (a == NULL) return PyErr_Occurred() ? NULL : raise_not_live(self, handle, "free");
-    long long h = PyLong_AsLongLong(handle); /* a key of live: an int */
-    if (h == -1 && PyErr_Occurred()) return NULL;
-    Py_INCREF(a);
-    if (PyDict_DelItem(self->live, handle) < 0) {
+/* handles.pop(handle, None), then the pool's free of what it held; the caller has checked that
+ * handle is an exact int. 1 freed, 0 not in the table (nothing raised), -1 error. */
+static int pop_and_free(HotCore *self, PyObject *handle) {
+    PyObject *pa[2] = {handle, Py_None};
+    PyObject *a = PyObject_Vectorcall(self->h_pop, pa, 2, NULL);
+    if (a == NULL) return -1;
+    if (a == Py_None) {
         Py_DECREF(a);
-        return NULL;
+        return 0;
     }
-    PyObject *r = PyObject_CallOneArg(self->frees[h & GPU_MASK], a);
+    long gpu = (long)(PyLong_AsUnsignedLongLongMask(handle) & GPU_MASK);  /* hid & GPU_MASK */
+    if (self->frees[gpu] == NULL) {
+        Py_DECREF(a);
+        gpu_key_error(gpu);
+        return -1;
+    }
+    PyObject *r = PyObject_CallOneArg(self->frees[gpu], a);
     Py_DECREF(a);
-    if (r == NULL) return NULL;
+    if (r == NULL) return -1;
     Py_DECREF(r);
+    return 1;
+}
+
+/* free(handle) */
+static PyObject *hc_free(HotCore *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (kwnames != NULL || nargs != 1) return PyObject_Vectorcall(self->ref_free, args, nargs, kwnames);
+    PyObject *handle = args[0];
+    if (!PyLong_CheckExact(handle)) return refuse_handle(self, handle, "free"); /* 1.0 would find 1 */
+    int rc = pop_and_free(self, handle);
+    if (rc <= 0) return rc < 0 ? NULL : refuse_handle(self, handle, "free");
     self->frees_count++;
     Py_RETURN_NONE;
 }
 
-/* free_many(handles) -> count. All are checked first: one bad handle (not live, or twice)
- * frees nothing; the error is worded by Python (refuse_many), as the reference words it. */
-static PyObject *hc_free_many(HotCore *self, PyObject *handles) {
-    PyObject *seq = PySequence_Fast(handles, "free_many: handles must be a sequence");
-    if (seq == NULL) return NULL;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-    PyObject **items = PySequence_Fast_ITEMS(seq);
+/* free_many(handles) -> count. All are checked first: one bad handle (not an exact int, not
+ * live, or twice) frees nothing and raises handles.refusal_many(handles). */
+static PyObject *hc_free_many(HotCore *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (kwnames != NULL || nargs != 1) return PyObject_Vectorcall(self->ref_free_many, args, nargs, kwnames);
+    PyObject *seq, *handles = args[0];
+    if (PyList_CheckExact(handles) || PyTuple_CheckExact(handles)) {
+        Py_INCREF(handles);
+        seq = handles;
+    } else {
+        PyObject *it = PyObject_GetIter(handles);
+        if (it == NULL) {
+            if (PyErr_ExceptionMatches(PyExc_TypeError))
+                PyErr_SetString(PyExc_TypeError, "free_many: handles must be an iterable of ints");
+            return NULL;
+        }
+        seq = PySequence_List(it);
+        Py_DECREF(it);
+        if (seq == NULL) return NULL;
+    }
     PyObject *result = NULL;
     int ok = 1;
-    for (Py_ssize_t i = 0; i < n && ok; i++) {
-        if (!PyLong_CheckExact(items[i])) { ok = 0; break; }  /* refuse_many says why */
-        int has = PyDict_Contains(self->live, items[i]);
-        if (has < 0) goto out;
-        ok = has;
+    /* sizes and items are re-read at each step: a call may have run Python code */
+    for (Py_ssize_t i = 0; ok && i < PySequence_Fast_GET_SIZE(seq); i++) {
+        PyObject *h = PySequence_Fast_GET_ITEM(seq, i);
+        if (!PyLong_CheckExact(h)) {
+            ok = 0;
+            break;
+        }
+        Py_INCREF(h);
+        PyObject *a = PyObject_CallOneArg(self->h_get, h);
+        Py_DECREF(h);
+        if (a == NULL) goto out;
+        ok = a != Py_None;
+        Py_DECREF(a);
     }
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
     if (ok && n > 1) {
-        /* Distinct: every item is a key of live (so an int, or equal to one): compare values. */
+        /* Distinct: every item is an exact int (compared without running Python code). */
         if (n <= SMALL_BATCH) {
+            PyObject **items = PySequence_Fast_ITEMS(seq);
             for (Py_ssize_t i = 1; i < n && ok; i++)
                 for (Py_ssize_t j = 0; j < i && ok; j++) {
                     int eq = PyObject_RichCompareBool(items[i], items[j], Py_EQ);
@@ -365,33 +436,19 @@ static PyObject *hc_free_many(HotCore *self, PyObject *handles) {
         }
     }
     if (!ok) {
-        PyObject *r = PyObject_CallOneArg(self->refuse_many, seq);
-        if (r != NULL) {
-            Py_DECREF(r);
-            PyErr_SetString(PyExc_RuntimeError, "free_many: refuse_many did not raise");
-        }
+        raise_exc(PyObject_CallOneArg(self->h_refusal_many, seq));
         goto out;
     }
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *a = PyDict_GetItemWithError(self->live, items[i]);
-        if (a == NULL) {
-            /* Only Python code run by an earlier free (the pool's slow path) can have removed it. */
-            if (!PyErr_Occurred()) raise_not_live(self, items[i], "free");
-            goto out;
-        }
-        long long h = PyLong_AsLongLong(items[i]);
-        if (h == -1 && PyErr_Occurred()) goto out;
-        Py_INCREF(a);
-        if (PyDict_DelItem(self->live, items[i]) < 0) {
-            Py_DECREF(a);
-            goto out;
-        }
-        PyObject *r = PyObject_CallOneArg(self->frees[h & GPU_MASK], a);
-        Py_DECREF(a);
-        if (r == NULL) goto out;
-        Py_DECREF(r);
-        self->batched_frees++;
+    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(seq); i++) {
+        PyObject *h = PySequence_Fast_GET_ITEM(seq, i);
+        Py_INCREF(h);
+        int rc = pop_and_free(self, h);
+        if (rc == 0) refuse_handle(self, h, "free");  /* freed by another thread meanwhile */
+        Py_DECREF(h);
+        if (rc <= 0) goto out;
     }
+    n = PySequence_Fast_GET_SIZE(seq);
+    self->batched_frees += n;
     self->batches++;
     result = PyLong_FromSsize_t(n);
 out:
@@ -404,12 +461,12 @@ static PyObject *hc_counts(HotCore *self, PyObject *unused) {
                          "batched_frees", self->batched_frees, "batches", self->batches);
 }
 
+#define FASTCALL_KW(f) (PyCFunction)(void (*)(void))(f), METH_FASTCALL | METH_KEYWORDS
 static PyMethodDef hc_methods[] = {
-    {"allocate", (PyCFunction)(void (*)(void))hc_allocate, METH_FASTCALL,
-     "allocate(task, size) -> (handle, device pointer), as JavaHotPath.allocate."},
-    {"free", (PyCFunction)hc_free, METH_O, "free(handle), as JavaHotPath.free."},
-    {"free_many", (PyCFunction)hc_free_many, METH_O, "free_many(handles) -> count, as JavaHotPath.free_many."},
-    {"stream", (PyCFunction)hc_stream, METH_O, "stream(task) -> (stream, GPU ordinal)."},
+    {"allocate", FASTCALL_KW(hc_allocate), "allocate(task, size) -> (handle, device pointer), as JavaHotPath.allocate."},
+    {"free", FASTCALL_KW(hc_free), "free(hid), as JavaHotPath.free."},
+    {"free_many", FASTCALL_KW(hc_free_many), "free_many(hids) -> count, as JavaHotPath.free_many."},
+    {"stream", FASTCALL_KW(hc_stream), "stream(task) -> (stream, GPU ordinal), as JavaHotPath.stream."},
     {"counts", (PyCFunction)hc_counts, METH_NOARGS, "the calls counted here, by kind."},
     {NULL, NULL, 0, NULL},
 };
@@ -437,6 +494,9 @@ PyMODINIT_FUNC PyInit__hotcore(void) {
 #define INTERN(var, text) if (((var) = PyUnicode_InternFromString(text)) == NULL) return NULL
     INTERN(s_stream, "stream"); INTERN(s_gpu, "gpu"); INTERN(s_id, "id"); INTERN(s_ptr, "ptr");
     INTERN(s_binding, "binding"); INTERN(s_inside, "inside"); INTERN(s_open, "open"); INTERN(s_task_id, "task_id");
+    INTERN(s_get, "get"); INTERN(s_refusal, "refusal"); INTERN(s_insert, "insert"); INTERN(s_pop, "pop");
+    INTERN(s_refusal_many, "refusal_many"); INTERN(s_free, "free"); INTERN(s_allocate, "allocate");
+    INTERN(s_free_many, "free_many");
 #undef INTERN
     if (PyType_Ready(&HotCoreType) < 0) return NULL;
     PyObject *m = PyModule_Create(&hotcore_module);

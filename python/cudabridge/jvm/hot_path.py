@@ -8,10 +8,10 @@ the Python body is most of the per-call cost.
 
 Java never sees an :class:`~cudabridge.memory.Allocation`; it holds a *handle*: the pool's
 allocation id (never reused within a pool) shifted left by 6 bits, or'ed with the GPU ordinal.
-Every method that takes a handle looks it up in ``_live`` first, so a stale handle (double free,
-a buffer whose task was released, a race between two Java threads on one buffer) is refused by
-Python even if the Java side's own checks were bypassed; it can never reach a block that has
-since gone to another owner.
+Every method that takes a handle looks it up in the hot path's :class:`~.handles.HandleTable`
+first, so a stale handle (double free, a buffer whose task was released, a race between two Java
+threads on one buffer) is refused by Python even if the Java side's own checks were bypassed; it
+can never reach a block that has since gone to another owner.
 
 Host buffers arrive as ``memoryview`` objects over native memory the C side owns (a per-thread
 staging buffer for Java heap arrays, the memory of a direct ``ByteBuffer``), plus, for direct
@@ -21,7 +21,13 @@ recognised (copies to and from them are truly asynchronous).
 ``stream``, ``allocate``, ``free`` and ``free_many`` have a C twin (``_hotcore.c``, built with the
 pool's C fast path) that the constructor installs on the instance when it is built, as the pool
 does with its own: the methods below are the reference it follows and the fallback
-(``fast_path="python"``, or ``CUDABRIDGE_NATIVE_FAST_PATH=0``).
+(``fast_path="python"``, or ``CUDABRIDGE_NATIVE_FAST_PATH=0``). The twin is handed, explicitly,
+only what these methods use: the registry's lease table (the lease protocol documented in
+``task_registry.py``), the hot path's handle table (``handles.py``), the pools' allocate and free
+per GPU, ``set_device``, and these reference methods themselves, which it calls for the argument
+forms it does not take (not exact ints, keywords, a wrong count). Both twins take the same steps
+through those APIs, so they give the same results and the same errors (type and words) for the
+same inputs and interleavings (``tests/test_hot_core_differential.py``).
 """
 
 from __future__ import annotations
@@ -33,10 +39,12 @@ import threading
 from threading import get_ident
 from typing import TYPE_CHECKING, Any, Iterable
 
-from ..errors import InvalidArgument, InvalidFree, UnknownTask
+from ..errors import InvalidArgument, UnknownTask
 from ..memory import FastPath
 from ..memory.native import load as load_native
 from ..memory.native import supported as native_supported
+from ..task_registry import TaskLeases
+from .handles import GPU_BITS, GPU_MASK, MAX_GPUS, HandleTable
 
 if TYPE_CHECKING:
     from ..memory import Allocation
@@ -45,9 +53,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-GPU_BITS = 6                      # handle = allocation id << 6 | GPU ordinal
-MAX_GPUS = 1 << GPU_BITS
-GPU_MASK = MAX_GPUS - 1
+__all__ = ["JavaHotPath", "GPU_BITS", "GPU_MASK", "MAX_GPUS"]
+
+# The reference methods the C twin replaces (and calls for the argument forms it does not take).
+TWINNED = ("stream", "allocate", "free", "free_many")
 
 
 class JavaHotPath:
@@ -64,7 +73,11 @@ class JavaHotPath:
         self._service = service
         self._registry = service.registry
         self._binding = service.registry.binding
-        self._enter = service.registry.enter
+        # the lease protocol (task_registry.py): the same table and steps as the C twin; leaving
+        # is its one step ``lease.inside.remove(get_ident())`` (TaskLeases.leave), written inline
+        self._leases: TaskLeases = service.registry.leases
+        self._lease_of = self._leases.lease_of
+        self._enter = self._leases.enter
         self._backend = service.backend
         # per GPU ordinal: the memory pool's allocate (bound once; the pool is fixed for the service's life)
         self._allocators = {o: res.memory.allocate for o, res in service.gpus.items()}
@@ -73,7 +86,7 @@ class JavaHotPath:
         self._frees = {o: res.memory.free for o, res in service.gpus.items()}
         self._multi_gpu = len(service.gpus) > 1
         self._set_device = service.backend.set_device
-        self._live: dict[int, "Allocation"] = {}
+        self._live = HandleTable()   # handle -> Allocation: handed to the C twin
         self._pinned: dict[int, Any] = {}          # base address -> pinned host buffer
         self._pinned_bases: list[int] = []          # sorted, for direct buffers that are slices
         self._pinned_lock = threading.Lock()
@@ -98,14 +111,11 @@ class JavaHotPath:
                                       + (why or "not built (python -m cudabridge.memory.build_fastpath)"))
             return None
         core = module.HotCore(
-            leases=self._registry.leases, live=self._live, allocators=self._allocators,
-            frees=self._frees, set_device=self._set_device if self._multi_gpu else None,
-            unknown_task=self._binding, not_live=self._refuse, refuse_many=self._refuse_many,
-            enter=self._enter, py_allocate=JavaHotPath.allocate.__get__(self))
-        self.stream = core.stream  # type: ignore[method-assign]
-        self.allocate = core.allocate  # type: ignore[method-assign]
-        self.free = core.free  # type: ignore[method-assign]
-        self.free_many = core.free_many  # type: ignore[method-assign]
+            leases=self._leases, handles=self._live, allocators=self._allocators, frees=self._frees,
+            set_device=self._set_device if self._multi_gpu else None,
+            reference={name: getattr(JavaHotPath, name).__get__(self) for name in TWINNED})
+        for name in TWINNED:
+            setattr(self, name, getattr(core, name))
         return core
 
     @property
@@ -125,7 +135,7 @@ class JavaHotPath:
     # streams ---------------------------------------------------------------------------------
     def stream(self, task: int) -> tuple[int, int]:
         """(stream, GPU ordinal) of a bound task; Java caches it per task attempt id."""
-        b = self._binding(task)
+        b = self._lease_of(task).binding
         return b.stream, b.gpu
 
     def synchronize(self, task: int) -> None:
@@ -138,8 +148,9 @@ class JavaHotPath:
     # memory ----------------------------------------------------------------------------------
     def allocate(self, task: int, size: int) -> tuple[int, int]:
         """``size`` bytes for ``task`` on its stream: (handle, device pointer). Runs inside the
-        task's lease (TaskLease): a release that has begun refuses it with UnknownTask, and a
-        release waits for it, so the allocation is reclaimed with the task if Java loses it."""
+        task's lease (the lease protocol, task_registry.py): a release that has begun refuses it
+        with UnknownTask, and a release waits for it, so the allocation is reclaimed with the
+        task if Java loses it."""
         lease = self._enter(task)
         try:
             b = lease.binding
@@ -147,75 +158,64 @@ class JavaHotPath:
                 self._set_device(b.gpu)
             a = self._allocators[b.gpu](size, b.stream, b.task_id)
             hid = a.id << GPU_BITS | b.gpu
-            self._live[hid] = a
+            self._live.insert(hid, a)
         finally:
             lease.inside.remove(get_ident())
         self._counts["allocations"] += 1
         return hid, a.ptr
 
     def free(self, hid: int) -> None:
-        if hid.__class__ is not int:   # 1.0 would find handle 1 in the dict
-            self._refuse(hid, "free")
+        if hid.__class__ is not int:   # 1.0 would find handle 1 in the table
+            raise self._live.refusal(hid, "free")
         a = self._live.pop(hid, None)
         if a is None:
-            self._refuse(hid, "free")
+            raise self._live.refusal(hid, "free")
         self._frees[hid & GPU_MASK](a)
         self._counts["frees"] += 1
 
     def free_many(self, hids: Iterable[int]) -> int:
         """Free every handle of ``hids`` in one call. All are checked first: one bad handle
-        (unknown, or the same handle twice) frees nothing and raises."""
-        live = self._live
-        hids = tuple(hids)
-        # all checked before any is freed: one bad handle frees nothing
-        if (not live.keys() >= set(hids) or len(set(hids)) != len(hids)
-                or any(h.__class__ is not int for h in hids)):
-            self._refuse_many(hids)
-        pop = live.pop
-        if self._multi_gpu:
-            frees = self._frees
-            for h in hids:
-                frees[h & GPU_MASK](pop(h))
-        else:
-            free = self._frees[next(iter(self._frees))]
-            for h in hids:
-                free(pop(h))
+        (not an int, not live, or the same handle twice) frees nothing and raises. A handle that
+        another thread frees while the batch runs (an earlier free ran Python code) stops the
+        batch there, with the error a free of it would raise."""
+        if hids.__class__ is not tuple and hids.__class__ is not list:
+            try:
+                it = iter(hids)
+            except TypeError:
+                raise TypeError("free_many: handles must be an iterable of ints") from None
+            hids = list(it)
+        table = self._live
+        get = table.get
+        for h in hids:
+            if h.__class__ is not int or get(h) is None:
+                raise table.refusal_many(hids)
+        if len(hids) > 1 and len(set(hids)) != len(hids):
+            raise table.refusal_many(hids)
+        pop = table.pop
+        frees = self._frees
+        for h in hids:
+            a = pop(h, None)
+            if a is None:
+                raise table.refusal(h, "free")
+            frees[h & GPU_MASK](a)
         c = self._counts
         c["batched_frees"] += len(hids)
         c["batches"] += 1
         return len(hids)
 
-    def _refuse(self, hid: int, call: str) -> None:
-        raise InvalidFree(self._why_not_live(hid, call))
-
-    def _refuse_many(self, hids: tuple) -> None:
-        """Raise what a free_many of ``hids`` that is not all live and distinct deserves."""
-        live = self._live
-        bad = [h for h in hids if h.__class__ is not int or h not in live]
-        if bad:
-            raise InvalidFree(f"free_many of {len(hids)} buffer(s): {len(bad)} not live "
-                              f"(first: {self._why_not_live(bad[0], 'free')}); nothing was freed")
-        raise InvalidFree(f"free_many of {len(hids)} buffer(s): a handle appears twice; nothing was freed")
-
-    def _why_not_live(self, hid: int, call: str) -> str:
-        if hid.__class__ is not int:
-            return f"{call}: a device buffer handle is an int, got {type(hid).__name__} ({hid!r})"
-        return (f"{call}: device buffer handle {hid:#x} is not live (freed already, released with its task, "
-                f"or never handed out by this bridge)")
-
     def _enter_buffer(self, hid: int, call: str, offset: int, nbytes: int) -> tuple["Allocation", "TaskLease"]:
         """The live allocation behind ``hid`` with its task's lease entered (the caller leaves
         it once the work is queued): no work is queued for a task whose release has begun."""
-        a = self._live.get(hid)
+        a = self._live.get(hid) if hid.__class__ is int else None
         if a is None:
-            raise InvalidFree(self._why_not_live(hid, call))
+            raise self._live.refusal(hid, call)
         try:
             lease = self._enter(a.owner)
         except UnknownTask:  # released (or being released) with its task
-            raise InvalidFree(self._why_not_live(hid, call)) from None
+            raise self._live.refusal(hid, call) from None
         try:
             if not a.alive:  # freed on another thread meanwhile
-                raise InvalidFree(self._why_not_live(hid, call))
+                raise self._live.refusal(hid, call)
             if offset < 0 or nbytes < 0 or offset + nbytes > a.size:
                 raise InvalidArgument(f"{call}: range [{offset}, {offset}+{nbytes}) is outside the buffer of "
                                       f"{a.size} bytes")
@@ -343,7 +343,7 @@ class JavaHotPath:
 
     # task end --------------------------------------------------------------------------------
     def forget_task(self, task: int) -> list[int]:
-        """Drop the handles of ``task``'s live allocations, so that ``_live`` never keeps a
+        """Drop the handles of ``task``'s live allocations, so that the handle table never keeps a
         released task's allocations (the registry's release does this by itself, through
         :meth:`_forget`). Returns the dropped handles."""
         try:
@@ -354,21 +354,12 @@ class JavaHotPath:
 
     def _forget(self, b: "TaskBinding") -> list[int]:
         pool = self._service.memory_pool(b.gpu)
-        dropped = []
-        pop = self._live.pop
-        for a in pool.owned_by(b.task_id):
-            hid = a.id << GPU_BITS | b.gpu
-            if pop(hid, None) is not None:
-                dropped.append(hid)
-        return dropped
+        return self._live.forget([a.id << GPU_BITS | b.gpu for a in pool.owned_by(b.task_id)])
 
     def sweep(self) -> int:
         """Drop handles whose allocation is no longer alive (a release raced with an allocate
         on another thread of the same task). Called at statistics time; O(live handles)."""
-        dead = [h for h, a in list(self._live.items()) if not a.alive]
-        for h in dead:
-            self._live.pop(h, None)
-        return len(dead)
+        return self._live.sweep()
 
     # misc ------------------------------------------------------------------------------------
     def ping(self) -> None:
