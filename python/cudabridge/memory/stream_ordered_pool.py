@@ -349,7 +349,8 @@ class StreamOrderedMemoryPool:
         if blk is None:
             blk = self._steal(r, arena) if self._steal_ok else None
             if blk is None:
-                blk = self._allocate_slow_here(r, arena)
+                # on the calling thread, which names its own stream: never (block, waits)
+                blk = self._allocate_slow(r, arena)
         blk.state = LIVE
         aid = next(self._ids)
         a = Allocation(blk.ptr, size, aid, stream, owner, blk, arena, self)
@@ -445,16 +446,9 @@ class StreamOrderedMemoryPool:
     def _queue_waits(self, arena: StreamArena, waits: list) -> None:
         """On the allocating thread: make its stream wait for the events the slow path found
         (``(user, stamp, event)``), before the block is used there."""
-        backend = self.backend
-        prev = backend.get_device()
-        if prev != self.device:
-            backend.set_device(self.device)
-        try:
+        with self._on_device():
             for _user, _stamp, ev in waits:
-                backend.stream_wait_event(arena.handle, ev)
-        finally:
-            if prev != self.device:
-                backend.set_device(prev)
+                self.backend.stream_wait_event(arena.handle, ev)
 
     def _return_unwaited(self, blk: Block, arena: StreamArena, waits: list) -> None:
         """The waits could not be queued: the block goes back, fenced by what it waited for."""
@@ -463,17 +457,6 @@ class StreamOrderedMemoryPool:
             stamps[user] = max(stamp, stamps.get(user, 0))
         self._place_pending(blk, arena, stamps)
 
-    def _allocate_slow_here(self, r: int, arena: StreamArena) -> Block:
-        """The Python path's slow path: on the calling thread, waits queued at once."""
-        blk = self._allocate_slow(r, arena)
-        if blk.__class__ is tuple:
-            blk, waits = blk
-            try:
-                self._queue_waits(arena, waits)
-            except BaseException:
-                self._return_unwaited(blk, arena, waits)
-                raise
-        return blk
 
     def _find(self, r: int, arena: StreamArena, small: bool, index: SafeFreeIndex) -> Block:
         # 3. poll every arena and move what has completed to the safe index.
