@@ -63,3 +63,15 @@ def test_unknown_gpu_address_fails_each_task_with_the_reason(tmp_path, task_bind
     st = s["statistics"]
     assert st["plugin_bind_failures"] == 12 and st.get("tasks_bound_total", 0) == 0
     assert st["tasks_bound"] == 0 and st["live_allocations"] == 0
+
+
+def test_statistics_snapshots_taken_while_tasks_end_are_consistent(tmp_path):
+    """The executor's reports to the driver are TaskBinder.refresh() snapshots taken while tasks
+    end. One that counts a task attempt as ended must count that attempt's leak too (the CI run
+    that summed 8 attempts ended but 7 leaks came from a snapshot that read the service before
+    the plugin's counters). A thread takes snapshots all through 400 short tasks and checks each."""
+    proc, s, _ = run_harness(tmp_path, "--tasks", "400", "--threads", "4", "--elements", "64",
+                             "--fail-first-attempt", "5,50", "--check-snapshots")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert s["checks"] == "ok", s
+    assert s["snapshots_checked"] > 50 and s["snapshots_inconsistent"] == 0, s

@@ -64,19 +64,10 @@ public final class CudaBridgePlugin implements SparkPlugin {
     public static Map<String, Long> awaitExecutorTotals(long attempts, long timeoutMs) throws InterruptedException {
         long deadline = System.nanoTime() + timeoutMs * 1_000_000L;
         Map<String, Long> t = executorTotals();
-        while (ended(t) < attempts && System.nanoTime() < deadline) {
+        while (TaskBinder.ended(t) < attempts && System.nanoTime() < deadline) {
             Thread.sleep(50);
             t = executorTotals();
         }
         return t;
-    }
-
-    /** Task attempts whose end (success or failure) the plugin saw, or 0 while releases of
-     *  ended tasks are still pending (so that waiting for {@code ended >= n} sees their leaks). */
-    public static long ended(Map<String, Long> statistics) {
-        if (statistics.getOrDefault("plugin_releases_pending", 0L) > 0) {
-            return 0;
-        }
-        return statistics.getOrDefault("plugin_tasks_succeeded", 0L) + statistics.getOrDefault("plugin_tasks_failed", 0L);
     }
 }

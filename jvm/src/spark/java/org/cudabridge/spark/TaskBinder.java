@@ -286,7 +286,15 @@ public final class TaskBinder {
      * if no task was bound. Never throws.
      */
     public ReleaseReport onTaskEnd(boolean succeeded) {
-        (succeeded ? tasksSucceeded : tasksFailed).incrementAndGet();
+        try {
+            return end();
+        } finally {
+            // Counted last: a snapshot that counts this attempt ended sees its release done or pending.
+            (succeeded ? tasksSucceeded : tasksFailed).incrementAndGet();
+        }
+    }
+
+    private ReleaseReport end() {
         bindFailure.remove();
         TaskScope s = scope.get();
         if (s == null) {
@@ -439,9 +447,21 @@ public final class TaskBinder {
         return s == null ? -1 : s.taskAttemptId();
     }
 
-    /** The plugin's own counters (Java side). */
+    /**
+     * Task attempts whose end (success or failure) a snapshot counts, or 0 while releases of
+     * ended attempts are still pending: once this reaches {@code n}, the snapshot counts the
+     * leaks of those {@code n} attempts (see {@link #refresh()} for why that holds).
+     */
+    public static long ended(Map<String, Long> statistics) {
+        if (statistics.getOrDefault("plugin_releases_pending", 0L) > 0) {
+            return 0;
+        }
+        return statistics.getOrDefault("plugin_tasks_succeeded", 0L) + statistics.getOrDefault("plugin_tasks_failed", 0L);
+    }
+
     /** The plugin's own counters, named once here; the executor metrics register each
-     *  ({@link MetricNames}). */
+     *  ({@link MetricNames}). Read in this order: the ended attempts before
+     *  {@code plugin_releases_pending}, which {@link #ended} and {@link #refresh()} rely on. */
     public static final List<String> PLUGIN_COUNTERS = List.of(
             "plugin_start_failed", "plugin_start_ms", "plugin_tasks_started", "plugin_tasks_succeeded",
             "plugin_tasks_failed", "plugin_tasks_released", "plugin_releases_pending", "plugin_bind_failures",
@@ -491,9 +511,18 @@ public final class TaskBinder {
         return refresh();
     }
 
-    /** A fresh snapshot now (at most one caller at a time goes to Python). */
+    /**
+     * A fresh snapshot now (at most one caller at a time goes to Python).
+     *
+     * <p>Invariant: the plugin's counters are read before the service's statistics, and an
+     * attempt is counted ended only after its release is done or counted pending
+     * ({@link #onTaskEnd}). So a snapshot that counts {@code n} attempts ended and none pending
+     * holds the service's statistics of after their releases, their leaks included, and the
+     * service's {@code leaks_reclaimed} is never behind {@code plugin_leaks_reclaimed}.
+     */
     public Map<String, Long> refresh() {
         synchronized (snapshotLock) {
+            Map<String, Long> plugin = pluginCounters();
             Map<String, Long> m = new TreeMap<>();
             if (bridge != null && !shutDown) {
                 try {
@@ -508,7 +537,7 @@ public final class TaskBinder {
             } else {
                 m.putAll(snapshot);
             }
-            m.putAll(pluginCounters());
+            m.putAll(plugin);
             m.put("bridge_calls", m.getOrDefault("bridge_calls_total", 0L)); // the bridge's hot-path calls into Python
             Map<String, Long> frozen = Collections.unmodifiableMap(m);
             snapshot = frozen;

@@ -176,7 +176,7 @@ public final class GpuPartitionJob {
             if (local != null && local.isAvailable() && "driver".equals(local.executorId())) {
                 long deadline = System.nanoTime() + 10_000_000_000L;
                 Map<String, Long> s = local.refresh();
-                while (CudaBridgePlugin.ended(s) < attempts && System.nanoTime() < deadline) {
+                while (TaskBinder.ended(s) < attempts && System.nanoTime() < deadline) {
                     Thread.sleep(20);
                     s = local.refresh();
                 }

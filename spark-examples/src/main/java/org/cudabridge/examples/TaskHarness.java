@@ -31,6 +31,8 @@ import org.cudabridge.spark.TaskBinder;
  *   [--bind-only] (tasks only bound and released: the plugin's own per-task cost)
  *   [--gpu-address A] (each task's GPU resource address, as Spark's scheduler gives it; default none:
  *   the executor's only GPU)
+ *   [--check-snapshots] (a thread takes statistics snapshots all through the task phase, as the
+ *   executor's reports to the driver do, and checks that each is consistent: see SnapshotWatch)
  * </pre>
  * Prints the same summary as the Spark job and exits 1 if any check fails (verify failures,
  * leaks not reclaimed as planned, memory still in use, a task not released).
@@ -46,6 +48,7 @@ public final class TaskHarness {
         boolean bindOnly = false;
         String summaryJson = null;
         String gpuAddress = null;
+        boolean checkSnapshots = false;
         Set<Integer> failFirst = new HashSet<>();
         for (int i = 0; i < args.length; i++) {
             switch (args[i]) {
@@ -56,6 +59,7 @@ public final class TaskHarness {
                 case "--bind-only": bindOnly = true; leak = false; break;
                 case "--summary-json": summaryJson = args[++i]; break;
                 case "--gpu-address": gpuAddress = args[++i]; break;
+                case "--check-snapshots": checkSnapshots = true; break;
                 case "--fail-first-attempt": failFirst.addAll(PartitionWork.partitions(args[++i])); break;
                 default:
                     throw new IllegalArgumentException("unknown argument " + args[i] + "; see the class comment");
@@ -86,6 +90,7 @@ public final class TaskHarness {
         AtomicInteger unexpected = new AtomicInteger();
         ConcurrentLinkedQueue<PartitionWork.Result> results = new ConcurrentLinkedQueue<>();
         List<Thread> pool = new ArrayList<>();
+        SnapshotWatch watch = checkSnapshots ? SnapshotWatch.start(binder, leak && !bindOnly) : null;
         long t1 = System.nanoTime();
         for (int t = 0; t < threads; t++) {
             Thread th = new Thread(() -> {
@@ -139,6 +144,9 @@ public final class TaskHarness {
             th.join();
         }
         long phaseNanos = System.nanoTime() - t1;
+        if (watch != null) {
+            watch.stop();
+        }
         long waitUntil = System.nanoTime() + 10_000_000_000L;
         while (binder.releasesPending() > 0 && System.nanoTime() < waitUntil) {
             Thread.sleep(1); // the release thread finishes the last tasks' releases
@@ -176,6 +184,13 @@ public final class TaskHarness {
         check(problems, "live allocations", st.getOrDefault("live_allocations", -1L), 0);
         check(problems, "bytes in use", st.getOrDefault("in_use_bytes", -1L), 0);
         check(problems, "tasks bound", st.getOrDefault("tasks_bound", -1L), 0);
+        if (watch != null) {
+            s.put("snapshots_checked", watch.checked()).put("snapshots_inconsistent", watch.inconsistent());
+            if (watch.inconsistent() > 0) {
+                problems.add(watch.inconsistent() + " of " + watch.checked() + " statistics snapshots inconsistent, first: "
+                        + watch.firstProblem());
+            }
+        }
         s.put("checks", problems.isEmpty() ? "ok" : String.join("; ", problems));
         System.out.print(s.render());
         s.writeJson(summaryJson);
