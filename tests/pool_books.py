@@ -18,11 +18,11 @@ def check_books(pool) -> dict[str, int]:
     s = pool.statistics()
     by_state = {"live": 0, "safe": 0, "stream": 0, "pending": 0}
     mapped = 0
-    in_bins = {id(b) for a in list(pool._all_arenas) for lst in a.bins.values() for b in lst if b.state is a}
-    safe = {id(b) for b in pool._small.blocks()} | {id(b) for b in pool._large.blocks()}
-    pending = {id(b) for b in pool._pending}
+    in_bins = {id(b) for a in list(pool._streams.all) for lst in a.bins.values() for b in lst if b.state is a}
+    safe = {id(b) for b in pool._safe.small.blocks()} | {id(b) for b in pool._safe.large.blocks()}
+    pending = {id(b) for b in pool._core.pending}
     live = {id(a._block) for a in list(pool._live)}
-    for chunk in pool._chunks:
+    for chunk in pool._upstream.chunks:
         blk, at = chunk.head, chunk.ptr
         while blk is not None:
             assert blk.ptr == at, "the blocks of a chunk must tile it"
@@ -43,7 +43,7 @@ def check_books(pool) -> dict[str, int]:
                 assert held, f"{blk!r} is {key} but no container holds it (lost)"
                 by_state[key] += blk.size
             blk = blk.next
-    spare = pool._spares.bytes
+    spare = pool._upstream.spare_bytes
     assert mapped + spare == s.reserved_bytes, (mapped, spare, s.reserved_bytes)
     assert by_state["live"] == s.in_use_bytes, (by_state, s)
     assert by_state["safe"] == s.free_safe_bytes, (by_state, s)

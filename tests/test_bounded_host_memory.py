@@ -16,7 +16,7 @@ FAST_PATHS = ["python"] + (["native"] if native.load() is not None else [])
 
 
 def size_classes(pool) -> int:
-    return sum(len(a.bins) for a in pool._all_arenas)
+    return sum(len(a.bins) for a in pool._streams.all)
 
 
 @pytest.mark.parametrize("fast_path", FAST_PATHS)
@@ -70,10 +70,10 @@ def test_no_block_is_lost_when_frees_race_the_drop(emulated, fast_path):
         assert not errors, errors
         st = pool.statistics()
         assert st.in_use_bytes == 0
-        in_bins = sum(b.size for a in pool._all_arenas for lst in a.bins.values() for b in lst if b.state is a)
+        in_bins = sum(b.size for a in pool._streams.all for lst in a.bins.values() for b in lst if b.state is a)
         assert in_bins == st.free_in_streams_bytes
-        assert st.free_safe_bytes + st.free_in_streams_bytes + sum(b.size for b in pool._pending) \
-            + pool._spares.bytes == st.reserved_bytes, "a block was lost in an orphaned list"
+        assert st.free_safe_bytes + st.free_in_streams_bytes + sum(b.size for b in pool._core.pending) \
+            + pool._upstream.spare_bytes == st.reserved_bytes, "a block was lost in an orphaned list"
         pool.allocate(1024, s).free()
     finally:
         sys.setswitchinterval(interval)
@@ -126,7 +126,7 @@ def test_soak_host_memory_stays_flat(fast_path):
         for _ in range(10):
             time.sleep(seconds / 10)
             samples.append(rss())
-            lists.append(sum(len(a.bins) for a in list(pool._all_arenas)))
+            lists.append(sum(len(a.bins) for a in list(pool._streams.all)))
     finally:
         stop.set()
         for t in threads:

@@ -27,18 +27,18 @@ def books(pool):
 
 def events_accounted(pool):
     """Every event the pool created is free in its event pool or fencing a stream: none lost."""
-    in_fences = sum(len(a.fences) for a in pool._all_arenas)
-    assert len(pool._events._free) + in_fences == pool.statistics().events_created
+    in_fences = sum(len(a.fences) for a in pool._streams.all)
+    assert len(pool._fences.events._free) + in_fences == pool.statistics().events_created
 
 
 def conserved(pool):
     s = pool.statistics()
-    assert s.in_use_bytes + s.free_safe_bytes + s.free_in_streams_bytes + pool_pending(pool) + pool._spares.bytes \
+    assert s.in_use_bytes + s.free_safe_bytes + s.free_in_streams_bytes + pool_pending(pool) + pool._upstream.spare_bytes \
         == s.reserved_bytes
 
 
 def pool_pending(pool):
-    return sum(b.size for b in pool._pending)
+    return sum(b.size for b in pool._core.pending)
 
 
 @pytest.fixture

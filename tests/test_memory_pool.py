@@ -177,8 +177,8 @@ def test_coalescing_gives_back_whole_chunks(pool, streams, emulated):
     assert s.reserved_bytes <= reserved + (20 << 20)
     whole.free()
     # after everything is reclaimed, the small chunk is one free block again
-    pool._reclaim_all()
-    sizes = sorted(b.size for b in pool._small.blocks())
+    pool._core.reclaim_all()
+    sizes = sorted(b.size for b in pool._safe.small.blocks())
     assert sizes == [2 << 20]
 
 

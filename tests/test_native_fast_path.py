@@ -204,7 +204,7 @@ def test_recent_frees_stay_bounded(backend, fast_path):
     pool = make_pool(backend, fast_path, [s])
     for _ in range(50_000):
         pool.free(pool.allocate(4096, s))
-    arena = pool._arenas[s]
+    arena = pool._streams.by_handle[s]
     assert len(arena.recent) <= 512
     pool.close()
     backend.stream_destroy(s)

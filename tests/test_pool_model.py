@@ -52,7 +52,7 @@ class PoolModel(RuleBasedStateMachine):
             ServiceConfig(streams_per_gpu=3, high_priority_streams=0, pool_limit="12m", log_level="CRITICAL"),
             backend=self.backend)
         self.pool = self.service.memory_pool(0)
-        self.pool._wait.timeout_s = None   # no wall-clock deadline: the latches decide (see latched_backend)
+        self.pool._fences.wait.timeout_s = None   # no wall-clock deadline: the latches decide (see latched_backend)
         assert self.pool.fast_path == self.fast_path
         self.streams = list(self.service.stream_pool(0).handles) + [LEGACY_STREAM, PER_THREAD_STREAM]
         self.live: dict[int, tuple[object, int, int, int | None]] = {}   # id -> (allocation, ptr, size, owner)
@@ -231,13 +231,13 @@ class PoolModel(RuleBasedStateMachine):
             return
         assert s.live_allocations == len(self.live)
         assert s.in_use_bytes == sum(rounded(size) for _, _, size, _ in self.live.values())
-        pending = sum(b.size for b in self.pool._pending)
-        spare = self.pool._spares.bytes
+        pending = sum(b.size for b in self.pool._core.pending)
+        spare = self.pool._upstream.spare_bytes
         assert s.in_use_bytes + s.free_safe_bytes + s.free_in_streams_bytes + pending + spare == s.reserved_bytes
         # every block of every chunk in exactly one place, chunks tiled without gaps
         by_state = {"live": 0, "safe": 0, "stream": 0, "pending": 0}
         mapped = 0
-        for chunk in self.pool._chunks:
+        for chunk in self.pool._upstream.chunks:
             blk, at = chunk.head, chunk.ptr
             while blk is not None:
                 assert blk.ptr == at, "blocks of a chunk must tile it"

@@ -1,9 +1,9 @@
 /*
  * The memory pool's fast paths in C: allocate from the requesting stream's own bin, and free
  * into the freeing stream's bin. Semantics are exactly those of the pure-Python paths in
- * stream_ordered_pool.py (`StreamOrderedMemoryPool.allocate` / `.free`), which stay the
- * reference and the fallback; everything else (the slow path, fenced frees, errors) is called
- * back in Python.
+ * python_fast_path.py (`PythonFastPath.allocate` / `.free`), which stay the reference and
+ * the fallback; everything else (the slow path, fenced frees, errors) is called back in Python
+ * through the pool's FastPathHooks (fast_path_hooks.py).
  *
  * Why C: the Python fast path is about ten container operations and one object of ten slots
  * per pair, over 1 us on the H200's host; the interpreter overhead, not the work, dominates.
@@ -411,22 +411,27 @@ static PyTypeObject SerialWorkerType = {
     .tp_new = sw_new,
 };
 
-/* ---- FastPath: one per pool --------------------------------------------------------------- */
+/* ---- FastPath: one per pool ---------------------------------------------------------------
+ *
+ * It is handed the pool's FastPathHooks (fast_path_hooks.py) and sees nothing else of the pool:
+ * the shared containers it changes (each change one step under the GIL) and the pool's steps it
+ * calls back, read once here by their public names. */
 
 typedef struct {
     PyObject_HEAD
-    PyObject *arenas;      /* dict: stream handle -> StreamArena */
-    PyObject *live;        /* set of live Allocations */
-    PyObject *owners;      /* dict: owner -> dict of Allocations */
+    PyObject *arenas;      /* hooks.arenas: dict, stream handle -> StreamArena */
+    PyObject *live;        /* hooks.live: set of live Allocations */
+    PyObject *owners;      /* hooks.owners: dict, owner -> dict of Allocations */
+    PyObject *all_arenas;  /* hooks.all_arenas: list of every StreamArena */
     PyTypeObject *alloc_type;
-    PyObject *pool;
-    PyObject *slow, *arena_of, *bad_size, *bad_free;  /* pool's Python methods */
+    PyObject *pool;        /* hooks.pool: each Allocation's _pool */
+    PyObject *slow, *resolve_arena, *refuse_size, *refuse_free;  /* the pool's steps, from the hooks */
     PyObject *fence_stamps, *place_pending;  /* ... for frees behind events or several streams */
     PyObject *queue_waits, *return_unwaited;  /* ... for blocks the caller's own stream must wait for */
-    SerialWorker *worker;  /* runs the locked steps (slow, place_pending, trims) off this thread */
+    PyObject *trim_recent;  /* ... to bound an arena's reclaim queue */
+    SerialWorker *worker;  /* runs the locked steps (slow, place_pending, return_unwaited) off this thread */
     PyObject *allocate_normalized, *free_normalized;  /* ... for arguments that are not exact ints */
     PyObject *live_state, *alive, *freed;  /* LIVE (block state), ALIVE / FREED (allocation) */
-    PyObject *all_arenas;  /* list of every StreamArena, the pool's own */
     PyObject *stream_query;  /* backend.stream_query, or None: no cross-stream step */
     long long next_id;
     long long steals, stream_polls;
@@ -436,29 +441,24 @@ typedef struct {
 } FastPath;
 
 /* Method names, interned once. */
-static PyObject *s_append, *s_allocate, *s_free, *s_trim_recent;
+static PyObject *s_append, *s_allocate, *s_free;
+
+#define FP_OBJECTS(X) X(arenas) X(live) X(owners) X(all_arenas) X(alloc_type) X(pool) X(slow) \
+    X(resolve_arena) X(refuse_size) X(refuse_free) X(fence_stamps) X(place_pending) X(queue_waits) \
+    X(return_unwaited) X(trim_recent) X(worker) X(allocate_normalized) X(free_normalized) \
+    X(live_state) X(alive) X(freed) X(stream_query)
 
 static int fp_traverse(FastPath *self, visitproc visit, void *arg) {
-    Py_VISIT(self->arenas); Py_VISIT(self->live); Py_VISIT(self->owners);
-    Py_VISIT(self->alloc_type); Py_VISIT(self->pool); Py_VISIT(self->slow);
-    Py_VISIT(self->arena_of); Py_VISIT(self->bad_size); Py_VISIT(self->bad_free);
-    Py_VISIT(self->fence_stamps); Py_VISIT(self->place_pending); Py_VISIT(self->worker);
-    Py_VISIT(self->queue_waits); Py_VISIT(self->return_unwaited);
-    Py_VISIT(self->allocate_normalized); Py_VISIT(self->free_normalized);
-    Py_VISIT(self->live_state); Py_VISIT(self->alive); Py_VISIT(self->freed);
-    Py_VISIT(self->all_arenas); Py_VISIT(self->stream_query);
+#define VISIT(f) Py_VISIT(self->f);
+    FP_OBJECTS(VISIT)
+#undef VISIT
     return 0;
 }
 
 static int fp_clear(FastPath *self) {
-    Py_CLEAR(self->arenas); Py_CLEAR(self->live); Py_CLEAR(self->owners);
-    Py_CLEAR(self->alloc_type); Py_CLEAR(self->pool); Py_CLEAR(self->slow);
-    Py_CLEAR(self->arena_of); Py_CLEAR(self->bad_size); Py_CLEAR(self->bad_free);
-    Py_CLEAR(self->fence_stamps); Py_CLEAR(self->place_pending); Py_CLEAR(self->worker);
-    Py_CLEAR(self->queue_waits); Py_CLEAR(self->return_unwaited);
-    Py_CLEAR(self->allocate_normalized); Py_CLEAR(self->free_normalized);
-    Py_CLEAR(self->live_state); Py_CLEAR(self->alive); Py_CLEAR(self->freed);
-    Py_CLEAR(self->all_arenas); Py_CLEAR(self->stream_query);
+#define CLEAR(f) Py_CLEAR(self->f);
+    FP_OBJECTS(CLEAR)
+#undef CLEAR
     return 0;
 }
 
@@ -468,59 +468,72 @@ static void fp_dealloc(FastPath *self) {
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
+/* hooks.<name> into *slot (new reference), checked to be of `type` (or callable when NULL). */
+static int hook(PyObject *hooks, const char *name, PyTypeObject *type, PyObject **slot) {
+    PyObject *v = PyObject_GetAttrString(hooks, name);
+    if (v == NULL)
+        return -1;
+    if (type != NULL ? !PyObject_TypeCheck(v, type) : !PyCallable_Check(v)) {
+        PyErr_Format(PyExc_TypeError, "FastPath: hooks.%s must be %s, got %R", name,
+                     type != NULL ? type->tp_name : "callable", v);
+        Py_DECREF(v);
+        return -1;
+    }
+    Py_XSETREF(*slot, v);
+    return 0;
+}
+
 static int fp_init(FastPath *self, PyObject *args, PyObject *kwds) {
-    static char *kw[] = {"pool", "worker", "arenas", "live", "owners", "alloc_type",
-                         "live_state", "alive", "freed", "max_request", "first_id", "all_arenas",
+    static char *kw[] = {"hooks", "worker", "alloc_type", "live_state", "alive", "freed", "first_id",
                          "stream_query", "cu_stream_query", NULL};
-    PyObject *pool, *worker, *arenas, *live, *owners, *alloc_type, *live_state, *alive, *freed;
+    PyObject *hooks, *worker, *alloc_type = NULL, *live_state = NULL, *alive = NULL, *freed = NULL;
+    PyObject *stream_query = NULL;
     unsigned long long cu_query = 0;
-    PyObject *all_arenas, *stream_query;
-    Py_ssize_t max_request;
-    long long first_id;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO!O!O!O!O!OOOnLO!O|K", kw, &pool, &SerialWorkerType, &worker, &PyDict_Type, &arenas,
-                                     &PySet_Type, &live, &PyDict_Type, &owners,
-                                     &PyType_Type, &alloc_type, &live_state, &alive, &freed,
-                                     &max_request, &first_id, &PyList_Type, &all_arenas,
+    long long first_id = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO!|$O!OOOLOK", kw, &hooks, &SerialWorkerType, &worker,
+                                     &PyType_Type, &alloc_type, &live_state, &alive, &freed, &first_id,
                                      &stream_query, &cu_query))
         return -1;
-    if (!PyType_IsSubtype((PyTypeObject *)alloc_type, &AllocationBaseType)) {
+    if (!live_state || !alive || !freed || !stream_query) {
+        PyErr_SetString(PyExc_TypeError, "FastPath needs live_state, alive, freed and stream_query");
+        return -1;
+    }
+    if (alloc_type == NULL || !PyType_IsSubtype((PyTypeObject *)alloc_type, &AllocationBaseType)) {
         PyErr_SetString(PyExc_TypeError, "alloc_type must derive from AllocationBase");
         return -1;
     }
-    PyObject *slow = PyObject_GetAttrString(pool, "_allocate_slow");
-    PyObject *arena_of = PyObject_GetAttrString(pool, "_arena_of");
-    PyObject *bad_size = PyObject_GetAttrString(pool, "_bad_size");
-    PyObject *bad_free = PyObject_GetAttrString(pool, "_bad_free");
-    PyObject *fence_stamps = PyObject_GetAttrString(pool, "_fence_stamps");
-    PyObject *place_pending = PyObject_GetAttrString(pool, "_place_pending");
-    PyObject *queue_waits = PyObject_GetAttrString(pool, "_queue_waits");
-    PyObject *return_unwaited = PyObject_GetAttrString(pool, "_return_unwaited");
-    PyObject *allocate_normalized = PyObject_GetAttrString(pool, "_allocate_normalized");
-    PyObject *free_normalized = PyObject_GetAttrString(pool, "_free_normalized");
-    if (!slow || !arena_of || !bad_size || !bad_free || !fence_stamps || !place_pending || !allocate_normalized ||
-        !free_normalized || !queue_waits || !return_unwaited) {
-        Py_XDECREF(queue_waits); Py_XDECREF(return_unwaited);
-        Py_XDECREF(slow); Py_XDECREF(arena_of); Py_XDECREF(bad_size); Py_XDECREF(bad_free);
-        Py_XDECREF(fence_stamps); Py_XDECREF(place_pending); Py_XDECREF(allocate_normalized); Py_XDECREF(free_normalized);
+    PyObject *max_request = PyObject_GetAttrString(hooks, "max_request");
+    Py_ssize_t max = max_request ? PyLong_AsSsize_t(max_request) : -1;
+    Py_XDECREF(max_request);
+    if (max == -1 && PyErr_Occurred())
+        return -1;
+    fp_clear(self);
+    if (hook(hooks, "pool", &PyBaseObject_Type, &self->pool) < 0 ||
+        hook(hooks, "arenas", &PyDict_Type, &self->arenas) < 0 ||
+        hook(hooks, "all_arenas", &PyList_Type, &self->all_arenas) < 0 ||
+        hook(hooks, "live", &PySet_Type, &self->live) < 0 ||
+        hook(hooks, "owners", &PyDict_Type, &self->owners) < 0 ||
+        hook(hooks, "resolve_arena", NULL, &self->resolve_arena) < 0 ||
+        hook(hooks, "refuse_size", NULL, &self->refuse_size) < 0 ||
+        hook(hooks, "refuse_free", NULL, &self->refuse_free) < 0 ||
+        hook(hooks, "allocate_normalized", NULL, &self->allocate_normalized) < 0 ||
+        hook(hooks, "free_normalized", NULL, &self->free_normalized) < 0 ||
+        hook(hooks, "allocate_slow", NULL, &self->slow) < 0 ||
+        hook(hooks, "queue_waits", NULL, &self->queue_waits) < 0 ||
+        hook(hooks, "return_unwaited", NULL, &self->return_unwaited) < 0 ||
+        hook(hooks, "fence_stamps", NULL, &self->fence_stamps) < 0 ||
+        hook(hooks, "place_pending", NULL, &self->place_pending) < 0 ||
+        hook(hooks, "trim_recent", NULL, &self->trim_recent) < 0) {
+        fp_clear(self);
         return -1;
     }
-    fp_clear(self);
-    Py_INCREF(pool); self->pool = pool;
-    Py_INCREF(arenas); self->arenas = arenas;
-    Py_INCREF(live); self->live = live;
-    Py_INCREF(owners); self->owners = owners;
     Py_INCREF(alloc_type); self->alloc_type = (PyTypeObject *)alloc_type;
     Py_INCREF(live_state); self->live_state = live_state;
     Py_INCREF(alive); self->alive = alive;
     Py_INCREF(freed); self->freed = freed;
-    self->slow = slow; self->arena_of = arena_of; self->bad_size = bad_size;
-    self->bad_free = bad_free; self->fence_stamps = fence_stamps; self->place_pending = place_pending;
     Py_INCREF(worker); self->worker = (SerialWorker *)worker;
-    self->queue_waits = queue_waits; self->return_unwaited = return_unwaited;
-    self->allocate_normalized = allocate_normalized; self->free_normalized = free_normalized;
-    Py_INCREF(all_arenas); self->all_arenas = all_arenas;
     Py_INCREF(stream_query); self->stream_query = stream_query;
-    self->max_request = max_request;
+    self->max_request = max;
     self->steals = self->stream_polls = 0;
     self->in_use = self->peak = 0;
     self->cu_stream_query = (int (*)(void *))(uintptr_t)cu_query;
@@ -538,7 +551,7 @@ static PyObject *raise_via(PyObject *fn, PyObject *arg) {
     return NULL;
 }
 
-/* The arena of `stream` (new reference), resolved as the Python `_arena_of` does. */
+/* The arena of `stream` (new reference), resolved as StreamTable.resolve does. */
 static PyObject *resolve_arena(FastPath *self, PyObject *stream, PyObject *call) {
     PyObject *arena = PyDict_GetItemWithError(self->arenas, stream);
     if (arena != NULL) {
@@ -548,13 +561,13 @@ static PyObject *resolve_arena(FastPath *self, PyObject *stream, PyObject *call)
     if (PyErr_Occurred()) {
         if (!PyErr_ExceptionMatches(PyExc_TypeError))
             return NULL;
-        PyErr_Clear();  /* unhashable: let _arena_of say what is wrong */
+        PyErr_Clear();  /* unhashable: let resolve_arena say what is wrong */
     }
     PyObject *args[2] = {stream, call};
-    return PyObject_Vectorcall(self->arena_of, args, 2, NULL);
+    return PyObject_Vectorcall(self->resolve_arena, args, 2, NULL);
 }
 
-static int push_to_bin(PyObject *pool, ArenaBase *arena, PyObject *blk, PyObject *size) {
+static int push_to_bin(ArenaBase *arena, PyObject *blk, PyObject *size) {
     /* bins.setdefault(size, []).append(blk); recent.append(blk) */
     if (arena->bins == NULL || !PyDict_Check(arena->bins) || arena->recent == NULL) {
         PyErr_SetString(PyExc_SystemError, "stream arena without bins");
@@ -583,13 +596,13 @@ static int push_to_bin(PyObject *pool, ArenaBase *arena, PyObject *blk, PyObject
 
 /* Bound `recent` (see StreamArena.trim_recent): amortized, so rarely taken. Called once a free
  * is complete: the trim (a locked step, on the worker) may raise, the free stands. */
-static int maybe_trim(PyObject *pool, ArenaBase *arena) {
+static int maybe_trim(FastPath *self, ArenaBase *arena) {
     Py_ssize_t len = PyObject_Length(arena->recent);
     Py_ssize_t limit = arena->trim_at ? PyLong_AsSsize_t(arena->trim_at) : 0;
     if (len < 0 || (limit == -1 && PyErr_Occurred()))
         return -1;
     if (len > limit) {
-        PyObject *r = PyObject_CallMethodOneArg(pool, s_trim_recent, (PyObject *)arena);
+        PyObject *r = PyObject_CallOneArg(self->trim_recent, (PyObject *)arena);
         if (r == NULL)
             return -1;
         Py_DECREF(r);
@@ -660,7 +673,7 @@ static PyObject *take_passed(PyObject *lst, ArenaBase *o, PyObject *limit, int l
     return NULL;
 }
 
-/* The twin of StreamOrderedMemoryPool._steal (see there): a block of exactly `rkey` bytes that
+/* The twin of StreamOrderingCore.steal (stream_ordering.py): a block of exactly `rkey` bytes that
  * another stream has passed, known or seen with at most one stream query. Returns a new
  * reference, or NULL with no error set when there is none. */
 static PyObject *steal(FastPath *self, PyObject *req, PyObject *rkey) {
@@ -759,7 +772,7 @@ static PyObject *fp_allocate(FastPath *self, PyObject *const *args, Py_ssize_t n
     int overflow = 0;
     long long s = PyLong_AsLongLongAndOverflow(size, &overflow);
     if (overflow || s <= 0 || s > (long long)self->max_request)
-        return raise_via(self->bad_size, size);
+        return raise_via(self->refuse_size, size);
     PyObject *arena = resolve_arena(self, stream, s_allocate);
     if (arena == NULL)
         return NULL;
@@ -879,7 +892,7 @@ fail_alloc:
         BlockBase *b = (BlockBase *)a->block;
         set_slot(&b->epoch, ar->epoch);
         set_slot(&b->state, (PyObject *)ar);
-        if (push_to_bin(self->pool, ar, (PyObject *)b, rkey) < 0)
+        if (push_to_bin(ar, (PyObject *)b, rkey) < 0)
             PyErr_Clear();
         PyErr_Restore(exc_type, exc_value, exc_tb);
     }
@@ -930,9 +943,12 @@ static PyObject *fp_free(FastPath *self, PyObject *const *args, Py_ssize_t nargs
         PyErr_SetString(PyExc_SystemError, "cudabridge fast path: arena of a foreign type");
         return NULL;
     }
-    /* Only exact Allocations ever enter the live set: anything else (no arena) is refused. */
-    if (arena == NULL)
-        return raise_via(self->bad_free, a);
+    /* Only exact Allocations ever enter the live set: anything else is refused before its
+     * fields are read (an object of another type has no AllocationBase layout). */
+    if (arena == NULL || Py_TYPE(a) != self->alloc_type) {
+        Py_XDECREF(arena);
+        return raise_via(self->refuse_free, a);
+    }
     AllocationBase *al = (AllocationBase *)a;
     ArenaBase *ar = (ArenaBase *)arena;
     PyObject *stamps = NULL;
@@ -947,7 +963,7 @@ static PyObject *fp_free(FastPath *self, PyObject *const *args, Py_ssize_t nargs
         }
         if (!has) {
             Py_DECREF(arena);
-            return raise_via(self->bad_free, a);
+            return raise_via(self->refuse_free, a);
         }
         stamps = PyObject_CallFunctionObjArgs(self->fence_stamps, a, arena, NULL);
         if (stamps == NULL) {
@@ -959,7 +975,7 @@ static PyObject *fp_free(FastPath *self, PyObject *const *args, Py_ssize_t nargs
     if (removed <= 0) {
         Py_XDECREF(stamps);
         Py_DECREF(arena);
-        return removed < 0 ? NULL : raise_via(self->bad_free, a);
+        return removed < 0 ? NULL : raise_via(self->refuse_free, a);
     }
     /* From here on the free completes: the allocation is no longer live, so its block must reach
      * a container whatever fails (an interpreter-level failure is reported after it did). */
@@ -988,7 +1004,7 @@ static PyObject *fp_free(FastPath *self, PyObject *const *args, Py_ssize_t nargs
     }
     if (!fenced) {
         set_slot(&blk->state, arena);
-        placed = push_to_bin(self->pool, ar, (PyObject *)blk, size) == 0;
+        placed = push_to_bin(ar, (PyObject *)blk, size) == 0;
     } else {
         /* behind several streams: the pending list, a locked step on the worker */
         PyObject *pargs = PyTuple_Pack(3, (PyObject *)blk, arena, stamps);
@@ -1001,7 +1017,7 @@ static PyObject *fp_free(FastPath *self, PyObject *const *args, Py_ssize_t nargs
     if (!(nbytes == -1 && PyErr_Occurred()))
         self->in_use -= nbytes;
     if (placed && et == NULL && !PyErr_Occurred())
-        placed = maybe_trim(self->pool, ar) == 0;
+        placed = maybe_trim(self, ar) == 0;
     Py_DECREF(size);
     Py_DECREF(blk);
     Py_XDECREF(stamps);
@@ -1054,16 +1070,8 @@ static PyObject *fp_get_max_request(FastPath *self, void *closure) {
     return PyLong_FromSsize_t(self->max_request);
 }
 
-static int fp_set_max_request(FastPath *self, PyObject *value, void *closure) {
-    Py_ssize_t v = value ? PyLong_AsSsize_t(value) : -1;
-    if (v == -1 && PyErr_Occurred())
-        return -1;
-    if (v <= 0) {
-        PyErr_SetString(PyExc_ValueError, "max_request must be positive");
-        return -1;
-    }
-    self->max_request = v;
-    return 0;
+static PyObject *fp_get_worker(FastPath *self, void *closure) {
+    return Py_NewRef((PyObject *)self->worker);
 }
 
 static PyMethodDef fp_methods[] = {
@@ -1082,7 +1090,8 @@ static PyGetSetDef fp_getset[] = {
     {"peak", (getter)fp_get_peak, NULL, "most block bytes lent out at once", NULL},
     {"steals", (getter)fp_get_steals, NULL, "cross-stream reuses served by the fast path", NULL},
     {"stream_polls", (getter)fp_get_stream_polls, NULL, "stream queries made by the fast path", NULL},
-    {"max_request", (getter)fp_get_max_request, (setter)fp_set_max_request, "largest request", NULL},
+    {"max_request", (getter)fp_get_max_request, NULL, "largest request", NULL},
+    {"worker", (getter)fp_get_worker, NULL, "the SerialWorker that runs the pool's locked steps", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
@@ -1091,7 +1100,8 @@ static PyTypeObject FastPathType = {
     .tp_name = "cudabridge.memory._fastpath.FastPath",
     .tp_basicsize = sizeof(FastPath),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
-    .tp_doc = "A pool's allocate/free fast paths (see stream_ordered_pool.py).",
+    .tp_doc = "FastPath(hooks, worker, *, alloc_type, live_state, alive, freed, first_id, stream_query, "
+              "cu_stream_query=0): a pool's allocate/free fast paths (python_fast_path.py is the reference).",
     .tp_traverse = (traverseproc)fp_traverse,
     .tp_clear = (inquiry)fp_clear,
     .tp_dealloc = (destructor)fp_dealloc,
@@ -1111,7 +1121,6 @@ PyMODINIT_FUNC PyInit__fastpath(void) {
 #define INTERN(var, text) if (((var) = PyUnicode_InternFromString(text)) == NULL) return NULL
     INTERN(s_append, "append");
     INTERN(s_allocate, "allocate"); INTERN(s_free, "free");
-    INTERN(s_trim_recent, "_trim_recent");
 #undef INTERN
     if (PyType_Ready(&AllocationBaseType) < 0 || PyType_Ready(&FastPathType) < 0 ||
         PyType_Ready(&BlockBaseType) < 0 || PyType_Ready(&ArenaBaseType) < 0 ||

@@ -76,3 +76,34 @@ class SafeFreeIndex:
 
     def blocks(self) -> list[Block]:
         return list(self._blocks.values())
+
+
+class SafeBlocks:
+    """The pool's safe free list: one index for blocks of small chunks and one for the rest, so
+    that small requests do not fragment the large blocks (PyTorch's caching allocator splits
+    its pools the same way). A block goes to the index its chunk's kind says."""
+
+    __slots__ = ("small", "large")
+
+    def __init__(self) -> None:
+        self.small = SafeFreeIndex()
+        self.large = SafeFreeIndex()
+
+    def index(self, small: bool) -> SafeFreeIndex:
+        return self.small if small else self.large
+
+    def insert(self, blk: Block) -> Block:
+        return (self.small if blk.chunk.small else self.large).insert(blk)
+
+    def take(self, blk: Block) -> bool:
+        return (self.small if blk.chunk.small else self.large).take(blk)
+
+    @property
+    def bytes(self) -> int:
+        return self.small.bytes + self.large.bytes
+
+    def largest(self) -> int:
+        return max(self.small.largest(), self.large.largest())
+
+    def blocks(self) -> list[Block]:
+        return self.small.blocks() + self.large.blocks()
