@@ -1126,17 +1126,24 @@ static void release_many_call(JNIEnv *env, const jlong *tasks, jint n, jlong *co
         capture_python_error(&err);
     } else {
         PyObject *flat = PyTuple_Check(r) && PyTuple_GET_SIZE(r) == 2 ? PyTuple_GET_ITEM(r, 0) : NULL;
-        PyObject *msg = flat ? PyTuple_GET_ITEM(r, 1) : NULL;
+        PyObject *msgs = flat ? PyTuple_GET_ITEM(r, 1) : NULL;
         if (flat == NULL || !PyTuple_Check(flat) || PyTuple_GET_SIZE(flat) != 2 * (Py_ssize_t)n
-            || (msg != Py_None && !PyUnicode_Check(msg))) {
-            PyErr_SetString(PyExc_TypeError, "native_release_many returned something other than (counts, messages)");
+            || (msgs != Py_None && (!PyTuple_Check(msgs) || PyTuple_GET_SIZE(msgs) != (Py_ssize_t)n))) {
+            PyErr_SetString(PyExc_TypeError,
+                            "native_release_many returned something other than (counts, None or a message per task)");
         } else {
             for (Py_ssize_t k = 0; k < 2 * (Py_ssize_t)n && !PyErr_Occurred(); k++) {
                 counts[k] = PyLong_AsLongLong(PyTuple_GET_ITEM(flat, k));
             }
-            if (!PyErr_Occurred() && msg != Py_None) {
-                const char *utf = PyUnicode_AsUTF8(msg);
-                if (utf != NULL && (*messages = strdup(utf)) == NULL) PyErr_NoMemory();
+            for (Py_ssize_t k = 0; msgs != Py_None && k < (Py_ssize_t)n && !PyErr_Occurred(); k++) {
+                PyObject *m = PyTuple_GET_ITEM(msgs, k);
+                if (m == Py_None) continue;
+                const char *utf = PyUnicode_Check(m) ? PyUnicode_AsUTF8(m) : NULL;
+                if (utf == NULL) {
+                    if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "a release failure message is not a str");
+                } else if ((messages[k] = strdup(utf)) == NULL) {
+                    PyErr_NoMemory();
+                }
             }
         }
         Py_DECREF(r);
@@ -1146,12 +1153,13 @@ static void release_many_call(JNIEnv *env, const jlong *tasks, jint n, jlong *co
     throw_captured(env, &err);
 }
 
-/* static native String releaseTasks(long[] tasks, int n, long[] out): releases n tasks in one
+/* static native String[] releaseTasks(long[] tasks, int n, long[] out): releases n tasks in one
  * call into Python (one GIL acquisition; the lifecycle thread batches the releases of tasks that
  * ended close together). out[2i], out[2i+1] = task i's leaked allocations and bytes, or -1, -1
- * if its release failed; returns the failures' messages, or null. Not gated. */
-JNIEXPORT jstring JNICALL Java_org_cudabridge_NativeBridge_releaseTasks(JNIEnv *env, jclass cls, jlongArray tasks,
-                                                                       jint n, jlongArray out) {
+ * if its release failed; returns null when every release succeeded, else n entries: task i's
+ * failure message, or null. Not gated. */
+JNIEXPORT jobjectArray JNICALL Java_org_cudabridge_NativeBridge_releaseTasks(JNIEnv *env, jclass cls, jlongArray tasks,
+                                                                            jint n, jlongArray out) {
     (void)cls;
     if (tasks == NULL || out == NULL) {
         throw_plain(env, c_npe, "java/lang/NullPointerException", "releaseTasks: tasks and out are required");
@@ -1164,20 +1172,38 @@ JNIEXPORT jstring JNICALL Java_org_cudabridge_NativeBridge_releaseTasks(JNIEnv *
     }
     if (n == 0) return NULL;
     jlong *buf = malloc(sizeof(jlong) * 3 * (size_t)n); /* n task ids, then 2n counts */
-    if (buf == NULL) {
+    char **messages = calloc((size_t)n, sizeof(char *));
+    if (buf == NULL || messages == NULL) {
+        free(buf);
+        free(messages);
         throw_plain(env, c_oome, "java/lang/OutOfMemoryError", "releaseTasks: malloc failed");
         return NULL;
     }
-    char *messages = NULL;
-    jstring result = NULL;
+    jobjectArray result = NULL;
     (*env)->GetLongArrayRegion(env, tasks, 0, n, buf);
     if (!(*env)->ExceptionCheck(env)) {
-        release_many_call(env, buf, n, buf + n, &messages);
+        release_many_call(env, buf, n, buf + n, messages);
         if (!(*env)->ExceptionCheck(env)) {
             (*env)->SetLongArrayRegion(env, out, 0, 2 * n, buf + n);
-            if (messages != NULL) result = (*env)->NewStringUTF(env, messages);
+            int failed = 0;
+            for (jint k = 0; k < n; k++) failed |= messages[k] != NULL;
+            if (failed) {
+                jclass string = (*env)->FindClass(env, "java/lang/String");
+                result = string ? (*env)->NewObjectArray(env, n, string, NULL) : NULL;
+                for (jint k = 0; result != NULL && k < n && !(*env)->ExceptionCheck(env); k++) {
+                    if (messages[k] == NULL) continue;
+                    jstring m = (*env)->NewStringUTF(env, messages[k]);
+                    if (m != NULL) {
+                        (*env)->SetObjectArrayElement(env, result, k, m);
+                        (*env)->DeleteLocalRef(env, m);
+                    }
+                }
+                if (string) (*env)->DeleteLocalRef(env, string);
+                if ((*env)->ExceptionCheck(env)) result = NULL;
+            }
         }
     }
+    for (jint k = 0; k < n; k++) free(messages[k]);
     free(messages);
     free(buf);
     return result;

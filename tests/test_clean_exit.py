@@ -58,11 +58,12 @@ def test_exit_through_spark_shutdown_hook_is_clean(built, tmp_path):
 
 
 PROBE = r"""
+import org.cudabridge.BridgeOptions;
 import org.cudabridge.CudaBridge;
 
 public final class ExitHookProbe {
     public static void main(String[] args) {
-        CudaBridge b = CudaBridge.start(new CudaBridge.Options().set("backend", "emulated"));
+        CudaBridge b = CudaBridge.start(new BridgeOptions().set("backend", "emulated"));
         System.out.println("STARTED " + b.statistics().size());
         Runtime.getRuntime().addShutdownHook(new Thread(() -> {
             try {

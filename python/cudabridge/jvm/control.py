@@ -56,20 +56,22 @@ class BridgeControl:
         self.check_open("releaseTask")
         return self.release_task(task)
 
-    def native_release_many(self, tasks: tuple[int, ...]) -> tuple[tuple[int, ...], str | None]:
+    def native_release_many(self, tasks: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[str | None, ...] | None]:
         """Release many tasks in one call (the plugin's lifecycle thread batches them): a flat
         tuple of (leaked allocations, leaked bytes) per task, (-1, -1) where a release failed,
-        and the failures' messages. One failure does not stop the others' releases."""
+        and None when none failed, else each task's failure message (None where it succeeded).
+        One failure does not stop the others' releases."""
         self.check_open("releaseTasks")
         out: list[int] = []
-        failures: list[str] = []
+        failures: list[str | None] = []
         for task in tasks:
             try:
                 out += self.release_task(task)
+                failures.append(None)
             except Exception as exc:  # reported to Java per task; the rest are still released
                 out += (-1, -1)
-                failures.append(f"task {task}: {type(exc).__name__}: {exc}".replace("\n", " | "))
-        return tuple(out), ("\n".join(failures) if failures else None)
+                failures.append(f"{type(exc).__name__}: {exc}")
+        return tuple(out), (tuple(failures) if any(f is not None for f in failures) else None)
 
     def lookup_task(self, task: int) -> tuple[int, int]:
         return self.hot.stream(task)
@@ -155,13 +157,13 @@ class BridgeControl:
 
 def make_proxy(control: BridgeControl) -> Any:
     """The ``org.cudabridge.ControlPlane`` implementation (the JVM must be bound already)."""
-    from jpype import JArray, JClass, JImplements, JLong, JOverride
+    from jpype import JClass, JImplements, JOverride
 
     from .errors import java_exception
 
     HashMap = JClass("java.util.HashMap")
     Long = JClass("java.lang.Long")
-    LongArray = JArray(JLong)
+    StreamBinding = JClass("org.cudabridge.StreamBinding")
 
     def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
         def wrapper(self: Any, *args: Any) -> Any:
@@ -178,7 +180,7 @@ def make_proxy(control: BridgeControl) -> Any:
     def j_lookup_task(task: Any) -> Any:
         c.check_open("attach")
         stream, ordinal = c.lookup_task(int(task))
-        return LongArray([stream, ordinal])
+        return StreamBinding(stream, ordinal)
 
     def j_statistics() -> Any:
         c.check_open("statistics")

@@ -24,6 +24,9 @@ import org.cudabridge.PinnedBuffer;
 import org.cudabridge.Priority;
 import org.cudabridge.ReleaseReport;
 import org.cudabridge.TaskScope;
+import org.cudabridge.ThreadStates;
+import org.cudabridge.BridgeOptions;
+import org.cudabridge.Attachment;
 
 /**
  * Java task code for tests/test_jvm_bridge.py, run in a plain {@code java} process (not one JPype
@@ -484,7 +487,7 @@ public final class Harness {
             check(b.free(x, y, x) == 2, "free(x, y, x) frees two");
             // attach from another thread of the same task
             Thread helper = new Thread(() -> {
-                try (CudaBridge.Attachment a = b.attach(4)) {
+                try (Attachment a = b.attach(4)) {
                     check(b.stream() == t2.stream(), "attached thread sees the task's stream");
                     b.allocate(64).close();
                 }
@@ -659,8 +662,8 @@ public final class Harness {
 
     static void threads(int total, int concurrent) throws Exception {
         CudaBridge b = CudaBridge.start();
-        long[] base = CudaBridge.threadStates();
-        result("states_before", base[0]);
+        ThreadStates base = CudaBridge.threadStates();
+        result("states_before", base.inInterpreter());
         ConcurrentLinkedQueue<Throwable> errors = new ConcurrentLinkedQueue<>();
         long peak = 0;
         int started = 0;
@@ -682,30 +685,32 @@ public final class Harness {
                 t.start();
             }
             for (Thread t : wave) t.join();
-            peak = Math.max(peak, CudaBridge.threadStates()[0]);
+            peak = Math.max(peak, CudaBridge.threadStates().inInterpreter());
         }
         for (Throwable e : errors) e.printStackTrace(System.out);
         check(errors.isEmpty(), errors.size() + " threads failed");
         // Java's join returns before the OS thread has run its TLS destructors: wait for them.
-        long[] after = CudaBridge.threadStates();
-        for (int i = 0; i < 200 && after[1] - after[2] > base[1] - base[2] + 1; i++) {
+        ThreadStates after = CudaBridge.threadStates();
+        for (int i = 0; i < 200 && after.created() - after.deleted() > base.created() - base.deleted() + 1; i++) {
             Thread.sleep(10);
             after = CudaBridge.threadStates();
         }
-        result("states_after", after[0]);
+        result("states_after", after.inInterpreter());
         result("states_peak", peak);
-        result("created", after[1]);
-        result("deleted", after[2]);
+        result("created", after.created());
+        result("deleted", after.deleted());
         result("interpreter", b.callTool("interpreter", "{}"));
-        check(after[1] - base[1] >= total, "every thread made its own state (" + (after[1] - base[1]) + ")");
-        check(after[0] <= base[0] + 2, "thread states back near " + base[0] + ": " + after[0]);
-        check(peak <= base[0] + concurrent + 4, "peak " + peak + " bounded by the concurrent threads");
+        check(after.created() - base.created() >= total,
+                "every thread made its own state (" + (after.created() - base.created()) + ")");
+        check(after.inInterpreter() <= base.inInterpreter() + 2,
+                "thread states back near " + base.inInterpreter() + ": " + after.inInterpreter());
+        check(peak <= base.inInterpreter() + concurrent + 4, "peak " + peak + " bounded by the concurrent threads");
     }
 
     /** Start-up failures: args = python [pythonpath]; expects the start to fail, prints the message;
      *  then, with args[2..] as a second python/pythonpath, a retry that must succeed ("-" for none). */
     static void startFail(String[] args) {
-        CudaBridge.Options o = new CudaBridge.Options().python(args[0]).set("backend", "emulated");
+        BridgeOptions o = new BridgeOptions().python(args[0]).set("backend", "emulated");
         if (args.length > 1 && !args[1].equals("-")) {
             for (String p : args[1].split(":")) o.addPythonPath(p);
         }
@@ -722,7 +727,7 @@ public final class Harness {
             check(fast != null && fast.getCause() == f, "get() carries the recorded failure");
         }
         if (args.length > 2) {
-            CudaBridge.Options retry = new CudaBridge.Options().python(args[2]).set("backend", "emulated");
+            BridgeOptions retry = new BridgeOptions().python(args[2]).set("backend", "emulated");
             if (args.length > 3 && !args[3].equals("-")) {
                 for (String p : args[3].split(":")) retry.addPythonPath(p);
             }
@@ -873,7 +878,7 @@ public final class Harness {
         expect(IndexOutOfBoundsException.class, "releaseTasks out too short",
                 () -> NativeBridge.releaseTasks(new long[2], 2, new long[3]), "shorter");
         long[] outs = new long[2];
-        check(NativeBridge.releaseTasks(new long[] {424242}, 1, outs) != null && outs[0] == -1,
+        check(NativeBridge.releaseTasks(new long[] {424242}, 1, outs)[0] != null && outs[0] == -1,
                 "an unknown task id fails alone, with a message");
         result("deferred_bound_total", stat(b, "tasks_bound_total") - bound0);
         result("deferred_done", true);

@@ -17,11 +17,12 @@ import java.util.TreeMap;
 import org.cudabridge.CudaBridge;
 import org.cudabridge.Priority;
 import org.cudabridge.Settings;
+import org.cudabridge.BridgeOptions;
 
 /**
  * What the Java side reads from the settings table, for tests/test_settings_java.py: {@code java
  * -cp cudabridge.jar[:cudabridge-spark.jar]:<classes> org.cudabridge.harness.SettingsProbe <mode>}.
- * Needs no Python and no JPype; the plugin's classes ({@code org.cudabridge.spark.TaskBind},
+ * Needs no Python and no JPype; the plugin's classes ({@code org.cudabridge.executor.TaskBind},
  * {@code PluginConf}) are reached by reflection, so this compiles against cudabridge.jar alone
  * (as the other harness classes) and reports them only where cudabridge-spark.jar is on the
  * class path. Modes:
@@ -113,7 +114,7 @@ public final class SettingsProbe {
     }
 
     private static String validate(String line) throws Exception {
-        Class<?> pc = Class.forName("org.cudabridge.spark.PluginConf");
+        Class<?> pc = Class.forName("org.cudabridge.executor.PluginConf");
         Object conf = pc.getConstructor(Map.class).newInstance(conf(line));
         Method v = pc.getMethod("validate");
         return outcome(() -> v.invoke(conf));
@@ -121,7 +122,7 @@ public final class SettingsProbe {
 
     private static String start(String line) {
         long t0 = System.nanoTime();
-        CudaBridge.Options o = new CudaBridge.Options();
+        BridgeOptions o = new BridgeOptions();
         for (Map.Entry<String, String> e : conf(line).entrySet()) {
             o.set(e.getKey(), e.getValue());
         }
@@ -173,13 +174,13 @@ public final class SettingsProbe {
         sb.append("\"org.cudabridge.Priority\": ").append(write(prio));
         Map<String, Object> plugin = new LinkedHashMap<>();
         try {
-            Class<?> tb = Class.forName("org.cudabridge.spark.TaskBind");
+            Class<?> tb = Class.forName("org.cudabridge.executor.TaskBind");
             List<String> wires = new ArrayList<>();
             for (Object c : tb.getEnumConstants()) {
                 wires.add((String) tb.getMethod("wire").invoke(c));
             }
-            sb.append(", \"org.cudabridge.spark.TaskBind\": ").append(write(wires));
-            Class<?> pc = Class.forName("org.cudabridge.spark.PluginConf");
+            sb.append(", \"org.cudabridge.executor.TaskBind\": ").append(write(wires));
+            Class<?> pc = Class.forName("org.cudabridge.executor.PluginConf");
             plugin.put("constants", constants(pc));
             Map<String, Object> keys = new LinkedHashMap<>();
             for (Map.Entry<?, ?> e : ((Map<?, ?>) pc.getField("KEYS").get(null)).entrySet()) {

@@ -13,8 +13,8 @@ import java.util.Map;
  * <p>Not for task code: use {@link CudaBridge}.
  */
 public interface ControlPlane {
-    /** {stream handle, GPU ordinal} of a task bound elsewhere (by Python code, say). */
-    long[] lookupTask(long taskAttemptId);
+    /** The stream and GPU of a task bound elsewhere (by Python code, say). */
+    StreamBinding lookupTask(long taskAttemptId);
 
     /** Executor-level numbers: pool totals, streams, tasks, and the bridge's own counters. */
     Map<String, Long> statistics();

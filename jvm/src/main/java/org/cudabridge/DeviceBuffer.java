@@ -33,7 +33,7 @@ public final class DeviceBuffer implements AutoCloseable {
         }
     }
 
-    private final CudaBridge bridge;
+    private final DeviceMemory memory;
     private final TaskScope task;
     private final long handle;
     private final long address;
@@ -41,8 +41,8 @@ public final class DeviceBuffer implements AutoCloseable {
     @SuppressWarnings("unused") // accessed through STATE
     private volatile int state;
 
-    DeviceBuffer(CudaBridge bridge, TaskScope task, long handle, long address, long size) {
-        this.bridge = bridge;
+    DeviceBuffer(DeviceMemory memory, TaskScope task, long handle, long address, long size) {
+        this.memory = memory;
         this.task = task;
         this.handle = handle;
         this.address = address;
@@ -108,7 +108,7 @@ public final class DeviceBuffer implements AutoCloseable {
             return;
         }
         try {
-            bridge.freeHandle(handle);
+            memory.free(handle);
         } catch (RuntimeException e) {
             unclaim();
             throw e;
@@ -123,7 +123,7 @@ public final class DeviceBuffer implements AutoCloseable {
         long bytes = (long) length << shift;
         checkRange(call, dstOffset, bytes);
         check(call);
-        bridge.checkRunning(call);
+        memory.checkRunning(call);
         NativeBridge.copyIn(handle, dstOffset, array, (long) index << shift, bytes, 1 << shift);
     }
 
@@ -133,7 +133,7 @@ public final class DeviceBuffer implements AutoCloseable {
         long bytes = (long) length << shift;
         checkRange(call, srcOffset, bytes);
         check(call);
-        bridge.checkRunning(call);
+        memory.checkRunning(call);
         NativeBridge.copyOut(handle, srcOffset, array, (long) index << shift, bytes, 1 << shift);
     }
 
@@ -228,7 +228,7 @@ public final class DeviceBuffer implements AutoCloseable {
         long bytes = src.remaining();
         checkRange("copyFrom(ByteBuffer)", dstOffset, bytes);
         check("copyFrom(ByteBuffer)");
-        bridge.checkRunning("copyFrom(ByteBuffer)");
+        memory.checkRunning("copyFrom(ByteBuffer)");
         NativeBridge.copyInDirect(handle, dstOffset, src, src.position(), bytes);
     }
 
@@ -242,7 +242,7 @@ public final class DeviceBuffer implements AutoCloseable {
         long bytes = dst.remaining();
         checkRange("copyTo(ByteBuffer)", srcOffset, bytes);
         check("copyTo(ByteBuffer)");
-        bridge.checkRunning("copyTo(ByteBuffer)");
+        memory.checkRunning("copyTo(ByteBuffer)");
         NativeBridge.copyOutDirect(handle, srcOffset, dst, dst.position(), bytes);
     }
 
@@ -256,7 +256,7 @@ public final class DeviceBuffer implements AutoCloseable {
         src.checkRange("copyFrom(DeviceBuffer) source", srcOffset, bytes);
         check("copyFrom(DeviceBuffer)");
         src.check("copyFrom(DeviceBuffer) source");
-        bridge.checkRunning("copyFrom(DeviceBuffer)");
+        memory.checkRunning("copyFrom(DeviceBuffer)");
         NativeBridge.copyDevice(handle, dstOffset, src.handle, srcOffset, bytes);
     }
 
@@ -269,7 +269,7 @@ public final class DeviceBuffer implements AutoCloseable {
         }
         checkRange("memset", offset, bytes);
         check("memset");
-        bridge.memsetHandle(handle, offset, value, bytes);
+        memory.memset(handle, offset, value, bytes);
     }
 
     @Override

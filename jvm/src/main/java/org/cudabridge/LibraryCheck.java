@@ -52,7 +52,7 @@ final class LibraryCheck {
     static Recorded recordedFor(Path library, Properties jarProperties, Path jarPropertiesFile) {
         Path dir = library.toAbsolutePath().getParent();
         if (dir != null) {
-            Path beside = dir.resolve(CudaBridge.NATIVE_PROPERTIES);
+            Path beside = dir.resolve(InstallLayout.NATIVE_PROPERTIES);
             Properties p = load(beside);
             if (p != null && namesFile(p, library.getFileName().toString())) {
                 return new Recorded(p, beside);

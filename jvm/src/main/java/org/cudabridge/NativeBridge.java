@@ -81,6 +81,9 @@ public final class NativeBridge {
      *  "pinned": about 4-6 us instead of 30 us, and no leaked native memory per call). */
     public static native void ensureThreadState();
 
+    // The raw natives below fill long[] out-parameters (no object per call); the Java API uses
+    // the wrappers after them, which return records.
+
     /** {@code out[0..2]} = {thread states in the interpreter, created by the bridge, deleted by it}. */
     public static native void threadStates(long[] out);
 
@@ -92,9 +95,42 @@ public final class NativeBridge {
     public static native void releaseTask(long taskAttemptId, long[] out);
 
     /** Releases {@code n} tasks in one call into Python: {@code out[2i..2i+1]} = task i's
-     *  {leaked allocations, leaked bytes}, or {-1, -1} if its release failed. Returns the
-     *  failures' messages (one line each), or null when every release succeeded. */
-    public static native String releaseTasks(long[] taskAttemptIds, int n, long[] out);
+     *  {leaked allocations, leaked bytes}, or {-1, -1} if its release failed. Returns null when
+     *  every release succeeded, else {@code n} entries: task i's failure message, or null. */
+    public static native String[] releaseTasks(long[] taskAttemptIds, int n, long[] out);
+
+    static ThreadStates threadStates() {
+        long[] out = new long[3];
+        threadStates(out);
+        return new ThreadStates(out[0], out[1], out[2]);
+    }
+
+    static StreamBinding bindTask(long taskAttemptId, String gpuAddress, Priority priority) {
+        long[] out = new long[2];
+        bindTask(taskAttemptId, gpuAddress, priority.wire(), out);
+        return new StreamBinding(out[0], (int) out[1]);
+    }
+
+    static ReleaseReport releaseTask(long taskAttemptId) {
+        long[] out = new long[2];
+        releaseTask(taskAttemptId, out);
+        return ReleaseReport.of(taskAttemptId, out[0], out[1]);
+    }
+
+    /** One report per task, in order; a task whose release failed gets a report that says why. */
+    static ReleaseReport[] releaseTasks(long[] taskAttemptIds) {
+        int n = taskAttemptIds.length;
+        long[] out = new long[2 * n];
+        String[] failures = releaseTasks(taskAttemptIds, n, out);
+        ReleaseReport[] reports = new ReleaseReport[n];
+        for (int i = 0; i < n; i++) {
+            long id = taskAttemptIds[i];
+            String why = failures == null ? null : failures[i];
+            reports[i] = out[2 * i] >= 0 ? ReleaseReport.of(id, out[2 * i], out[2 * i + 1])
+                    : ReleaseReport.failed(id, why != null ? why : "release failed");
+        }
+        return reports;
+    }
 
     /** {@code out[0..1]} = {handle, device pointer}. */
     public static native void allocate(long taskAttemptId, long bytes, long[] out);

@@ -1,34 +1,23 @@
 package org.cudabridge;
 
-/** What releasing a task reclaimed: the buffers it never closed (its leaks); or, from a batched
- *  release ({@link CudaBridge#releaseTasks}), why its release failed. */
-public final class ReleaseReport {
-    private final long taskAttemptId;
-    private final long leaksReclaimed;        // allocations the task still held, freed by the release
-    private final long leakedBytesReclaimed;  // their bytes
-    private final String failure;
-
-    ReleaseReport(long taskAttemptId, long leaksReclaimed, long leakedBytesReclaimed) {
-        this(taskAttemptId, leaksReclaimed, leakedBytesReclaimed, null);
+/**
+ * What releasing a task reclaimed: the buffers it never closed (its leaks): {@code leaksReclaimed}
+ * allocations of {@code leakedBytesReclaimed} bytes; or, from a batched release
+ * ({@link CudaBridge#releaseTasks}), why its release failed ({@code failure}, else null).
+ */
+public record ReleaseReport(long taskAttemptId, long leaksReclaimed, long leakedBytesReclaimed, String failure) {
+    static ReleaseReport of(long taskAttemptId, long leaksReclaimed, long leakedBytesReclaimed) {
+        return new ReleaseReport(taskAttemptId, leaksReclaimed, leakedBytesReclaimed, null);
     }
 
-    private ReleaseReport(long taskAttemptId, long leaksReclaimed, long leakedBytesReclaimed, String failure) {
-        this.taskAttemptId = taskAttemptId;
-        this.leaksReclaimed = leaksReclaimed;
-        this.leakedBytesReclaimed = leakedBytesReclaimed;
-        this.failure = failure;
+    /** A release that reclaimed nothing (the task never reached Python, or the service is closed). */
+    static ReleaseReport empty(long taskAttemptId) {
+        return of(taskAttemptId, 0, 0);
     }
 
     static ReleaseReport failed(long taskAttemptId, String failure) {
         return new ReleaseReport(taskAttemptId, 0, 0, failure);
     }
-
-    /** Why the release failed (Python's message), or null. */
-    public String failure() { return failure; }
-
-    public long taskAttemptId() { return taskAttemptId; }
-    public long leaksReclaimed() { return leaksReclaimed; }
-    public long leakedBytesReclaimed() { return leakedBytesReclaimed; }
 
     @Override
     public String toString() {

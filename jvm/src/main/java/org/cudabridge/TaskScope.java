@@ -22,7 +22,7 @@ import java.util.concurrent.atomic.AtomicInteger;
 public final class TaskScope implements AutoCloseable {
     private static final int PENDING = 0, BINDING = 1, BOUND = 2, FAILED = 3, CANCELLED = 4;
 
-    private final CudaBridge bridge;
+    private final TaskTable table;
     private final long taskAttemptId;
     private final String gpuAddress;
     private final Priority priority;
@@ -37,20 +37,20 @@ public final class TaskScope implements AutoCloseable {
     private volatile ReleaseReport report;
 
     /** A scope bound already (in Python too). */
-    TaskScope(CudaBridge bridge, long taskAttemptId, long stream, int gpu, boolean owned) {
-        this.bridge = bridge;
+    TaskScope(TaskTable table, long taskAttemptId, StreamBinding binding, boolean owned) {
+        this.table = table;
         this.taskAttemptId = taskAttemptId;
         this.gpuAddress = null;
         this.priority = null;
-        this.stream = stream;
-        this.gpu = gpu;
+        this.stream = binding.stream();
+        this.gpu = binding.gpu();
         this.owned = owned;
         this.state = new AtomicInteger(BOUND);
     }
 
     /** A scope whose bind in Python is still to be applied. */
-    TaskScope(CudaBridge bridge, long taskAttemptId, String gpuAddress, Priority priority) {
-        this.bridge = bridge;
+    TaskScope(TaskTable table, long taskAttemptId, String gpuAddress, Priority priority) {
+        this.table = table;
         this.taskAttemptId = taskAttemptId;
         this.gpuAddress = gpuAddress;
         this.priority = priority;
@@ -109,9 +109,9 @@ public final class TaskScope implements AutoCloseable {
     private boolean bindNow() {
         boolean ok = false;
         try {
-            long[] r = bridge.bindInPython(taskAttemptId, gpuAddress, priority);
-            stream = r[0];
-            gpu = (int) r[1];
+            StreamBinding b = table.bindInPython(taskAttemptId, gpuAddress, priority);
+            stream = b.stream();
+            gpu = b.gpu();
             ok = true;
         } catch (RuntimeException e) {
             bindError = e;
@@ -159,28 +159,29 @@ public final class TaskScope implements AutoCloseable {
             throw new IllegalStateException("task " + taskAttemptId + " was bound outside the Java API "
                     + "(attached with CudaBridge.attach); release it where it was bound");
         }
-        Boolean inPython = beginRelease();
-        if (inPython == null) {
+        ReleaseStart start = beginRelease();
+        if (start == ReleaseStart.ALREADY) {
             ReleaseReport r = report;
-            return r != null ? r : new ReleaseReport(taskAttemptId, 0, 0);
+            return r != null ? r : ReleaseReport.empty(taskAttemptId);
         }
-        ReleaseReport r = bridge.releaseScope(this, inPython);
+        ReleaseReport r = table.releaseScope(this, start == ReleaseStart.IN_PYTHON);
         report = r;
         return r;
     }
 
-    /** The first call marks the task dead and says whether it must be released in Python
-     *  (false: never bound there); later calls return null. */
-    Boolean beginRelease() {
+    /** The first call marks the task dead and says whether it must be released in Python; later
+     *  calls say it was released already. */
+    ReleaseStart beginRelease() {
         if (!releasing.compareAndSet(false, true)) {
-            return null;
+            return ReleaseStart.ALREADY;
         }
         // Dead in Java first: from here on every use of the task's buffers is refused in Java,
         // before Python frees them.
         released = true;
         // Never bound in Python (nobody applied the bind): nothing to release there. A bind being
         // applied now finishes first; a failed one left nothing in Python either.
-        return !state.compareAndSet(PENDING, CANCELLED) && waitApplied() == BOUND;
+        boolean bound = !state.compareAndSet(PENDING, CANCELLED) && waitApplied() == BOUND;
+        return bound ? ReleaseStart.IN_PYTHON : ReleaseStart.JAVA_ONLY;
     }
 
     void endRelease(ReleaseReport r) {

@@ -5,6 +5,7 @@ import java.util.function.ToLongFunction;
 
 import com.codahale.metrics.Gauge;
 import com.codahale.metrics.MetricRegistry;
+import org.cudabridge.executor.TaskBinder;
 
 /**
  * The executor-level gauges: every one is registered in {@code ExecutorPlugin.init} (Spark drops

@@ -15,6 +15,8 @@ import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
 
 import scala.Tuple2;
+import org.cudabridge.executor.PluginConf;
+import org.cudabridge.executor.Failures;
 
 /**
  * The driver side: checks every {@code spark.cudabridge.*} key against the settings table, plugin
@@ -80,7 +82,7 @@ public final class CudaBridgeDriverPlugin implements DriverPlugin {
             reports.merge(r.executorId(), r, (old, neu) -> neu.sequence() > old.sequence() ? neu : old);
             if (!r.available() && failuresLogged.putIfAbsent(r.executorId(), Boolean.TRUE) == null) {
                 LOG.error("cudabridge: executor {} has no GPU service: {}", r.executorId(),
-                        TaskBinder.oneLine(String.valueOf(r.failure())));
+                        Failures.oneLine(String.valueOf(r.failure())));
             }
             return null;
         }

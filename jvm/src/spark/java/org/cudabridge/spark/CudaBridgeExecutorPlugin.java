@@ -17,13 +17,16 @@ import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
 
 import scala.Tuple2;
+import org.cudabridge.executor.TaskBinder;
+import org.cudabridge.executor.PluginConf;
+import org.cudabridge.executor.Failures;
 
 /**
  * The executor side: one bridge and service per executor JVM.
  *
  * <p>{@code init} never throws: an exception out of it makes a cluster master relaunch executors
- * forever (FIELD-NOTES). A service that cannot start leaves the executor up, logs one error
- * line, and every GPU call of its tasks fails fast with the reason ({@link GpuTask#bridge()}).
+ * forever (Spark's standalone master does). A service that cannot start leaves the executor up, logs one error
+ * line, and every GPU call of its tasks fails fast with the reason ({@code GpuTask.bridge()}).
  * The metrics are registered in {@code init} either way ({@code executor.plugin_start_failed}
  * reads 1 then).
  */
@@ -80,9 +83,9 @@ public final class CudaBridgeExecutorPlugin implements ExecutorPlugin {
                 startReporter(interval);
             }
         } catch (Throwable t) { // never out of init
-            LOG.error("cudabridge: executor {} plugin init failed: {}", executorId, TaskBinder.oneLine(String.valueOf(t)));
+            LOG.error("cudabridge: executor {} plugin init failed: {}", executorId, Failures.oneLine(String.valueOf(t)));
             if (binder == null) {
-                binder = TaskBinder.failed(executorId, "plugin init failed: " + TaskBinder.describe(t));
+                binder = TaskBinder.failed(executorId, "plugin init failed: " + Failures.describe(t));
             }
         }
     }
@@ -152,12 +155,18 @@ public final class CudaBridgeExecutorPlugin implements ExecutorPlugin {
     @Override
     public void onTaskFailed(TaskFailedReason failureReason) {
         TaskBinder b = binder;
-        if (b != null) {
-            b.onTaskEnd(false);
-            String fatal = b.deviceError();
-            if (fatal != null) {
-                replaceExecutor(b.executorId(), fatal);
-            }
+        if (b == null) {
+            return;
+        }
+        b.onTaskEnd(false);
+        if (!TaskFailures.mayBeGpuFault(failureReason)) {
+            return;   // not through the GPU: no probe, no call into Python
+        }
+        String fatal = b.deviceError();
+        if (fatal != null) {
+            LOG.error("cudabridge: task attempt failed because the GPU is unusable, not because of its code: {}",
+                    Failures.oneLine(failureReason.toErrorString()));
+            replaceExecutor(b.executorId(), fatal);
         }
     }
 
@@ -176,14 +185,14 @@ public final class CudaBridgeExecutorPlugin implements ExecutorPlugin {
     private void replaceExecutor(String executorId, String error) {
         if ("driver".equals(executorId)) {
             LOG.error("cudabridge: the GPU is unusable ({}); in local mode the executor cannot be replaced, "
-                    + "so its GPU tasks will keep failing", TaskBinder.oneLine(error));
+                    + "so its GPU tasks will keep failing", Failures.oneLine(error));
             return;
         }
         if (!exiting.compareAndSet(false, true)) {
             return;
         }
         LOG.error("cudabridge: executor {}: the GPU is unusable ({}); exiting with code {} so that Spark starts "
-                + "a new executor", executorId, TaskBinder.oneLine(error), GPU_UNUSABLE_EXIT_CODE);
+                + "a new executor", executorId, Failures.oneLine(error), GPU_UNUSABLE_EXIT_CODE);
         // Not on the task's thread: Spark's shutdown hooks stop the executor, which waits for it.
         Thread t = new Thread(() -> System.exit(GPU_UNUSABLE_EXIT_CODE), "cudabridge-exit");
         t.setDaemon(true);
@@ -206,7 +215,7 @@ public final class CudaBridgeExecutorPlugin implements ExecutorPlugin {
             // TaskBinder's own lines are lost.
             String failed = b.shutdownFailure();
             if (failed != null) {
-                LOG.warn("cudabridge: executor {} service shutdown failed: {}", b.executorId(), TaskBinder.oneLine(failed));
+                LOG.warn("cudabridge: executor {} service shutdown failed: {}", b.executorId(), Failures.oneLine(failed));
             }
             Map<String, Long> s = b.statistics();
             LOG.info("cudabridge: executor {} plugin shut down: {} task attempt(s) released, {} leak(s) reclaimed",

@@ -7,6 +7,7 @@ import java.util.TreeMap;
 import org.apache.spark.api.plugin.DriverPlugin;
 import org.apache.spark.api.plugin.ExecutorPlugin;
 import org.apache.spark.api.plugin.SparkPlugin;
+import org.cudabridge.executor.ExecutorStatistics;
 
 /**
  * The Spark plugin: {@code --conf spark.plugins=org.cudabridge.spark.CudaBridgePlugin}, with
@@ -64,7 +65,7 @@ public final class CudaBridgePlugin implements SparkPlugin {
     public static Map<String, Long> awaitExecutorTotals(long attempts, long timeoutMs) throws InterruptedException {
         long deadline = System.nanoTime() + timeoutMs * 1_000_000L;
         Map<String, Long> t = executorTotals();
-        while (TaskBinder.ended(t) < attempts && System.nanoTime() < deadline) {
+        while (ExecutorStatistics.ended(t) < attempts && System.nanoTime() < deadline) {
             Thread.sleep(50);
             t = executorTotals();
         }

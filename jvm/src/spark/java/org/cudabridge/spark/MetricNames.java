@@ -5,6 +5,7 @@ import java.util.Collections;
 import java.util.List;
 
 import org.cudabridge.CudaBridge;
+import org.cudabridge.executor.ExecutorCounters;
 
 /** The executor gauges' names (after {@code executor.}): each is the statistics key it reads, as
  *  docs/glossary.md names it. Derived, not typed: the bridge's statistics names
@@ -19,7 +20,7 @@ public final class MetricNames {
 
     static {
         List<String> names = new ArrayList<>(CudaBridge.statisticsNames());
-        names.addAll(TaskBinder.PLUGIN_COUNTERS);
+        names.addAll(ExecutorCounters.NAMES);
         NAMES = Collections.unmodifiableList(names);
     }
 }

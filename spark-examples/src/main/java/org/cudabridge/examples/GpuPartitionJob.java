@@ -16,8 +16,9 @@ import org.apache.spark.api.java.JavaSparkContext;
 import org.apache.spark.sql.SparkSession;
 import org.cudabridge.CudaBridge;
 import org.cudabridge.spark.CudaBridgePlugin;
-import org.cudabridge.spark.GpuTask;
-import org.cudabridge.spark.TaskBinder;
+import org.cudabridge.executor.GpuTask;
+import org.cudabridge.executor.TaskBinder;
+import org.cudabridge.executor.ExecutorStatistics;
 
 /**
  * Example (a): every partition's task copies its data to the GPU on its own stream, runs the
@@ -176,7 +177,7 @@ public final class GpuPartitionJob {
             if (local != null && local.isAvailable() && "driver".equals(local.executorId())) {
                 long deadline = System.nanoTime() + 10_000_000_000L;
                 Map<String, Long> s = local.refresh();
-                while (TaskBinder.ended(s) < attempts && System.nanoTime() < deadline) {
+                while (ExecutorStatistics.ended(s) < attempts && System.nanoTime() < deadline) {
                     Thread.sleep(20);
                     s = local.refresh();
                 }

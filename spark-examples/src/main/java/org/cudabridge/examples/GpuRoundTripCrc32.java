@@ -5,7 +5,7 @@ import java.util.zip.CRC32;
 import org.apache.spark.sql.api.java.UDF1;
 import org.cudabridge.CudaBridge;
 import org.cudabridge.DeviceBuffer;
-import org.cudabridge.spark.GpuTask;
+import org.cudabridge.executor.GpuTask;
 
 /**
  * Example (b)'s UDF: {@code gpu_crc32(binary) -> bigint}. Copies the bytes to the GPU on the

@@ -1,7 +1,7 @@
 package org.cudabridge.examples;
 
 import org.apache.spark.sql.api.java.UDF1;
-import org.cudabridge.spark.GpuTask;
+import org.cudabridge.executor.GpuTask;
 
 /** Example (b)'s second UDF: {@code gpu_stream(any) -> bigint}, the calling task's CUDA stream
  *  handle (the argument is ignored; it keeps the optimizer from treating the call as a constant). */

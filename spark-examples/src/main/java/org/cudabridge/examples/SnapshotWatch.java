@@ -3,7 +3,8 @@ package org.cudabridge.examples;
 import java.util.Map;
 import java.util.concurrent.atomic.AtomicLong;
 
-import org.cudabridge.spark.TaskBinder;
+import org.cudabridge.executor.TaskBinder;
+import org.cudabridge.executor.ExecutorStatistics;
 
 /**
  * Takes {@link TaskBinder#refresh()} snapshots in a loop while tasks run and end, as the
@@ -45,7 +46,7 @@ final class SnapshotWatch {
         checked.incrementAndGet();
         long service = s.getOrDefault("leaks_reclaimed", 0L);
         long plugin = s.getOrDefault("plugin_leaks_reclaimed", 0L);
-        long ended = TaskBinder.ended(s);
+        long ended = ExecutorStatistics.ended(s);
         String problem = null;
         if (service < plugin) {
             problem = "leaks_reclaimed " + service + " < plugin_leaks_reclaimed " + plugin;

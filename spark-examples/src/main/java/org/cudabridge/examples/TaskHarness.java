@@ -13,8 +13,8 @@ import java.util.concurrent.atomic.AtomicLong;
 
 import org.cudabridge.CudaBridge;
 import org.cudabridge.Settings;
-import org.cudabridge.spark.GpuTask;
-import org.cudabridge.spark.TaskBinder;
+import org.cudabridge.executor.GpuTask;
+import org.cudabridge.executor.TaskBinder;
 
 /**
  * Example (a)'s task code without Spark, for the GPU machine (no Spark there): starts the bridge

@@ -1,17 +1,17 @@
-package org.cudabridge.spark;
+package org.cudabridge.executor;
 
 import java.util.Collections;
 import java.util.LinkedHashMap;
 import java.util.Map;
 import java.util.TreeMap;
 
-import org.cudabridge.CudaBridge;
+import org.cudabridge.BridgeOptions;
 import org.cudabridge.Priority;
 import org.cudabridge.Settings;
 
 /**
  * The plugin's own configuration keys (the settings table's plugin scope, all under
- * {@code spark.cudabridge.}) and how a Spark configuration becomes {@link CudaBridge.Options}.
+ * {@code spark.cudabridge.}) and how a Spark configuration becomes {@link BridgeOptions}.
  * Types, defaults and docs are the table's ({@link Settings}): none is written here.
  *
  * <p>The service keys ({@code backend}, {@code streamsPerGpu}, {@code poolLimit}, ...; the
@@ -130,8 +130,8 @@ public final class PluginConf {
      * the service. {@code gpuAddresses} (the executor's GPU resource addresses, may be null) becomes
      * {@link #GPU_ADDRESSES} unless that key is set.
      */
-    public CudaBridge.Options toOptions(String[] gpuAddresses) {
-        CudaBridge.Options o = new CudaBridge.Options();
+    public BridgeOptions toOptions(String[] gpuAddresses) {
+        BridgeOptions o = new BridgeOptions();
         String python = get(PYTHON);
         if (python != null && !python.isEmpty()) {
             o.python(python);

@@ -1,4 +1,4 @@
-package org.cudabridge.spark;
+package org.cudabridge.executor;
 
 /**
  * When a starting task is bound to a pool stream in Python ({@code spark.cudabridge.taskBind}).

@@ -1,4 +1,4 @@
-package org.cudabridge.spark;
+package org.cudabridge.executor;
 
 import org.cudabridge.CudaBridge;
 

@@ -1,0 +1,95 @@
+package org.cudabridge;
+
+import java.nio.ByteBuffer;
+import java.nio.ByteOrder;
+import java.util.Objects;
+
+/**
+ * The memory API behind {@link CudaBridge}: device buffers of the current task, ordered on its
+ * stream, and page-locked host buffers. Every argument is checked here, in Java, before the JNI
+ * call; Python checks the handles (it refuses any handle that is not live).
+ */
+final class DeviceMemory {
+    private static final ThreadLocal<long[]> SCRATCH = ThreadLocal.withInitial(() -> new long[2]);
+
+    private final CudaBridge bridge;
+    private final TaskTable tasks;
+
+    DeviceMemory(CudaBridge bridge, TaskTable tasks) {
+        this.bridge = bridge;
+        this.tasks = tasks;
+    }
+
+    DeviceBuffer allocate(long bytes) {
+        if (bytes <= 0) {
+            throw new IllegalArgumentException("allocate: size must be positive, got " + bytes);
+        }
+        TaskScope task = tasks.currentTask();
+        bridge.checkRunning("allocate");
+        long[] out = SCRATCH.get();   // the hot path: no object per call besides the buffer
+        NativeBridge.allocate(task.taskAttemptId(), bytes, out);
+        return new DeviceBuffer(this, task, out[0], out[1], bytes);
+    }
+
+    void checkRunning(String call) {
+        bridge.checkRunning(call);
+    }
+
+    void free(long handle) {
+        bridge.checkRunning("free");
+        NativeBridge.free(handle);
+    }
+
+    void memset(long handle, long offset, int value, long bytes) {
+        bridge.checkRunning("memset");
+        NativeBridge.memset(handle, offset, value, bytes);
+    }
+
+    /** Frees the buffers not closed yet with one call into Python; returns how many. If Python
+     *  refuses the call, none is freed and every one stays open. */
+    int free(DeviceBuffer[] buffers) {
+        Objects.requireNonNull(buffers, "free: buffers");
+        for (DeviceBuffer b : buffers) {
+            if (b == null) {
+                throw new NullPointerException("free: a buffer is null");
+            }
+        }
+        bridge.checkRunning("free");
+        long[] handles = new long[buffers.length];
+        DeviceBuffer[] claimed = new DeviceBuffer[buffers.length];
+        int n = 0;
+        for (DeviceBuffer b : buffers) {
+            if (b.claimForFree()) {
+                claimed[n] = b;
+                handles[n++] = b.handle();
+            }
+        }
+        if (n == 0) {
+            return 0;
+        }
+        try {
+            NativeBridge.freeMany(handles, n);
+        } catch (RuntimeException e) {
+            for (int i = 0; i < n; i++) {
+                claimed[i].unclaim(); // Python freed none of them
+            }
+            throw e;
+        }
+        return n;
+    }
+
+    PinnedBuffer allocatePinned(long bytes) {
+        if (bytes <= 0 || bytes > Integer.MAX_VALUE) {
+            throw new IllegalArgumentException("allocatePinned: size must be in [1, 2^31-1], got " + bytes);
+        }
+        bridge.checkRunning("allocatePinned");
+        ByteBuffer b = NativeBridge.allocPinned(bytes);
+        return new PinnedBuffer(b.order(ByteOrder.nativeOrder()), bytes);
+    }
+
+    void synchronize() {
+        TaskScope task = tasks.currentTask();
+        bridge.checkRunning("synchronize");
+        NativeBridge.synchronize(task.taskAttemptId());
+    }
+}

@@ -1,0 +1,24 @@
+package org.cudabridge.executor;
+
+import org.cudabridge.CudaBridgeException;
+
+/** How the executor side words a failure for its logs and for the tasks it fails. */
+public final class Failures {
+    private Failures() {}
+
+    /** The message of {@code t}, or its class and message where that says more. */
+    public static String describe(Throwable t) {
+        if (t instanceof ExceptionInInitializerError && t.getCause() != null) {
+            return describe(t.getCause()); // e.g. the settings table could not be read
+        }
+        String m = t.getMessage();
+        return (m == null || m.isEmpty()) ? t.toString() : (t instanceof CudaBridgeException || m.startsWith("cudabridge")
+                ? m : t.getClass().getName() + ": " + m);
+    }
+
+    /** {@code s} on one line, at most 2000 characters (Python tracebacks are long). */
+    public static String oneLine(String s) {
+        String flat = s.replace("\r", "").replace("\n", " | ").replaceAll("\\s+", " ").trim();
+        return flat.length() > 2000 ? flat.substring(0, 2000) + " ..." : flat;
+    }
+}

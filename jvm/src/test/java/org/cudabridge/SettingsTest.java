@@ -1,0 +1,352 @@
+package org.cudabridge;
+
+import static org.junit.jupiter.api.Assertions.assertAll;
+import static org.junit.jupiter.api.Assertions.assertDoesNotThrow;
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
+import static org.junit.jupiter.api.Assertions.assertNull;
+import static org.junit.jupiter.api.Assertions.assertSame;
+import static org.junit.jupiter.api.Assertions.assertThrows;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import java.util.LinkedHashMap;
+import java.util.List;
+import java.util.Map;
+import org.junit.jupiter.api.Test;
+import org.junit.jupiter.api.function.Executable;
+
+/** Settings as read from the table inside cudabridge.jar (python/cudabridge/settings.json). */
+class SettingsTest {
+
+    private static void refused(String sparkKey, String value, String expectedMessage) {
+        IllegalArgumentException e = assertThrows(IllegalArgumentException.class, () -> Settings.check(sparkKey, value),
+                sparkKey + "=" + value + " was accepted");
+        assertEquals(expectedMessage, e.getMessage());
+    }
+
+    private static Executable accepted(String sparkKey, String value) {
+        return () -> assertDoesNotThrow(() -> Settings.check(sparkKey, value), sparkKey + "=" + value + " was refused");
+    }
+
+    private static String spark(String key) {
+        return "spark.cudabridge." + key;
+    }
+
+    // --- the table and its spellings ---------------------------------------------------------------
+
+    @Test
+    void tableIsReadWithItsPrefixAndEveryScope() {
+        assertEquals("spark.cudabridge.", Settings.prefix());
+        assertFalse(Settings.all().isEmpty());
+        for (String scope : Settings.SCOPES) {
+            assertFalse(Settings.scope(scope).isEmpty(), "no setting of scope " + scope);
+            assertTrue(Settings.scope(scope).stream().allMatch(s -> s.scope().equals(scope)));
+        }
+        assertThrows(UnsupportedOperationException.class, () -> Settings.all().clear());
+    }
+
+    @Test
+    void everySystemPropertyConstantIsAJvmSetting() {
+        for (String p : List.of(Settings.PYTHON, Settings.PYTHON_PATH, Settings.LIBRARY, Settings.GATE,
+                Settings.GATE_HOLD_MICROS)) {
+            assertEquals("jvm", Settings.setting(p).scope(), p);
+        }
+    }
+
+    @Test
+    void unknownScopeAndUnknownKeyAreRefused() {
+        IllegalArgumentException scope = assertThrows(IllegalArgumentException.class, () -> Settings.scope("executor"));
+        assertEquals("no scope executor; the scopes are service, plugin, jvm, environment", scope.getMessage());
+        IllegalArgumentException key = assertThrows(IllegalArgumentException.class, () -> Settings.setting("poolLimt"));
+        assertTrue(key.getMessage().endsWith("has no setting poolLimt"), key.getMessage());
+    }
+
+    @Test
+    void spellingsDerivedFromTheKey() {
+        Settings.Setting pool = Settings.setting("poolLimit");
+        assertEquals("spark.cudabridge.poolLimit", pool.sparkKey());
+        assertEquals("CUDABRIDGE_POOL_LIMIT", pool.envName());
+        assertEquals("spark.cudabridge.poolLimit", pool.name());
+
+        Settings.Setting refresh = Settings.setting("metrics.refreshMs");   // scope plugin, a dotted key
+        assertEquals("spark.cudabridge.metrics.refreshMs", refresh.sparkKey());
+        assertEquals("CUDABRIDGE_METRICS_REFRESH_MS", refresh.envName());
+
+        Settings.Setting gate = Settings.setting(Settings.GATE_HOLD_MICROS); // scope jvm: the key is the property
+        assertNull(gate.sparkKey());
+        assertNull(gate.envName());
+        assertEquals("cudabridge.gate.holdMicros", gate.name());
+
+        Settings.Setting fast = Settings.setting("nativeFastPath");        // scope environment: only a variable
+        assertNull(fast.sparkKey());
+        assertEquals("CUDABRIDGE_NATIVE_FAST_PATH", fast.name());
+    }
+
+    @Test
+    void envNameSplitsAtCapitalsAndDotsButNotInsideAcronyms() {
+        assertEquals("CUDABRIDGE_STREAMS_PER_GPU", Settings.envNameOf("streamsPerGpu"));
+        assertEquals("CUDABRIDGE_A_B", Settings.envNameOf("a.b"));
+        assertEquals("CUDABRIDGE_GPU_ADDRESS_MAP", Settings.envNameOf("gpuAddressMap"));
+        assertEquals("CUDABRIDGE_CUDA_URL", Settings.envNameOf("cudaURL"));
+        assertEquals("CUDABRIDGE_LEVEL2_CACHE", Settings.envNameOf("level2Cache"));
+    }
+
+    @Test
+    void namedFindsEachSpellingUsersWrite() {
+        assertSame(Settings.setting("poolLimit"), Settings.named("spark.cudabridge.poolLimit"));
+        assertSame(Settings.setting(Settings.GATE), Settings.named("cudabridge.gate"));
+        assertSame(Settings.setting("nativeFastPath"), Settings.named("CUDABRIDGE_NATIVE_FAST_PATH"));
+        assertNull(Settings.named("poolLimit"));      // a bare service key is not a spelling users write
+        assertNull(Settings.named("spark.cudabridge.nope"));
+    }
+
+    // --- values by type ----------------------------------------------------------------------------
+
+    @Test
+    void intValuesWithinTheirRange() {
+        String key = spark("streamsPerGpu"); // int in [1, 1024]
+        assertAll(accepted(key, "1"), accepted(key, "1024"), accepted(key, "+7"), accepted(key, " 12\t"));
+        refused(key, "0", key + "=0: expected an integer in [1, 1024]");
+        refused(key, "1025", key + "=1025: expected an integer in [1, 1024]");
+        refused(key, "1.0", key + "=1.0: expected an integer");
+        refused(key, "", key + "=: expected an integer");
+        refused(key, "99999999999999999999999", key + "=99999999999999999999999: expected an integer in [1, 1024]");
+        assertEquals(12L, Settings.setting("streamsPerGpu").longValue(" 12 "));
+        assertEquals(32L, Settings.setting("streamsPerGpu").longValue(null)); // the table's default
+    }
+
+    @Test
+    void nonAsciiDigitsAreRefused() {
+        String key = spark("streamsPerGpu");
+        refused(key, "\uff11\uff12", key + "=\uff11\uff12: expected an integer in [1, 1024] (ASCII only)");
+    }
+
+    @Test
+    void byteValuesWithUnits() {
+        Settings.Setting memory = Settings.setting("emulatedMemory"); // bytes, at least 2 MiB
+        assertEquals(512L << 20, memory.longValue("512m"));
+        assertEquals(3L << 30, memory.longValue("3GB"));
+        assertEquals(1L << 40, memory.longValue(" 1t "));
+        assertEquals(16L << 30, memory.longValue(null));
+        String key = spark("emulatedMemory");
+        refused(key, "1m", key + "=1m: 1048576 bytes is below the least accepted, 2097152 (2 MiB)");
+        refused(key, "5x", key + "=5x: expected bytes such as 1073741824, 512m or 8g");
+        refused(key, "-5m", key + "=-5m: expected bytes such as 1073741824, 512m or 8g");
+        refused(key, "9000000000000t", key + "=9000000000000t: 9895604649984000000000000 bytes is 2**63 or more");
+    }
+
+    @Test
+    void limitIsBytesOrAFractionOfFreeMemory() {
+        String key = spark("poolLimit");
+        assertAll(accepted(key, "0.9"), accepted(key, "1.0"), accepted(key, ".5"), accepted(key, "2m"),
+                accepted(key, "8g"));
+        refused(key, "255", key + "=255: 255 bytes is below the least accepted, 2097152 (2 MiB)");
+        refused(key, "1", key + "=1: 1 bytes is below the least accepted, 2097152 (2 MiB)"); // a bare 1 is one byte
+        refused(key, "1.5", key + "=1.5: a fraction of free memory must be in (0, 1]");
+        refused(key, "0.0", key + "=0.0: a fraction of free memory must be in (0, 1]");
+        refused(key, "0.5g", key + "=0.5g: expected bytes (1073741824, 512m, 8g) or a fraction of free memory "
+                + "in (0, 1] such as 0.9");
+    }
+
+    @Test
+    void boolValues() {
+        Settings.Setting race = Settings.setting("emulatedRaceCheck");
+        assertTrue(race.booleanValue("TRUE"));
+        assertTrue(race.booleanValue("1"));
+        assertFalse(race.booleanValue(" false "));
+        assertFalse(race.booleanValue("0"));
+        assertFalse(race.booleanValue(null)); // default false
+        String key = spark("emulatedRaceCheck");
+        refused(key, "yes", key + "=yes: expected true or false (or 1 or 0)");
+    }
+
+    @Test
+    void enumCaseMattersUnlessEveryValueIsUpperCase() {
+        assertEquals("emulated", Settings.setting("backend").enumValue("emulated"));
+        String backend = spark("backend");
+        refused(backend, "Emulated", backend + "=Emulated: expected one of auto, cuda, emulated");
+        // logLevel's values are all upper case: any case is read, the table's spelling comes back
+        assertEquals("DEBUG", Settings.setting("logLevel").enumValue("debug"));
+        assertEquals("INFO", Settings.setting("logLevel").enumValue(null));
+    }
+
+    @Test
+    void secondsArePositiveAndFinite() {
+        String key = spark("hostWaitTimeout");
+        assertAll(accepted(key, "300"), accepted(key, "0.5"), accepted(key, "1e3"));
+        for (String bad : List.of("0", "-1", "inf", "NaN", "1e999", "5s")) {
+            refused(key, bad, key + "=" + bad + ": expected a positive number of seconds such as 300 or 0.5");
+        }
+    }
+
+    @Test
+    void typedReadersRefuseOtherTypesAndMissingDefaults() {
+        IllegalStateException notNumber = assertThrows(IllegalStateException.class,
+                () -> Settings.setting("backend").longValue("1"));
+        assertEquals("spark.cudabridge.backend is of type enum, not a number", notNumber.getMessage());
+        assertThrows(IllegalStateException.class, () -> Settings.setting("streamsPerGpu").booleanValue("1"));
+        assertThrows(IllegalStateException.class, () -> Settings.setting("streamsPerGpu").enumValue("1"));
+        // a string setting has no typed reader; valueOr gives the value or the (possibly null) default
+        Settings.Setting addresses = Settings.setting("gpuAddresses");
+        assertNull(addresses.valueOr(null));
+        assertEquals("0,1", addresses.valueOr("0,1"));
+        assertEquals("1", Settings.setting("emulatedDevices").valueOr(null));
+        assertThrows(IllegalArgumentException.class, () -> Settings.setting("emulatedDevices").valueOr("0"));
+    }
+
+    @Test
+    void expectedDescribesEachType() {
+        assertEquals("an integer in [1, 1024]", Settings.setting("streamsPerGpu").expected());
+        assertEquals("an integer in [0, 86400000]", Settings.setting("metrics.refreshMs").expected());
+        assertEquals("one of normal, high", Settings.setting("taskPriority").expected());
+        assertEquals("true or false", Settings.setting("asyncRelease").expected());
+        assertEquals("bytes such as 1073741824, 512m or 8g (at least 2097152, 2 MiB)",
+                Settings.setting("emulatedMemory").expected());
+    }
+
+    // --- unknown keys -------------------------------------------------------------------------------
+
+    @Test
+    void unknownKeyGetsTheNearestKnownOne() {
+        refused("spark.cudabridge.poolLimt", "1g", "unknown key spark.cudabridge.poolLimt; did you mean "
+                + "spark.cudabridge.poolLimit?");
+        assertEquals("spark.cudabridge.poolLimit", Settings.nearestKey("spark.cudabridge.pool_limit"));
+        assertEquals("spark.cudabridge.streamsPerGpu", Settings.nearestKey("STREAMS-PER-GPU"));
+        assertNull(Settings.nearestKey("spark.cudabridge.somethingElseEntirely"));
+        assertEquals("unknown key spark.cudabridge.somethingElseEntirely; no key is close (python -m cudabridge "
+                + "config lists them)", Settings.unknownKeyMessage("somethingElseEntirely"));
+    }
+
+    @Test
+    void nearestKeyIsOnlyASparkKey() {
+        // cudabridge.gate is a system property (scope jvm): never suggested for a Spark key
+        String near = Settings.nearestKey("spark.cudabridge.cudabridge.gate");
+        assertTrue(near == null || near.startsWith("spark.cudabridge."), near);
+    }
+
+    @Test
+    void editDistance() {
+        assertEquals(3, Settings.editDistance("kitten", "sitting"));
+        assertEquals(0, Settings.editDistance("", ""));
+        assertEquals(4, Settings.editDistance("", "abcd"));
+        assertEquals(1, Settings.editDistance("poollimit", "poollimt"));
+    }
+
+    @Test
+    void humanBytesUsesTheLargestExactUnit() {
+        assertEquals("2 MiB", Settings.humanBytes(2L << 20));
+        assertEquals("1536 KiB", Settings.humanBytes(1536L << 10));
+        assertEquals("3 TiB", Settings.humanBytes(3L << 40));
+        assertEquals("1000 bytes", Settings.humanBytes(1000));
+    }
+
+    @Test
+    void checkAllReportsEveryUnknownKeyBeforeAnyValue() {
+        Map<String, String> conf = new LinkedHashMap<>();
+        conf.put("spark.cudabridge.streamsPerGpu", "0");      // bad value: not reported while keys are unknown
+        conf.put("spark.cudabridge.poolLimt", "1g");
+        conf.put("spark.cudabridge.backnd", "emulated");
+        conf.put("spark.executor.memory", "bogus");            // outside the prefix: not looked at
+        IllegalArgumentException e = assertThrows(IllegalArgumentException.class, () -> Settings.checkAll(conf));
+        assertEquals("unknown key spark.cudabridge.backnd; did you mean spark.cudabridge.backend?; "
+                + "unknown key spark.cudabridge.poolLimt; did you mean spark.cudabridge.poolLimit?", e.getMessage());
+    }
+
+    @Test
+    void checkAllReportsEveryBadValueOnceKeysAreKnown() {
+        Map<String, String> conf = new LinkedHashMap<>();
+        conf.put("spark.cudabridge.streamsPerGpu", "0");
+        conf.put("spark.cudabridge.backend", "gpu");
+        conf.put("spark.cudabridge.poolLimit", "0.5");
+        IllegalArgumentException e = assertThrows(IllegalArgumentException.class, () -> Settings.checkAll(conf));
+        assertEquals("spark.cudabridge.backend=gpu: expected one of auto, cuda, emulated; "
+                + "spark.cudabridge.streamsPerGpu=0: expected an integer in [1, 1024]", e.getMessage());
+        conf.put("spark.cudabridge.streamsPerGpu", "8");
+        conf.put("spark.cudabridge.backend", "emulated");
+        conf.put("spark.cudabridge.taskBind", "eager"); // a plugin key is a Spark key too
+        assertDoesNotThrow(() -> Settings.checkAll(conf));
+    }
+
+    @Test
+    void checkAllRefusesAJvmPropertyWrittenAsASparkKey() {
+        IllegalArgumentException e = assertThrows(IllegalArgumentException.class,
+                () -> Settings.checkAll(Map.of("spark.cudabridge.cudabridge.gate", "true")));
+        assertTrue(e.getMessage().startsWith("unknown key spark.cudabridge.cudabridge.gate; "), e.getMessage());
+    }
+
+    // --- system properties (scope jvm) ---------------------------------------------------------------
+
+    /** Runs {@code body} with the system property {@code key} set to {@code value} (null: cleared). */
+    private static void withProperty(String key, String value, Runnable body) {
+        String before = System.getProperty(key);
+        try {
+            if (value == null) {
+                System.clearProperty(key);
+            } else {
+                System.setProperty(key, value);
+            }
+            body.run();
+        } finally {
+            if (before == null) {
+                System.clearProperty(key);
+            } else {
+                System.setProperty(key, before);
+            }
+        }
+    }
+
+    @Test
+    void propertyFallsBackToTheTablesDefault() {
+        withProperty(Settings.GATE_HOLD_MICROS, null, () -> {
+            assertEquals("1000", Settings.property(Settings.GATE_HOLD_MICROS));
+            assertEquals(1000L, Settings.longProperty(Settings.GATE_HOLD_MICROS));
+        });
+        withProperty(Settings.GATE, null, () -> assertTrue(Settings.booleanProperty(Settings.GATE)));
+    }
+
+    @Test
+    void propertyIsReadAndChecked() {
+        withProperty(Settings.GATE_HOLD_MICROS, "250", () -> assertEquals(250L, Settings.longProperty(Settings.GATE_HOLD_MICROS)));
+        withProperty(Settings.GATE, "0", () -> assertFalse(Settings.booleanProperty(Settings.GATE)));
+        withProperty(Settings.GATE_HOLD_MICROS, "abc", () -> {
+            IllegalArgumentException e = assertThrows(IllegalArgumentException.class,
+                    () -> Settings.property(Settings.GATE_HOLD_MICROS));
+            assertEquals("-Dcudabridge.gate.holdMicros must be an integer in [1, 1000000], got 'abc'", e.getMessage());
+        });
+        withProperty(Settings.GATE_HOLD_MICROS, "2000000",
+                () -> assertThrows(IllegalArgumentException.class, () -> Settings.longProperty(Settings.GATE_HOLD_MICROS)));
+    }
+
+    @Test
+    void propertyOnlyForJvmScope() {
+        IllegalArgumentException e = assertThrows(IllegalArgumentException.class, () -> Settings.property("poolLimit"));
+        assertEquals("poolLimit is of scope service, not a system property", e.getMessage());
+    }
+
+    // --- the strict JSON reader -------------------------------------------------------------------------
+
+    @Test
+    void jsonReadsEveryKindOfValue() {
+        Object v = Settings.parseJson("\ufeff {\"a\": [1, -2.5, 1e2, true, false, null], \"s\": \"x\\u00e9\\n\\\"\","
+                + " \"big\": 123456789012345678901234567890}", "test");
+        Map<?, ?> m = (Map<?, ?>) v;
+        assertEquals(List.of(1L, -2.5, 100.0, true, false), ((List<?>) m.get("a")).subList(0, 5));
+        assertNull(((List<?>) m.get("a")).get(5));
+        assertEquals("x\u00e9\n\"", m.get("s"));
+        assertEquals(1.2345678901234568E29, m.get("big")); // an integer too large for a long becomes a double
+        assertEquals(List.of("a", "s", "big"), List.copyOf(m.keySet()));   // in document order
+    }
+
+    @Test
+    void jsonErrorsNameLineColumnAndWhatWasFound() {
+        IllegalStateException twice = assertThrows(IllegalStateException.class,
+                () -> Settings.parseJson("{\n  \"a\": 1,\n  \"a\": 2}", "t.json"));
+        assertEquals("t.json: line 3, column 3 (offset 14): key \"a\" appears twice in one object, found '\"'",
+                twice.getMessage());
+        IllegalStateException trailing = assertThrows(IllegalStateException.class, () -> Settings.parseJson("[1] x", "t"));
+        assertEquals("t: line 1, column 5 (offset 4): expected the end of the document, found 'x'", trailing.getMessage());
+        for (String bad : List.of("[1,]", "{'a': 1}", "01", "1.", "\"tab\there\"", "\"\\x\"", "nul", "[1", "")) {
+            assertThrows(IllegalStateException.class, () -> Settings.parseJson(bad, "t"), "accepted: " + bad);
+        }
+    }
+}
