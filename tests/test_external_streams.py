@@ -1,7 +1,7 @@
 """Pool streams are plain handles that other CUDA libraries wrap as external streams.
 
-Runs where the library and a GPU are present (the H200 machine has CuPy and PyTorch); the
-README documents the same calls.
+Runs where the library and a GPU are present (the H200 machine has CuPy and PyTorch);
+docs/python-api.md documents the same calls.
 """
 
 from __future__ import annotations

@@ -15,8 +15,8 @@ injects under the GIL), and the thread passes a checkpoint (a Python call, where
 exception is raised) before it leaves the ``try``.
 ``CUDABRIDGE_INTERRUPT_SECONDS`` sets each test's length (default 6, as in the sweep).
 
-The pure-Python path promises this only for the errors the pool raises itself (README), so these
-tests run on the C path.
+The pure-Python path promises this only for the errors the pool raises itself (docs/memory-pool.md),
+so these tests run on the C path.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""The settings table (python/cudabridge/settings.json) is the one definition: the README's tables
-are generated from it, every key the README mentions is in it, every mode list's enum matches it,
-and values are checked by its types."""
+"""The settings table (python/cudabridge/settings.json) is the one definition: the tables of
+docs/configuration.md are generated from it, every key the README and docs/*.md mention is in it,
+every mode list's enum matches it, and values are checked by its types."""
 
 from __future__ import annotations
 
@@ -16,27 +16,49 @@ from cudabridge.errors import InvalidArgument
 from cudabridge.memory import PoolGrowth
 from cudabridge.stream_pool import Priority, StreamPolicy
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+ROOT = Path(__file__).resolve().parent.parent
+CONFIGURATION = ROOT / "docs" / "configuration.md"   # the page with the generated tables
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def _block(scope: str) -> re.Pattern:
+    return re.compile(rf"<!-- settings:{scope} -->\n(.*?)\n<!-- /settings:{scope} -->", re.S)
 
 
 @pytest.mark.parametrize("scope", config.SCOPES)
-def test_the_readme_tables_are_the_settings_table(scope):
-    text = README.read_text()
-    m = re.search(rf"<!-- settings:{scope} -->\n(.*?)\n<!-- /settings:{scope} -->", text, re.S)
-    assert m, f"README has no <!-- settings:{scope} --> block"
+def test_the_configuration_tables_are_the_settings_table(scope):
+    text = CONFIGURATION.read_text()
+    m = _block(scope).search(text)
+    assert m, f"docs/configuration.md has no <!-- settings:{scope} --> block"
     assert m.group(1) == markdown_table(scope), (
-        "README and settings.json differ: paste `python -m cudabridge config --markdown` into the README")
+        "docs/configuration.md and settings.json differ: paste `python -m cudabridge config --markdown` "
+        "into docs/configuration.md")
 
 
-def test_every_key_the_readme_names_is_in_the_table():
-    text = README.read_text()
+@pytest.mark.parametrize("scope", config.SCOPES)
+def test_no_other_page_has_a_stale_copy_of_a_table(scope):
+    for page in PAGES:
+        for m in _block(scope).finditer(page.read_text()):
+            assert m.group(1) == markdown_table(scope), (
+                f"{page.relative_to(ROOT)}'s <!-- settings:{scope} --> block differs from settings.json")
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_key_the_docs_name_is_in_the_table(page):
+    text = page.read_text()
     named = set(re.findall(r"spark\.cudabridge\.[A-Za-z][A-Za-z0-9]*(?:\.[A-Za-z][A-Za-z0-9]*)*", text))
-    named -= {"spark.cudabridge.poolLimt"}   # the README's own example of a misspelled key
+    named -= {"spark.cudabridge.poolLimt"}   # docs/configuration.md's own example of a misspelled key
     unknown = sorted(k for k in named if k not in SPARK_KEYS)
-    assert not unknown, f"README names keys the table does not have: {unknown}"
+    assert not unknown, f"{page.relative_to(ROOT)} names keys the table does not have: {unknown}"
     props = set(re.findall(r"-D(cudabridge\.[A-Za-z.]+[A-Za-z])", text))
     jvm = {s.key for s in SETTINGS if s.scope == "jvm"}
-    assert props <= jvm, f"README names JVM properties the table does not have: {sorted(props - jvm)}"
+    assert props <= jvm, (
+        f"{page.relative_to(ROOT)} names JVM properties the table does not have: {sorted(props - jvm)}")
+
+
+def test_the_pages_are_found():
+    names = {p.name for p in PAGES}
+    assert {"README.md", "configuration.md"} <= names, names
 
 
 @pytest.mark.parametrize("key,enum", [("streamPolicy", StreamPolicy), ("taskPriority", Priority),

@@ -23,7 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--json", action="store_true", help="print the statistics as JSON")
     sub.add_parser("info", help="say which backend 'auto' picks and what devices it sees")
     cfg = sub.add_parser("config", help="list every setting (settings.json) with its default")
-    cfg.add_argument("--markdown", action="store_true", help="the README's tables")
+    cfg.add_argument("--markdown", action="store_true", help="the tables of docs/configuration.md")
     build = sub.add_parser("build", help="build the JVM bridge: the JNI library (gcc) and the jar (javac)")
     build.add_argument("--native-only", action="store_true",
                        help="only the library (where there is a Java runtime with include/jni.h but no javac)")

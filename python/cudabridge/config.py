@@ -287,7 +287,7 @@ ServiceConfig.__doc__ = ("The service's settings (the table's service scope; fie
 
 # documentation --------------------------------------------------------------------------------------
 def markdown_table(scope: str) -> str:
-    """The README's table of one scope, generated from the table (a test compares them)."""
+    """docs/configuration.md's table of one scope, generated from the table (a test compares them)."""
     head = {"service": "| key | environment | default | meaning |\n| --- | --- | --- | --- |",
             "plugin": "| key | default | meaning |\n| --- | --- | --- |",
             "jvm": "| property | default | meaning |\n| --- | --- | --- |",
