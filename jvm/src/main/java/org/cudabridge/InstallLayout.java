@@ -25,6 +25,11 @@ final class InstallLayout {
         this.directory = directory;
     }
 
+    /** The layout of files in {@code directory} (null: none is known). */
+    static InstallLayout of(Path directory) {
+        return new InstallLayout(directory);
+    }
+
     /** The layout around the jar this class was loaded from. */
     static InstallLayout ofJar() {
         try {
