@@ -1,6 +1,6 @@
 """Example (b): SQL calling Java UDFs that use the task's CUDA stream.
 
-Run with spark-submit (the README has the full command); the UDFs are Java classes registered
+Run with spark-submit (docs/examples.md has the full command); the UDFs are Java classes registered
 with ``spark.udf.registerJavaFunction``, so they run on the executor JVM's task threads, where the
 plugin bound each task to its stream (a Python UDF would run in a separate worker process, which
 cannot share the executor's streams).
