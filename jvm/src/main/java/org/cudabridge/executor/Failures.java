@@ -21,4 +21,16 @@ public final class Failures {
         String flat = s.replace("\r", "").replace("\n", " | ").replaceAll("\\s+", " ").trim();
         return flat.length() > 2000 ? flat.substring(0, 2000) + " ..." : flat;
     }
+
+    /** Whether a task's exception (its class name, message and stack trace; any may be null) went
+     *  through this project's code or names CUDA: only then can a failed task be the GPU's fault. */
+    public static boolean mayBeGpuFault(String... exceptionText) {
+        for (String text : exceptionText) {
+            if (text != null && (text.contains("org.cudabridge.") || text.contains("CudaBridgeException")
+                    || text.contains("CUDA") || text.contains("cuda"))) {
+                return true;
+            }
+        }
+        return false;
+    }
 }

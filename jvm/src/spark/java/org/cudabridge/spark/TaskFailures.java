@@ -2,6 +2,7 @@ package org.cudabridge.spark;
 
 import org.apache.spark.ExceptionFailure;
 import org.apache.spark.TaskFailedReason;
+import org.cudabridge.executor.Failures;
 
 /**
  * Which task failures may be the GPU's rather than the task's. After a sticky CUDA error (an
@@ -17,12 +18,6 @@ final class TaskFailures {
         if (!(reason instanceof ExceptionFailure failure)) {
             return false;
         }
-        return mentionsGpu(failure.className()) || mentionsGpu(failure.description())
-                || mentionsGpu(failure.fullStackTrace());
-    }
-
-    static boolean mentionsGpu(String text) {
-        return text != null && (text.contains("org.cudabridge.") || text.contains("CudaBridgeException")
-                || text.contains("CUDA") || text.contains("cuda"));
+        return Failures.mayBeGpuFault(failure.className(), failure.description(), failure.fullStackTrace());
     }
 }

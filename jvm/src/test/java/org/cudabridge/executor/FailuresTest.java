@@ -1,6 +1,7 @@
 package org.cudabridge.executor;
 
 import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import org.cudabridge.CudaBridgeException;
@@ -28,5 +29,16 @@ class FailuresTest {
         String flat = Failures.oneLine(longText);
         assertEquals(2004, flat.length());
         assertTrue(flat.endsWith(" ..."));
+    }
+
+    @Test
+    void onlyAFailureThroughTheBridgeOrNamingCudaMayBeTheGpus() {
+        assertTrue(Failures.mayBeGpuFault("org.cudabridge.CudaBridgeException", "allocate failed", null));
+        assertTrue(Failures.mayBeGpuFault("java.lang.IllegalStateException", "x",
+                "at org.cudabridge.DeviceBuffer.copyFrom(DeviceBuffer.java:10)"));
+        assertTrue(Failures.mayBeGpuFault(null, "cudaErrorIllegalAddress: an illegal memory access", null));
+        assertFalse(Failures.mayBeGpuFault("java.lang.ArithmeticException", "/ by zero",
+                "at com.example.Job.map(Job.java:3)"));
+        assertFalse(Failures.mayBeGpuFault(null, null, null));
     }
 }
