@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Hashable
 
+from ..errors import InvalidFree, PoolClosed
 from .native import load as load_native
 
 if TYPE_CHECKING:
@@ -78,3 +79,17 @@ class Allocation(_Base):  # type: ignore[misc, valid-type]
     def __repr__(self) -> str:
         state = {ALIVE: "live", FREED: "freed", RELEASED: "released", CLOSED: "closed"}[self._state]
         return f"Allocation(#{self.id}, ptr={self.ptr:#x}, size={self.size}, stream={self.stream:#x}, {state})"
+
+
+def free_refusal(a: object, pool: "StreamOrderedMemoryPool") -> Exception:
+    """What a free (or a record_stream) of ``a`` on ``pool`` raises when ``a`` is not one of its
+    live allocations: the reason, from the allocation's own state where it has one."""
+    if not isinstance(a, Allocation):
+        return InvalidFree(f"free expects an Allocation, got {type(a).__name__}")
+    if a._pool is not pool:
+        return InvalidFree(f"{a!r} belongs to the pool of GPU {a._pool.device}, not to this pool of GPU {pool.device}")
+    if pool.closed:
+        return PoolClosed(f"free of {a!r} after the pool of GPU {pool.device} was closed")
+    why = {FREED: "double free", RELEASED: "stale handle: its owner was released and the pool reclaimed it",
+           CLOSED: "the pool was closed"}.get(a._state, "not a live allocation of this pool")
+    return InvalidFree(f"free of {a!r}: {why}")

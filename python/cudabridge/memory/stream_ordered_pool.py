@@ -28,8 +28,8 @@ import threading
 from typing import Iterable
 
 from ..device import DeviceBackend
-from ..errors import InvalidArgument, InvalidFree, PoolClosed, UnknownStream, index_int
-from .allocation import CLOSED, FREED, RELEASED, Allocation
+from ..errors import InvalidArgument, PoolClosed, UnknownStream, index_int
+from .allocation import CLOSED, RELEASED, Allocation, free_refusal
 from .block import Block
 from .device_scope import DeviceScope
 from .event_pool import EventPool
@@ -277,15 +277,7 @@ class StreamOrderedMemoryPool:
         return self._fast.free(a, stream)
 
     def _bad_free(self, a: object) -> None:
-        if not isinstance(a, Allocation):
-            raise InvalidFree(f"free expects an Allocation, got {type(a).__name__}")
-        if a._pool is not self:
-            raise InvalidFree(f"{a!r} belongs to the pool of GPU {a._pool.device}, not to this pool of GPU {self.device}")
-        if self._closed:
-            raise PoolClosed(f"free of {a!r} after the pool of GPU {self.device} was closed")
-        why = {FREED: "double free", RELEASED: "stale handle: its owner was released and the pool reclaimed it",
-               CLOSED: "the pool was closed"}.get(a._state, "not a live allocation of this pool")
-        raise InvalidFree(f"free of {a!r}: {why}")
+        raise free_refusal(a, self)
 
     def _place_fenced(self, blk: Block, arena: StreamArena, stamps: dict[StreamArena, int]) -> None:
         """Put a freed block where its stamps say: one stream's bins (lock-free, as any free),
