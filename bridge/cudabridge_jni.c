@@ -2,16 +2,18 @@
  * cudabridge_jni.c: hosts CPython inside a running JVM, lets JPype bind to that JVM, and carries
  * the hot path of the Java API (org.cudabridge.NativeBridge's natives) into Python.
  *
- * Why it looks the way it does (measured, see ../shared/FIELD-NOTES.md, "JPype 1.7.1 and the JVM"):
+ * Why it looks the way it does (the facts behind it: docs/architecture.md, "Facts the code relies
+ * on", "JPype 1.7.1 and the JVM"):
  *  - JPype 1.7 cannot attach to a JVM that `java` started. It can "start" one through any library
  *    that exports JNI_CreateJavaVM / JNI_GetCreatedJavaVMs: ours hand back the running VM, and
  *    bootstrap.py calls jpype.startJVM(jvmpath=<this library>).
  *  - JPype's extension is not linked to libpython: libpython must be RTLD_GLOBAL, or _jpype.so
  *    fails with "undefined symbol: PyExc_ValueError". We are linked to it (so it is loaded with
  *    us, locally); dlopen(RTLD_NOLOAD|RTLD_GLOBAL) promotes it to global scope.
- *  - A JNI native calling a cached bound method costs about 0.55-1 us; a pinned JPype proxy call
- *    3.5-6 us; an unpinned one 24-35 us and leaks native memory. So: hot path here, control path
- *    through JPype on threads that keep a Python thread state.
+ *  - A JNI native calling a cached bound method costs a fraction of a pinned JPype proxy call
+ *    (one from a thread that keeps a Python thread state); an unpinned proxy call costs several
+ *    times more again and leaks native memory. So: hot path here, control path through JPype on
+ *    threads that keep a Python thread state.
  *  - Per call: PyEval_RestoreThread(kept state), PyObject_Vectorcall, PyEval_SaveThread, and only
  *    then (GIL dropped) any JNI call, e.g. ThrowNew with a message fetched while the GIL was held.
  *    Java arrays are read before the GIL is taken; no critical region is held while waiting for it.
@@ -71,11 +73,12 @@ static jclass c_cbe, c_oom, c_ise, c_iae, c_ioobe, c_npe, c_oome;
 static jmethodID ctor_cbe, ctor_oom;
 
 /* Host memory the C side owns (a staging buffer, a direct ByteBuffer's memory), exported to
- * Python through the buffer protocol. Views are made from an object of this type rather than
- * with PyMemoryView_FromMemory, whose views have obj == None: the emulated backend decides
- * "pinned or pageable" by the view's exporting object, and an obj of None matched its lookup
- * (`_pinned.get(id(obj)) is obj`), so staged copies were treated as asynchronous. A real,
- * never-registered exporter is pageable memory to every backend, as it should be. */
+ * Python through the buffer protocol. Invariant: every view handed to Python has a real exporting
+ * object of this type, which is never registered as pinned memory. The emulated backend tells
+ * pinned from pageable memory by a view's exporting object, so it treats these views as pageable,
+ * as CUDA treats memory it did not page-lock: a copy is done with the host bytes when it returns.
+ * A view with no exporting object (PyMemoryView_FromMemory's, obj == None) must not reach a
+ * backend. */
 typedef struct {
     PyObject_HEAD
     char *buf;

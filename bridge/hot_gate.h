@@ -5,8 +5,10 @@
  * Why: every hot call takes and drops the GIL. With many Java threads that hand-off is the cost,
  * not the call: CPython's drop_gil signals a waiter on every release, the woken thread usually
  * finds the GIL taken again and sleeps, and the interpreter's objects move between cores' caches
- * with every call (16 threads ran at 0.2x of one here; behind a Java monitor, 0.6x). Python's own
- * threads do not suffer this because a thread keeps the GIL for a switch interval (5 ms).
+ * with every call, so many threads together make far fewer calls per second than one alone (a
+ * Java monitor before the GIL helps only partly; bench/RESULTS.md, "JVM bridge after the C hot
+ * core and the gate (issue 3, session 3)", gated against ungated). Python's own threads do not
+ * suffer this because a thread keeps the GIL for a switch interval (5 ms).
  *
  * The gate gives Java threads the same property, with a much shorter interval, and costs the
  * thread that holds it no system call:
@@ -16,9 +18,10 @@
  *  - a holder that has had the gate for the hold interval (-Dcudabridge.gate.holdMicros) while
  *    others wait wakes one sleeper as it leaves, and goes on. The woken thread claims the gate
  *    and spins; the holder sees the claim at its next exit and lets it in. So the gate never
- *    stands idle while a woken thread gets a core (tens of microseconds on a virtual machine,
- *    measured here: handing off at once cost about 40 us per hand-off), and no thread waits much
- *    longer than the interval times the number of threads ahead of it.
+ *    stands idle while a woken thread waits to be scheduled on a core (a wait far longer than a
+ *    hot call, longest where threads outnumber cores; a gate handed over at the wake-up would
+ *    stand idle for it at every hand-off), and no thread waits much longer than the interval
+ *    times the number of threads ahead of it.
  * Waiters sleep on a futex and never spin for long: on a machine with fewer cores than threads
  * a spinner takes the core from the holder. One waiter, the watcher, sleeps with a short timeout
  * to notice a holder that went idle; the others sleep until a hand-off (or a watcher that got

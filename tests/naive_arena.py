@@ -2,8 +2,8 @@
 
 It claims that its stream's work is always complete, so a block freed on it is handed to any
 other stream at once (stolen, or reclaimed into the safe index) while the freeing stream's queued
-work may still use it: the seven-step race of the PTDS discussion. Tests use it to show that the
-race can happen, so that the tests guarding against it can fail. It enters a pool as
+work may still use it: the seven-step race (pool_scenarios.py's ``seven_step``). Tests use it to
+show that the race can happen, so that the tests guarding against it can fail. It enters a pool as
 ``StreamOrderedMemoryPool(..., arena_type=NaiveArena)`` or, in a service or an executor, through
 the ``testStreamArena`` setting (``naive_arena:NaiveArena``, with this folder on the Python path).
 """

@@ -11,7 +11,8 @@ PATTERN_B = 0x5B5B5B5B
 
 
 def seven_step(backend, pool, stream_a: int, stream_b: int, nbytes: int, delay: float) -> dict:
-    """The race of seeds/ptds-allocator-discussion.txt.
+    """The seven-step race of a pooled allocator that ignores stream order: a block freed on
+    stream A goes to stream B while A's queued work still uses it.
 
     1. stream A allocates; 2. a slow kernel on A writes pattern A; 3. A copies it out (after more
     slow work); 4. A frees; 5. stream B allocates (maybe the same block); 6. B writes pattern B and

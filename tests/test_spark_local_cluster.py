@@ -46,7 +46,7 @@ def test_two_executors_each_with_its_own_service(tmp_path, work_dir_cleanup):
     assert st["plugin_start_failed"] == 0
     assert st["streams"] == 2 * 36            # one stream pool per executor
     apps = list(work_dir_cleanup.glob("app-*")) if work_dir_cleanup.is_dir() else []
-    assert apps, "the executors' work directory was not where FIELD-NOTES says"
+    assert apps, f"no app-* directory under {work_dir_cleanup}, where local-cluster executors write their logs"
 
 
 def test_gpu_addresses_from_spark_resource_scheduling(tmp_path, work_dir_cleanup):

@@ -2,7 +2,8 @@
 
 Anchors: RMM's ``cuda_stream_pool`` (16 streams, round-robin, all created up front) and
 PyTorch's per-device pools (32 per priority, round-robin). A Spark executor runs many short
-tasks, so creating a stream per task is wasted work (about 6 us each on an H200) and unbounded;
+tasks, so creating a stream per task is wasted work (a create and destroy costs many times a
+round-robin acquire: bench/RESULTS.md, "bench_core, H200 (run 4, current code)") and unbounded;
 a fixed pool is neither.
 
 Handles are plain integers. Other libraries wrap them as external streams:

@@ -3,10 +3,11 @@
  * JavaHotPath's Python methods (hot_path.py), which stay the reference and the fallback.
  *
  * Why C: the bridge's JNI natives call these through PyObject_Vectorcall with the Java thread's
- * kept thread state. The crossing itself is cheap (an empty call is about 0.2 us); what cost a
- * Java allocate+free pair 2x the pool's own pair was the Python frames around the pool's C fast
- * path: a binding lookup, a handle table insert, counters, each a few bytecodes. Here each of
- * those is one C-level call.
+ * kept thread state. The crossing itself is cheap; what made a Java allocate+free pair cost a
+ * multiple of the pool's own pair was the Python frames around the pool's C fast path: a binding
+ * lookup, a handle table insert, counters, each a few bytecodes (bench/RESULTS.md, "JVM bridge on
+ * the H200 (issue 3)", and after this twin, "JVM bridge after the C hot core and the gate (issue
+ * 3, session 3)"). Here each of those is one C-level call.
  *
  * What this code is handed, and all it depends on (HotCore's constructor):
  *   leases      the registry's TaskLeases: the lease protocol documented in task_registry.py.

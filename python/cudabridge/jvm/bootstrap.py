@@ -3,9 +3,9 @@
 ``start(library, conf_json)`` is called by ``bridge/cudabridge_jni.c`` on the Java thread that
 called ``CudaBridge.start``, with the GIL held. It
 
-1. binds JPype to the running JVM: JPype 1.7 cannot attach by itself; our library exports
-   ``JNI_CreateJavaVM`` / ``JNI_GetCreatedJavaVMs`` returning the running VM, and
-   ``jpype.startJVM(jvmpath=<our library>)`` "starts" that one (FIELD-NOTES), then takes out the
+1. binds JPype to the running JVM: JPype 1.7 cannot attach to a JVM it did not start; our
+   library exports ``JNI_CreateJavaVM`` / ``JNI_GetCreatedJavaVMs`` returning the running VM, and
+   ``jpype.startJVM(jvmpath=<our library>)`` "starts" that one, then takes out the
    JVM shutdown hook JPype registered (it interrupts the JVM's other threads at exit and stops
    Python calls while Spark's hooks still make them: :func:`_remove_jpype_exit_hook`);
 2. creates the :class:`~cudabridge.service.CudaBridgeService` from the ``spark.cudabridge.*``
@@ -162,8 +162,8 @@ def start(library: str, conf_json: str) -> Any:
     # JPype runs a full Python collection (holding the GIL) after every Java GC, several a
     # second in a busy executor. Everything alive now (JPype, the service, its streams and
     # pools) lives as long as the JVM: freezing it keeps those collections from walking it each
-    # time (measured in Spark local[4], 2400 short tasks: the CPU of JPype's reference thread,
-    # where those collections run, fell from about 0.45 s to 0.02 s).
+    # time, which was most of the CPU of JPype's reference thread, where they run
+    # (bench/RESULTS.md, "Task lifecycle inside Spark (issue 4, session 4)").
     gc.collect()
     gc.freeze()
     log.info("cudabridge bridge up in JVM pid %d: Python %s at %s, backend %s", os.getpid(),

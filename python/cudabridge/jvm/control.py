@@ -10,8 +10,9 @@ calls the plain object and turns every Python exception into a Java one
 reaching Java through JPype loses its message.
 
 Java threads that call this proxy keep a Python thread state of their own (the Java side calls
-``NativeBridge.ensureThreadState()`` first): JPype makes and drops one per call otherwise, about
-30 us per call and a leaked ``_JAlloc`` type each time (FIELD-NOTES).
+``NativeBridge.ensureThreadState()`` first): JPype makes and drops one per call otherwise, which
+makes each call several times slower and leaks a ``_jpype._JAlloc`` type (native memory) each
+time.
 """
 
 from __future__ import annotations
@@ -47,7 +48,9 @@ class BridgeControl:
         return b.stream, b.gpu
 
     # What the bridge library's bindTask / releaseTask natives call (no JPype on the task
-    # lifecycle: in a Spark executor JVM a JPype proxy call cost about 1.6 ms per bind).
+    # lifecycle: a JNI native costs a fraction of a JPype proxy call, on any thread; bind and
+    # release through JNI against JPype: bench/RESULTS.md, "JVM bridge after the C hot core and
+    # the gate (issue 3, session 3)").
     def native_bind(self, task: int, gpu_address: str | None, priority: str) -> tuple[int, int]:
         self.check_open("bindTask")
         return self.bind_task(task, gpu_address, priority)

@@ -1,7 +1,7 @@
 """How a Python exception is described to Java, for the JNI hot path and the JPype control path alike.
 
 A Python exception that escapes into Java through JPype arrives as ``org.jpype.PyExceptionProxy``
-with a null message (FIELD-NOTES), so nothing may escape: the control path catches and raises a
+with a null message (JPype 1.7.1), so nothing may escape: the control path catches and raises a
 Java exception built from :func:`error_info`, and the C library calls :func:`error_info` (with
 the GIL held) and throws after it has released the GIL.
 """

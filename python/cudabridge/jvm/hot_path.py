@@ -1,10 +1,10 @@
 """What the bridge's JNI natives call: a plain Python object with one small method per operation.
 
 The C library looks these bound methods up once, at start-up, and calls them with
-``PyObject_Vectorcall`` on the Java thread's kept thread state (no JPype on this path: FIELD-NOTES
-measured about 0.55 us per direct call against 3.5-6 us per pinned JPype proxy call, and a
-native-memory leak per unpinned proxy call). So each method is kept to a few built-in operations:
-the Python body is most of the per-call cost.
+``PyObject_Vectorcall`` on the Java thread's kept thread state. No JPype on this path: a direct
+call costs a fraction of a pinned JPype proxy call, and an unpinned proxy call leaks native
+memory (docs/architecture.md, "Facts the code relies on"). So each method is kept to a few
+built-in operations: the Python body is most of the per-call cost.
 
 Java never sees an :class:`~cudabridge.memory.Allocation`; it holds a *handle*: the pool's
 allocation id (never reused within a pool) shifted left by 6 bits, or'ed with the GPU ordinal.

@@ -6,7 +6,8 @@
  * through the pool's FastPathHooks (fast_path_hooks.py).
  *
  * Why C: the Python fast path is about ten container operations and one object of ten slots
- * per pair, over 1 us on the H200's host; the interpreter overhead, not the work, dominates.
+ * per pair; the interpreter overhead, not the work, dominates (the two paths' pairs side by side:
+ * bench/RESULTS.md, "bench_core, H200 (run 4, current code)").
  * Why it is thread-safe: this code runs with the GIL held and only calls back into Python on
  * the slow, fenced or error paths, after it has finished touching the shared containers, so
  * each fast path is one atomic step (the Python version relies on single container operations
@@ -723,8 +724,9 @@ static PyObject *steal(FastPath *self, PyObject *req, PyObject *rkey) {
     self->stream_polls++;
     int idle = -2;
     if (self->cu_stream_query != NULL) {
-        /* The driver directly (about 50 ns, against about 1 us through the bindings); any
-         * answer but "done" or "not ready" goes to the backend, which reports it properly. */
+        /* The driver directly: one C call, where the bindings' query is a Python call around
+         * the same one; any answer but "done" or "not ready" goes to the backend, which
+         * reports it properly. */
         void *handle = PyLong_AsVoidPtr(candidate->handle);
         if (handle == NULL && PyErr_Occurred())
             goto done;

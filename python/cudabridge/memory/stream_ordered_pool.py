@@ -16,9 +16,10 @@ allocations (owners.py) and the usage ledger (statistics.py). This file is the f
 composition, owners, statistics and lifetime. The fast paths get a narrow interface
 (fast_path_hooks.py): in C (native_fast_path.py) for the default composition, else in Python
 (python_fast_path.py). They are single built-in container operations, atomic under the GIL, so
-threads never queue on a lock there (a lock made 16 threads convoy behind a holder the GIL had
-switched out: 1.05M pairs/s for one thread fell to 0.10M at 16); every other step holds the
-pool's lock, and on the C path runs on the pool's SerialWorker thread, which no interruption reaches.
+threads never queue on a lock there (with a lock, every thread convoys behind a holder the GIL
+has switched out, and many threads make fewer pairs per second than one); every other step holds
+the pool's lock, and on the C path runs on the pool's SerialWorker thread, which no interruption
+reaches.
 """
 
 from __future__ import annotations
@@ -262,9 +263,11 @@ class StreamOrderedMemoryPool:
 
     def _trim_recent(self, arena: StreamArena) -> None:
         # Inline, not on the worker: it runs every few hundred frees, and a thread hand-off there
-        # cost the H200's 1 MiB pair 2.4x. An interruption inside it can only drop entries of the
-        # arena's reclaim queue (``recent``): their blocks stay in the stream's bins, counted and
-        # reusable (own stream, steals, in-flight takes), just not moved to the safe index early.
+        # costs many pairs' worth of time (bench/RESULTS.md, "Issue 13 before/after, H200
+        # (2026-12-04, bench_core, interleaved trees)"). An interruption inside it can only drop
+        # entries of the arena's reclaim queue (``recent``): their blocks stay in the stream's
+        # bins, counted and reusable (own stream, steals, in-flight takes), just not moved to the
+        # safe index early.
         with self._lock:
             arena.trim_recent()
 

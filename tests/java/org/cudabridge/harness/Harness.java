@@ -63,7 +63,8 @@ public final class Harness {
         }
         System.out.flush();
         // Exit explicitly: Python's emulated-stream workers are daemon threads, but be certain the
-        // JVM does not wait on anything (FIELD-NOTES: System.exit with Python threads running exits).
+        // JVM does not wait on anything (System.exit while Python threads run exits with the code,
+        // without hanging: docs/architecture.md, "Facts the code relies on").
         System.exit(failures == 0 ? 0 : 1);
     }
 
