@@ -1097,6 +1097,12 @@ static void pair_call(JNIEnv *env, PyObject *fn, const long long *in, int nin, j
 JNIEXPORT void JNICALL Java_org_cudabridge_NativeBridge_allocate(JNIEnv *env, jclass cls, jlong task, jlong size,
                                                                  jlongArray out) {
     (void)cls;
+    /* Checked before Python allocates: a result that cannot be stored would leave an allocation
+     * Java never learns of (reclaimed only at the task's release). */
+    if (out == NULL || (*env)->GetArrayLength(env, out) < 2) {
+        throw_plain(env, c_iae, "java/lang/IllegalArgumentException", "allocate needs a long[2]");
+        return;
+    }
     long long in[2] = {task, size};
     pair_call(env, m_allocate, in, 2, out, 1);
 }
@@ -1261,6 +1267,10 @@ JNIEXPORT void JNICALL Java_org_cudabridge_NativeBridge_bindTask(JNIEnv *env, jc
 JNIEXPORT void JNICALL Java_org_cudabridge_NativeBridge_taskStream(JNIEnv *env, jclass cls, jlong task,
                                                                    jlongArray out) {
     (void)cls;
+    if (out == NULL || (*env)->GetArrayLength(env, out) < 2) {
+        throw_plain(env, c_iae, "java/lang/IllegalArgumentException", "taskStream needs a long[2]");
+        return;
+    }
     long long in[1] = {task};
     pair_call(env, m_stream, in, 1, out, 1);
 }
@@ -1308,8 +1318,6 @@ JNIEXPORT void JNICALL Java_org_cudabridge_NativeBridge_ping(JNIEnv *env, jclass
     void_call(env, m_ping, NULL, 0, 1);
 }
 
-/* static native void freeMany(long[] handles, int count): one Python call for `count` frees. The
- * handles are read before the GIL is taken. */
 /* One Python call for `count` frees (the handles were read from Java before the GIL is taken). */
 static void free_many_call(JNIEnv *env, const jlong *vals, jint count) {
     HOT_ENTER(, 1)

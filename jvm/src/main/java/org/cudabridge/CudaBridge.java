@@ -8,9 +8,10 @@ import java.util.Objects;
 /**
  * The entry point of the Java API: the executor's GPU service, hosted in this JVM.
  *
- * <p>Start once per JVM ({@link #start(BridgeOptions)}; the Spark plugin does it in
- * {@code ExecutorPlugin.init} with {@link #tryStart(BridgeOptions)}, which never throws and records a
- * failure so that every later GPU call fails fast with that reason). Then, per task:
+ * <p>Start once per JVM ({@link #start(BridgeOptions)}, or {@link #tryStart(BridgeOptions)}, which
+ * never throws and records a failure so that every later GPU call fails fast with that reason;
+ * the Spark plugin starts it in {@code ExecutorPlugin.init} through
+ * {@code org.cudabridge.executor.TaskBinder.start}, which catches every failure). Then, per task:
  * <pre>{@code
  * CudaBridge bridge = CudaBridge.get();
  * try (TaskScope task = bridge.bindTask(taskAttemptId, gpuAddress)) {   // the plugin does this in onTaskStart

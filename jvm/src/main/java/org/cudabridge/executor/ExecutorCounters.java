@@ -15,7 +15,7 @@ import org.cudabridge.ReleaseReport;
  *
  * <p>Invariant the snapshots rely on: {@link #snapshot()} reads the counters in {@link Counter}'s
  * order, the ended attempts ({@code plugin_tasks_succeeded}, {@code plugin_tasks_failed}) before
- * {@code plugin_releases_pending} (see {@link TaskBinder#ended} and {@link TaskBinder#refresh}).
+ * {@code plugin_releases_pending} (see {@link ExecutorStatistics#ended} and {@link ExecutorStatistics}).
  */
 public final class ExecutorCounters {
     /** A counter, its metric name, and the unit it is kept in (divided by {@code scale} when read). */

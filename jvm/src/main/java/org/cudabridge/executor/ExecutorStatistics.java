@@ -74,7 +74,6 @@ public final class ExecutorStatistics {
                 m.putAll(snapshot);
             }
             m.putAll(plugin);
-            m.put("bridge_calls", m.getOrDefault("bridge_calls_total", 0L)); // the bridge's hot-path calls into Python
             Map<String, Long> done = Collections.unmodifiableMap(m);
             snapshot = done;
             snapshotAt = System.nanoTime();

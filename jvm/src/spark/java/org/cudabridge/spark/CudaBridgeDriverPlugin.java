@@ -62,7 +62,7 @@ public final class CudaBridgeDriverPlugin implements DriverPlugin {
         r.register("driver.executors_failed", (Gauge<Long>) () ->
                 reports.values().stream().filter(x -> !x.available()).count());
         for (String key : new String[] {"plugin_tasks_released", "leaks_reclaimed", "in_use_bytes", "peak_in_use_bytes",
-                "oom", "bridge_calls"}) {
+                "oom", "bridge_calls_total"}) {
             r.register("driver.executors_" + key, (Gauge<Long>) () -> sum(key));
         }
     }
