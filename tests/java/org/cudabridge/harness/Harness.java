@@ -18,22 +18,22 @@ import java.util.concurrent.atomic.AtomicLong;
 import org.cudabridge.CudaBridge;
 import org.cudabridge.CudaBridgeException;
 import org.cudabridge.DeviceBuffer;
-import org.cudabridge.GpuOutOfMemoryException;
 import org.cudabridge.NativeBridge;
 import org.cudabridge.PinnedBuffer;
-import org.cudabridge.Priority;
-import org.cudabridge.ReleaseReport;
 import org.cudabridge.TaskScope;
 import org.cudabridge.ThreadStates;
 import org.cudabridge.BridgeOptions;
-import org.cudabridge.Attachment;
 
 /**
- * Java task code for tests/test_jvm_bridge.py, run in a plain {@code java} process (not one JPype
- * started): {@code java -cp <cudabridge.jar>:<org.jpype.jar>:<classes> org.cudabridge.harness.Harness
- * <scenario> [args]}. The bridge starts from system properties ({@code -Dcudabridge.python},
- * {@code -Dspark.cudabridge.*}) and the build's defaults. Each scenario prints {@code RESULT key=value}
- * lines and exits 0, or prints {@code FAIL ...} and exits 1; a check that does not hold fails.
+ * Whole-JVM scenarios for tests/test_jvm_bridge.py, each run in a plain {@code java} process (not
+ * one JPype started): {@code java -cp <cudabridge.jar>:<org.jpype.jar>:<classes>
+ * org.cudabridge.harness.Harness <scenario> [args]}. Only load scenarios live here (stress, rss,
+ * race, threads, gate: many threads, memory growth, timing), and startfail, a start on a Python
+ * without cudabridge, which needs the jar without the build's defaults beside it; every other
+ * check of the Java API is a JUnit test under jvm/src/test/java (./dev/junit). The bridge starts
+ * from system properties ({@code -Dcudabridge.python}, {@code -Dspark.cudabridge.*}) and the build's
+ * defaults. Each scenario prints {@code RESULT key=value} lines and exits 0, or prints
+ * {@code FAIL ...} and exits 1; a check that does not hold fails.
  */
 public final class Harness {
     private static int failures;
@@ -46,17 +46,12 @@ public final class Harness {
         String scenario = args[0];
         String[] rest = Arrays.copyOfRange(args, 1, args.length);
         switch (scenario) {
-            case "smoke": smoke(); break;
             case "stress": stress(Integer.parseInt(rest[0]), Integer.parseInt(rest[1])); break;
             case "rss": rss(Long.parseLong(rest[0]), Long.parseLong(rest[1]), Integer.parseInt(rest[2])); break;
-            case "errors": errors(); break;
-            case "badinput": badInput(); break;
             case "race": race(rest[0]); break;
             case "threads": threads(Integer.parseInt(rest[0]), Integer.parseInt(rest[1])); break;
             case "startfail": startFail(rest); break;
-            case "notstarted": notStarted(); break;
             case "gate": gate(Integer.parseInt(rest[0])); break;
-            case "deferred": deferred(Integer.parseInt(rest[0])); break;
             default:
                 System.err.println("unknown scenario " + scenario);
                 System.exit(2);
@@ -126,70 +121,6 @@ public final class Harness {
     }
 
     // --- scenarios --------------------------------------------------------------------------------
-
-    static void smoke() {
-        CudaBridge b = CudaBridge.start();
-        result("describe", b.describe());
-        try (TaskScope t = b.bindTask(1)) {
-            result("stream", Long.toHexString(b.stream()));
-            check(b.stream() == t.stream(), "stream() is the task's stream");
-            byte[] data = pattern(new Random(1), 100_000);
-            byte[] back = new byte[data.length];
-            try (DeviceBuffer buf = b.allocate(data.length)) {
-                buf.copyFrom(data);
-                buf.copyTo(back);
-                check(Arrays.equals(data, back), "byte[] round trip");
-                int[] ints = {1, -2, 3, Integer.MAX_VALUE};
-                int[] intsBack = new int[4];
-                buf.copyFrom(ints, 0, 64, 4);
-                buf.copyTo(intsBack, 0, 64, 4);
-                check(Arrays.equals(ints, intsBack), "int[] round trip at an offset");
-                long[] longs = {Long.MIN_VALUE, 7, 1L << 40};
-                long[] longsBack = new long[3];
-                buf.copyFrom(longs, 0, 8, 3);
-                buf.copyTo(longsBack, 0, 8, 3);
-                check(Arrays.equals(longs, longsBack), "long[] round trip");
-                double[] ds = {Math.PI, -0.0, Double.MAX_VALUE};
-                double[] dsBack = new double[3];
-                buf.copyFrom(ds);
-                buf.copyTo(dsBack);
-                check(Arrays.equals(ds, dsBack), "double[] round trip");
-                float[] fs = {1.5f, Float.NaN};
-                float[] fsBack = new float[2];
-                buf.copyFrom(fs);
-                buf.copyTo(fsBack);
-                check(Arrays.equals(fs, fsBack), "float[] round trip");
-                buf.memset(0);
-                buf.memset(0x5a, 10, 20);
-                byte[] seg = new byte[40];
-                buf.copyTo(seg, 0, 0, 40);
-                boolean ok = true;
-                for (int i = 0; i < 40; i++) {
-                    ok &= seg[i] == ((i >= 10 && i < 30) ? (byte) 0x5a : 0);
-                }
-                check(ok, "memset of a sub-range");
-                // direct and pinned buffers, device to device
-                ByteBuffer direct = ByteBuffer.allocateDirect(4096);
-                for (int i = 0; i < 4096; i++) direct.put(i, (byte) (i * 7));
-                buf.copyFrom(direct, 0);
-                try (DeviceBuffer other = b.allocate(4096); PinnedBuffer pinned = b.allocatePinned(4096)) {
-                    other.copyFrom(buf, 0, 0, 4096);
-                    other.copyTo(pinned.buffer(), 0);
-                    b.synchronize();
-                    ByteBuffer pb = pinned.buffer();
-                    boolean same = true;
-                    for (int i = 0; i < 4096; i++) same &= pb.get(i) == (byte) (i * 7);
-                    check(same, "direct -> device -> device -> pinned");
-                }
-            }
-            b.free(b.allocate(10), b.allocate(20), b.allocate(30));
-        }
-        Map<String, Long> s = b.statistics();
-        result("live_allocations", s.get("live_allocations"));
-        result("bridge_live_handles", s.get("bridge_live_handles"));
-        check(s.get("live_allocations") == 0, "no live allocations at the end");
-        check(s.get("bridge_batched_frees") == 3, "three batched frees counted");
-    }
 
     /** (a) threads x cycles of allocate / copy in / copy out / compare / free, one task per thread,
      *  all on the one shared pool; then every byte is back in the pool. */
@@ -330,178 +261,6 @@ public final class Harness {
         check(stat(b, "live_allocations") == 0, "no live allocations");
     }
 
-    /** (c) Python exceptions and out-of-memory reach Java with their types and messages; the JVM
-     *  and the service keep working. Expects -Dspark.cudabridge.poolLimit=64m. */
-    static void errors() {
-        CudaBridge b = CudaBridge.start();
-        try (TaskScope t = b.bindTask(7)) {
-            // Hot path, Python-side checks (NativeBridge skips the Java ones on purpose).
-            CudaBridgeException e = expect(CudaBridgeException.class, "free of a bogus handle",
-                    () -> NativeBridge.free(0x123456789L), "InvalidFree", "not live");
-            if (e != null) {
-                check("cudabridge.errors.InvalidFree".equals(e.getPythonType()), "python type: " + e.getPythonType());
-            }
-            long[] out = new long[2];
-            e = expect(CudaBridgeException.class, "allocate for an unknown task",
-                    () -> NativeBridge.allocate(424242, 64, out), "UnknownTask", "424242");
-            if (e != null) {
-                check("cudabridge.errors.UnknownTask".equals(e.getPythonType()), "python type: " + e.getPythonType());
-            }
-            // Control path: a plain Python exception.
-            e = expect(CudaBridgeException.class, "a Python ValueError",
-                    () -> b.callTool("raise_error", "{\"kind\": \"ValueError\", \"message\": \"boom from python\"}"),
-                    "ValueError: boom from python");
-            if (e != null) {
-                check("ValueError".equals(e.getPythonType()), "python type: " + e.getPythonType());
-            }
-            expect(CudaBridgeException.class, "a Python ZeroDivisionError",
-                    () -> b.callTool("raise_error", "{\"kind\": \"ZeroDivisionError\", \"message\": \"zero\"}"),
-                    "ZeroDivisionError: zero");
-            expect(IllegalStateException.class, "bind of a task bound from another thread",
-                    () -> {
-                        Thread[] th = {null};
-                        RuntimeException[] caught = {null};
-                        th[0] = new Thread(() -> {
-                            try {
-                                b.bindTask(7);
-                            } catch (RuntimeException x) {
-                                caught[0] = x;
-                            }
-                        });
-                        th[0].start();
-                        th[0].join();
-                        if (caught[0] != null) throw caught[0];
-                    }, "bound already");
-            // Out of memory: 40 MiB twice under a 64 MiB limit.
-            DeviceBuffer big = b.allocate(40L << 20);
-            GpuOutOfMemoryException oom = expect(GpuOutOfMemoryException.class, "out of memory",
-                    () -> b.allocate(40L << 20), "OutOfDeviceMemory", "out of device memory");
-            if (oom != null) {
-                result("oom_message", oom.getMessage());
-                check(oom.requestedBytes() == 40L << 20, "requested " + oom.requestedBytes());
-                check(oom.inUseBytes() >= 40L << 20, "in use " + oom.inUseBytes());
-                check(oom.reservedBytes() > 0 && oom.reservedBytes() <= 64L << 20, "reserved " + oom.reservedBytes());
-                check(oom.largestFreeBlockBytes() < 40L << 20, "largest free " + oom.largestFreeBlockBytes());
-                check(oom.limitBytes() == 64L << 20, "limit " + oom.limitBytes());
-                check("cudabridge.errors.OutOfDeviceMemory".equals(oom.getPythonType()), "oom type " + oom.getPythonType());
-            }
-            big.close();
-            // Still working: allocate, copy, verify, free.
-            byte[] data = pattern(new Random(3), 1 << 20);
-            byte[] back = new byte[data.length];
-            try (DeviceBuffer buf = b.allocate(40L << 20)) {
-                buf.copyFrom(data);
-                buf.copyTo(back);
-            }
-            check(Arrays.equals(data, back), "the service works after the errors");
-        }
-        // Another thread, another task, after all that.
-        Thread th = new Thread(() -> {
-            try (TaskScope t = b.bindTask(8); DeviceBuffer buf = b.allocate(100)) {
-                buf.memset(1);
-            }
-        });
-        th.start();
-        try {
-            th.join();
-        } catch (InterruptedException ie) {
-            throw new RuntimeException(ie);
-        }
-        check(stat(b, "live_allocations") == 0, "no live allocations");
-        result("errors_done", true);
-    }
-
-    /** (e) bad input: a clear Java exception, and nothing changes. */
-    static void badInput() throws Exception {
-        CudaBridge b = CudaBridge.start();
-        expect(IllegalStateException.class, "allocate with no bound task", () -> b.allocate(10), "no task is bound");
-        expect(IllegalStateException.class, "stream() with no bound task", b::stream, "no task is bound");
-        expect(IllegalArgumentException.class, "negative task id", () -> b.bindTask(-1), "non-negative");
-        expect(NullPointerException.class, "null priority", () -> b.bindTask(3, null, null), "priority");
-        expect(CudaBridgeException.class, "unknown GPU address", () -> b.bindTask(3, "7"), "not owned");
-        TaskScope t = b.bindTask(3);
-        expect(IllegalStateException.class, "bind twice", () -> b.bindTask(3), "bound already");
-        Map<String, Long> before = b.statistics();
-        DeviceBuffer buf = b.allocate(1000);
-        byte[] data = new byte[1000];
-        Arrays.fill(data, (byte) 9);
-        buf.copyFrom(data);
-        expect(IllegalArgumentException.class, "negative size", () -> b.allocate(-5), "positive");
-        expect(IllegalArgumentException.class, "zero size", () -> b.allocate(0), "positive");
-        expect(CudaBridgeException.class, "absurd size", () -> b.allocate(Long.MAX_VALUE / 2), "exceeds the pool limit");
-        expect(NullPointerException.class, "null array in", () -> buf.copyFrom((byte[]) null));
-        expect(NullPointerException.class, "null array out", () -> buf.copyTo((int[]) null));
-        expect(IndexOutOfBoundsException.class, "copy past the end", () -> buf.copyFrom(new byte[1001]), "outside");
-        expect(IndexOutOfBoundsException.class, "copy at an offset past the end",
-                () -> buf.copyFrom(new byte[10], 0, 995, 10), "outside");
-        expect(IndexOutOfBoundsException.class, "negative device offset", () -> buf.copyTo(new byte[10], 0, -1, 10));
-        expect(IndexOutOfBoundsException.class, "array range", () -> buf.copyFrom(new byte[10], 5, 0, 10));
-        expect(IndexOutOfBoundsException.class, "long[] past the end", () -> buf.copyFrom(new long[126]), "outside");
-        expect(IndexOutOfBoundsException.class, "memset past the end", () -> buf.memset(1, 900, 101), "outside");
-        expect(IllegalArgumentException.class, "memset value", () -> buf.memset(300), "0-255");
-        expect(IllegalArgumentException.class, "heap ByteBuffer", () -> buf.copyFrom(ByteBuffer.allocate(10), 0), "not direct");
-        expect(IndexOutOfBoundsException.class, "direct ByteBuffer too large",
-                () -> buf.copyFrom(ByteBuffer.allocateDirect(2000), 0), "outside");
-        expect(NullPointerException.class, "null ByteBuffer", () -> buf.copyTo((ByteBuffer) null, 0));
-        expect(IllegalArgumentException.class, "pinned size", () -> b.allocatePinned(0), "size");
-        // nothing changed: the buffer still holds its bytes
-        byte[] back = new byte[1000];
-        buf.copyTo(back);
-        check(Arrays.equals(data, back), "buffer intact after the refused calls");
-        buf.close();
-        buf.close(); // second close: no effect
-        expect(IllegalStateException.class, "use after close", () -> buf.copyTo(back), "was closed");
-        expect(IllegalStateException.class, "memset after close", () -> buf.memset(0), "was closed");
-        check(b.free(buf) == 0, "freeing a closed buffer frees nothing");
-        Map<String, Long> mid = b.statistics();
-        check(mid.get("live_allocations").equals(before.get("live_allocations")), "live allocations back to before");
-        check(mid.get("in_use_bytes").equals(before.get("in_use_bytes")), "bytes in use back to before");
-        // a released task's buffers are dead
-        DeviceBuffer leaked = b.allocate(4096);
-        DeviceBuffer leaked2 = b.allocate(4096);
-        ReleaseReport rep = t.release();
-        result("release", rep);
-        check(rep.leaksReclaimed() == 2 && rep.leakedBytesReclaimed() == 8192, "two leaks reclaimed: " + rep);
-        check(!leaked.isAlive(), "a released task's buffer is dead");
-        expect(IllegalStateException.class, "use of a dead buffer", () -> leaked.copyFrom(data, 0, 0, 10), "is dead");
-        expect(IllegalStateException.class, "memset of a dead buffer", () -> leaked.memset(0), "is dead");
-        leaked.close(); // no effect: the release freed it
-        check(b.free(leaked2) == 0, "freeing a dead buffer frees nothing");
-        expect(IllegalStateException.class, "allocate after the release", () -> b.allocate(10), "no task is bound");
-        check(t.release().leaksReclaimed() == 2, "a second release returns the first report");
-        // a stale handle straight into the hot path is refused by Python
-        expect(CudaBridgeException.class, "stale handle", () -> NativeBridge.free(leaked.handle()), "not live");
-        expect(CudaBridgeException.class, "batched frees with a stale handle",
-                () -> NativeBridge.freeMany(new long[] {leaked.handle()}, 1), "nothing was freed");
-        expect(IndexOutOfBoundsException.class, "freeMany count", () -> NativeBridge.freeMany(new long[1], 2));
-        expect(IllegalStateException.class, "release an unknown task", () -> b.releaseTask(99), "not bound");
-        // batched free with one bad handle frees nothing
-        try (TaskScope t2 = b.bindTask(4)) {
-            DeviceBuffer x = b.allocate(100);
-            DeviceBuffer y = b.allocate(100);
-            long live = stat(b, "live_allocations");
-            expect(CudaBridgeException.class, "freeMany with a bogus handle",
-                    () -> NativeBridge.freeMany(new long[] {x.handle(), 0x77}, 2), "nothing was freed");
-            expect(CudaBridgeException.class, "freeMany with a duplicate",
-                    () -> NativeBridge.freeMany(new long[] {x.handle(), x.handle()}, 2), "twice");
-            check(stat(b, "live_allocations") == live, "nothing freed by the refused batches");
-            check(b.free(x, y, x) == 2, "free(x, y, x) frees two");
-            // attach from another thread of the same task
-            Thread helper = new Thread(() -> {
-                try (Attachment a = b.attach(4)) {
-                    check(b.stream() == t2.stream(), "attached thread sees the task's stream");
-                    b.allocate(64).close();
-                }
-                expect(IllegalStateException.class, "after detaching", b::stream, "no task is bound");
-            });
-            helper.start();
-            helper.join();
-            expect(CudaBridgeException.class, "attach to an unknown task", () -> b.attach(12345), "not bound");
-        }
-        check(stat(b, "live_allocations") == 0, "no live allocations at the end");
-        result("badinput_done", true);
-    }
-
     /** (d) the seven-step race from two Java threads, two tasks on two streams. Expects
      *  -Dspark.cudabridge.poolLimit=2m (B must reuse A's block) and, for the naive run,
      *  -Dspark.cudabridge.testStreamArena=naive_arena:NaiveArena (tests/ on -Dcudabridge.pythonPath). */
@@ -576,7 +335,6 @@ public final class Harness {
         return true;
     }
 
-    /** (f) many short-lived Java threads call in; the interpreter's thread states stay bounded. */
     /** The bridge's gate (bridge/hot_gate.h): with `loopers` threads calling allocate/free as fast
      *  as they can, (a) a thread making sparse calls gets every one through while they still run
      *  (nobody is starved by the biased gate), (b) every looper makes progress, (c) a thread
@@ -661,6 +419,7 @@ public final class Harness {
         check(stat(b, "in_use_bytes") == 0, "every byte back: " + stat(b, "in_use_bytes"));
     }
 
+    /** (f) many short-lived Java threads call in; the interpreter's thread states stay bounded. */
     static void threads(int total, int concurrent) throws Exception {
         CudaBridge b = CudaBridge.start();
         ThreadStates base = CudaBridge.threadStates();
@@ -739,149 +498,5 @@ public final class Harness {
             result("retry_started", true);
             result("describe", b.describe());
         }
-    }
-
-    /** Calls before any start fail fast and clearly. */
-    static void notStarted() {
-        expect(IllegalStateException.class, "get() before start", CudaBridge::get, "not started");
-        check(!CudaBridge.isStarted(), "not started");
-        result("notstarted_done", true);
-    }
-
-    /** Deferred binds (bindTaskDeferred, as the plugin binds ahead): bound in Python by the first
-     *  GPU call or by applyBind on another thread, exactly once when both race; a task released
-     *  before anyone applied its bind is never bound in Python; a bind only Python can refuse
-     *  (an unknown GPU address) fails the task's first GPU call with the reason and leaves
-     *  nothing behind; Java-side refusals are immediate and change nothing. */
-    static void deferred(int racers) throws Exception {
-        CudaBridge b = CudaBridge.start();
-        long bound0 = stat(b, "tasks_bound_total");
-        // (a) the first GPU call binds it on the calling thread
-        TaskScope a = b.bindTaskDeferred(10, null, Priority.NORMAL);
-        check(!a.isBound() && stat(b, "tasks_bound_total") == bound0, "not bound in Python before any GPU use");
-        check(b.currentTask() == a, "current task set at once");
-        try (DeviceBuffer buf = b.allocate(256)) {
-            check(a.isBound() && stat(b, "tasks_bound_total") == bound0 + 1, "the allocate bound it");
-            check(buf.stream() == a.stream() && a.stream() != 0, "buffer on the task's stream");
-            buf.memset(7);
-        }
-        check(!a.applyBind(), "applyBind after the bind does nothing");
-        a.release();
-        check(stat(b, "tasks_bound") == 0, "released in Python");
-        // (b) released before anyone applied it: never bound in Python, nothing to release there
-        TaskScope never = b.bindTaskDeferred(11, null, Priority.NORMAL);
-        ReleaseReport r = never.release();
-        check(r.leaksReclaimed() == 0 && stat(b, "tasks_bound_total") == bound0 + 1, "never bound in Python");
-        check(!never.applyBind(), "applyBind after the release does nothing");
-        expect(IllegalStateException.class, "stream of a released, never bound task", never::stream, "released");
-        expect(IllegalStateException.class, "allocate after it", () -> b.allocate(10), "no task is bound");
-        // (c) applyBind on another thread, then the task's thread uses the stream (no second bind)
-        TaskScope c = b.bindTaskDeferred(12, null, Priority.HIGH);
-        Thread t = new Thread(() -> check(c.applyBind(), "applyBind on another thread did the bind"));
-        t.start();
-        t.join();
-        check(c.isBound() && stat(b, "tasks_bound_total") == bound0 + 2, "bound once, by the other thread");
-        long s12 = c.stream();
-        check(s12 == b.stream(), "the task's thread sees the stream");
-        DeviceBuffer leak = b.allocate(4096);
-        ReleaseReport rc = c.release();
-        check(rc.leaksReclaimed() == 1 && !leak.isAlive(), "leak reclaimed: " + rc);
-        // (d) a bind only Python refuses: the first GPU call fails with the reason, nothing is left
-        TaskScope d = b.bindTaskDeferred(13, "7", Priority.NORMAL);
-        check(d.bindFailure() == null, "no failure before the bind is applied");
-        expect(CudaBridgeException.class, "deferred bind to an unknown GPU", () -> b.allocate(10), "could not be bound",
-                "not owned");
-        check(d.bindFailure() != null && d.bindFailure().contains("not owned"), "bindFailure says why: " + d.bindFailure());
-        expect(CudaBridgeException.class, "stream() of the failed task", b::stream, "not owned");
-        check(!d.applyBind(), "applyBind of a failed bind does nothing");
-        check(d.release().leaksReclaimed() == 0, "a failed bind releases nothing");
-        check(stat(b, "tasks_bound") == 0 && stat(b, "tasks_bound_total") == bound0 + 2, "nothing left in Python");
-        // (e) Java-side refusals: immediate, nothing registered
-        expect(IllegalArgumentException.class, "deferred negative id", () -> b.bindTaskDeferred(-2, null, Priority.NORMAL),
-                "non-negative");
-        expect(NullPointerException.class, "deferred null priority", () -> b.bindTaskDeferred(14, null, null),
-                "priority");
-        TaskScope e = b.bindTaskDeferred(14, null, Priority.NORMAL);
-        expect(IllegalStateException.class, "deferred bind twice", () -> b.bindTaskDeferred(14, null, Priority.NORMAL),
-                "bound already");
-        expect(IllegalStateException.class, "bind of a pending id", () -> b.bindTask(14), "bound already");
-        check(stat(b, "tasks_bound") == 0, "the refused synchronous bind left nothing in Python");
-        e.release();
-        check(b.tasksBound() == 0, "no task left in Java");
-        // (f) races: for each task, racers threads call stream() while another applies the bind
-        int tasks = 200;
-        AtomicLong wrong = new AtomicLong();
-        for (int k = 0; k < tasks; k++) {
-            TaskScope x = b.bindTaskDeferred(1000 + k, null, Priority.NORMAL);
-            CountDownLatch go = new CountDownLatch(1);
-            List<Thread> ts = new ArrayList<>();
-            long[] seen = new long[racers];
-            for (int j = 0; j < racers; j++) {
-                final int jj = j;
-                Thread th = new Thread(() -> {
-                    try {
-                        go.await();
-                        if (jj == 0) {
-                            x.applyBind();
-                        } else {
-                            seen[jj] = x.stream();
-                        }
-                    } catch (Throwable ex) {
-                        wrong.incrementAndGet();
-                    }
-                });
-                th.start();
-                ts.add(th);
-            }
-            go.countDown();
-            for (Thread th : ts) {
-                th.join();
-            }
-            for (int j = 1; j < racers; j++) {
-                if (seen[j] != x.stream()) {
-                    wrong.incrementAndGet();
-                }
-            }
-            x.release();
-        }
-        check(wrong.get() == 0, "every racer saw the one stream: " + wrong.get() + " wrong");
-        check(stat(b, "tasks_bound_total") == bound0 + 2 + tasks, "each raced task bound exactly once in Python");
-        check(stat(b, "tasks_bound") == 0 && b.tasksBound() == 0, "all released");
-        // (g) batched releases: one call into Python for the bound ones, each report in order; a
-        // release that fails in Python (released behind the Java API's back) fails alone
-        TaskScope g1 = b.bindTask(3000);
-        DeviceBuffer g1leak = b.allocate(1000);
-        TaskScope g2 = b.bindTaskDeferred(3001, null, Priority.NORMAL);   // never bound in Python
-        TaskScope g3 = b.bindTask(3002);
-        NativeBridge.releaseTask(3002, new long[2]);               // gone in Python, not in Java
-        TaskScope g4 = b.bindTask(3003);
-        ReleaseReport g4first = g4.release();                      // released already
-        TaskScope g5 = b.bindTask(3004);
-        DeviceBuffer g5a = b.allocate(10);
-        DeviceBuffer g5b = b.allocate(20);
-        ReleaseReport[] reps = b.releaseTasks(List.of(g1, g2, g3, g4, g5));
-        check(reps.length == 5, "a report per scope");
-        check(reps[0].failure() == null && reps[0].leaksReclaimed() == 1 && reps[0].leakedBytesReclaimed() == 1000,
-                "bound task's leak reclaimed: " + reps[0]);
-        check(reps[1].failure() == null && reps[1].leaksReclaimed() == 0 && g2.wasNeverBound(), "never bound: " + reps[1]);
-        check(reps[2].failure() != null && reps[2].failure().contains("3002") && reps[2].failure().contains("not bound"),
-                "the failed release says why: " + reps[2]);
-        check(reps[3] == g4first, "a released scope gives its first report");
-        check(reps[4].failure() == null && reps[4].leaksReclaimed() == 2 && reps[4].leakedBytesReclaimed() == 30,
-                "the task after the failure released too: " + reps[4]);
-        check(!g1leak.isAlive() && !g5a.isAlive() && g1.isReleased() && g3.isReleased(), "all dead in Java");
-        check(g1.release() == reps[0], "a later release returns the batch's report");
-        check(b.releaseTasks(List.of()).length == 0, "an empty batch");
-        check(stat(b, "tasks_bound") == 0 && b.tasksBound() == 0, "nothing bound after the batch");
-        expect(NullPointerException.class, "releaseTasks null ids", () -> NativeBridge.releaseTasks(null, 0, new long[0]));
-        expect(IndexOutOfBoundsException.class, "releaseTasks n past the ids",
-                () -> NativeBridge.releaseTasks(new long[1], 2, new long[4]), "outside");
-        expect(IndexOutOfBoundsException.class, "releaseTasks out too short",
-                () -> NativeBridge.releaseTasks(new long[2], 2, new long[3]), "shorter");
-        long[] outs = new long[2];
-        check(NativeBridge.releaseTasks(new long[] {424242}, 1, outs)[0] != null && outs[0] == -1,
-                "an unknown task id fails alone, with a message");
-        result("deferred_bound_total", stat(b, "tasks_bound_total") - bound0);
-        result("deferred_done", true);
     }
 }

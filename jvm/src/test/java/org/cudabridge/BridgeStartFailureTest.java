@@ -11,6 +11,7 @@ import static org.junit.jupiter.api.Assertions.assertTrue;
 import java.nio.ByteBuffer;
 import java.nio.file.Files;
 import java.nio.file.Path;
+import java.nio.file.Paths;
 import java.util.regex.Pattern;
 import org.junit.jupiter.api.AfterAll;
 import org.junit.jupiter.api.MethodOrderer;
@@ -22,9 +23,11 @@ import org.junit.jupiter.api.io.TempDir;
 
 /**
  * Start-up of the real bridge in this JVM: a start that fails (the library is missing, a key is
- * misspelled) returns false from {@link CudaBridge#tryStart}, is recorded, and makes
+ * misspelled, a JVM setting is out of range, the Python executable does not exist or its venv is
+ * of another Python version) returns false from {@link CudaBridge#tryStart}, is recorded, and makes
  * {@link CudaBridge#get()} fail with its reason; a retry with the built library then starts Python
- * and the service on the emulated device. The bridge starts once per JVM and cannot start again
+ * and the service on the emulated device. (A start on a Python without JPype initializes that
+ * interpreter for the JVM's life: {@link BasePythonStartTest}, in a JVM of its own.) The bridge starts once per JVM and cannot start again
  * after {@code shutdown()}, so this class runs in a JVM of its own ({@code own-jvm}) and its
  * methods run in order, each building on the state the one before left.
  */
@@ -104,6 +107,66 @@ class BridgeStartFailureTest {
 
     @Test
     @Order(6)
+    void gateHoldOutOfRangeFailsBeforeTheLibraryIsLoaded() {
+        assertNull(NativeBridge.loadedLibrary(), "no start before this one loaded the library");
+        for (String value : new String[] {"abc", "0", "2000000"}) {
+            System.setProperty(Settings.GATE_HOLD_MICROS, value);
+            try {
+                assertFalse(CudaBridge.tryStart(BridgeOptions.fromSystemProperties()), value);
+            } finally {
+                System.clearProperty(Settings.GATE_HOLD_MICROS);
+            }
+            CudaBridgeException failure = CudaBridge.startFailure();
+            assertNotNull(failure, value);
+            assertTrue(failure.getMessage().contains("cudabridge.gate.holdMicros must be"), failure.getMessage());
+            assertTrue(failure.getMessage().contains("got '" + value + "'"), failure.getMessage());
+            assertEquals("java", failure.getPythonType());
+            assertNull(NativeBridge.loadedLibrary(), "refused before anything was loaded");
+            assertFalse(CudaBridge.isStarted());
+        }
+    }
+
+    /** tryStart fails with the failure recorded, of type {@code startup}, and get() carries it. */
+    private static CudaBridgeException assertStartFails(BridgeOptions options) {
+        assertFalse(CudaBridge.tryStart(options));
+        assertFalse(CudaBridge.isStarted());
+        CudaBridgeException f = CudaBridge.startFailure();
+        assertNotNull(f, "tryStart failed but recorded no reason");
+        assertEquals("startup", f.getPythonType());
+        CudaBridgeException fast = assertThrows(CudaBridgeException.class, CudaBridge::get);
+        assertTrue(fast.getMessage().contains("its start failed"), fast.getMessage());
+        assertSame(f, fast.getCause(), "get() carries the recorded failure");
+        return f;
+    }
+
+    @Test
+    @Order(7)
+    void aPythonThatDoesNotExistIsRefusedClearly() {
+        CudaBridgeException f = assertStartFails(new BridgeOptions().python("/nonexistent/venv/bin/python")
+                .set("backend", "emulated"));
+        assertTrue(f.getMessage().contains("no such Python executable: /nonexistent/venv/bin/python"), f.getMessage());
+    }
+
+    @Test
+    @Order(8)
+    void aVenvOfAnotherPythonVersionIsRefusedClearly() throws Exception {
+        String python = System.getProperty("cudabridge.python");
+        assertNotNull(python, "run the Java unit tests with dev/junit (it passes -Dcudabridge.python)");
+        String linked = InstallLayout.ofJar().nativeProperties().getProperty("python.version");
+        assertNotNull(linked, "the build records python.version beside cudabridge.jar");
+        Path venv = dir.resolve("old-venv");
+        Files.createDirectories(venv.resolve("bin"));
+        Files.createSymbolicLink(venv.resolve("bin").resolve("python"), Paths.get(python).toAbsolutePath());
+        Files.writeString(venv.resolve("pyvenv.cfg"),
+                "home = /usr/bin\ninclude-system-site-packages = false\nversion = 3.9.18\n");
+        CudaBridgeException f = assertStartFails(new BridgeOptions().python(venv.resolve("bin").resolve("python").toString())
+                .set("backend", "emulated"));
+        assertTrue(f.getMessage().contains("is Python 3.9") && f.getMessage().contains("linked to Python " + linked),
+                f.getMessage());
+    }
+
+    @Test
+    @Order(9)
     void retryWithTheBuiltLibraryStartsOnTheEmulatedDevice() {
         // dev/junit passes -Dcudabridge.python, -Dcudabridge.library and -Dspark.cudabridge.backend=emulated
         assertEquals("emulated", System.getProperty("spark.cudabridge.backend"), "run the Java unit tests with dev/junit");
@@ -120,7 +183,7 @@ class BridgeStartFailureTest {
     }
 
     @Test
-    @Order(7)
+    @Order(10)
     void startedBridgeLendsPinnedMemory() {
         CudaBridge bridge = CudaBridge.get();
         PinnedBuffer pinned = bridge.allocatePinned(4096);
@@ -138,7 +201,7 @@ class BridgeStartFailureTest {
     }
 
     @Test
-    @Order(8)
+    @Order(11)
     void afterShutdownGetFailsAndTheBridgeCannotStartAgain() {
         CudaBridge bridge = CudaBridge.get();
         bridge.shutdown();

@@ -2,9 +2,15 @@ package org.cudabridge;
 
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertFalse;
+import static org.junit.jupiter.api.Assertions.assertNotNull;
 import static org.junit.jupiter.api.Assertions.assertSame;
 import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import java.nio.file.Path;
+import java.nio.file.Paths;
+import java.util.regex.Matcher;
+import java.util.regex.Pattern;
 
 import org.junit.jupiter.api.MethodOrderer;
 import org.junit.jupiter.api.Order;
@@ -28,13 +34,25 @@ class CudaBridgeTest {
 
     @Test
     @Order(2)
+    void pythonRunsFromTheVenvItWasGiven() {
+        String python = System.getProperty("cudabridge.python");
+        assertNotNull(python, "run the Java unit tests with dev/junit (it passes -Dcudabridge.python)");
+        Path venv = Paths.get(python).toAbsolutePath().getParent().getParent();
+        String describe = CudaBridge.get().describe();
+        Matcher m = Pattern.compile("\"prefix\":\\s*\"([^\"]*)\"").matcher(describe);
+        assertTrue(m.find(), describe);
+        assertEquals(venv.toString(), m.group(1), "sys.prefix is the venv of " + python);
+    }
+
+    @Test
+    @Order(3)
     void aToolCallReachesPython() {
         assertTrue(CudaBridge.get().callTool("interpreter", null).startsWith("{"));
         assertThrows(NullPointerException.class, () -> CudaBridge.get().callTool(null, "{}"));
     }
 
     @Test
-    @Order(3)
+    @Order(4)
     void afterShutdownEveryCallIsRefusedAndTasksAreDead() {
         CudaBridge b = CudaBridge.get();
         TaskScope t = b.bindTask(1);

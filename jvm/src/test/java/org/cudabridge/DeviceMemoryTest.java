@@ -13,7 +13,8 @@ import org.junit.jupiter.api.BeforeAll;
 import org.junit.jupiter.api.Tag;
 import org.junit.jupiter.api.Test;
 
-/** The memory API on the real bridge (emulated device): every bad argument refused in Java. */
+/** The memory API on the real bridge (emulated device): allocate, batched frees, pinned memory,
+ *  synchronize; every bad argument refused in Java, a size past the pool limit by the pool. */
 @Tag("own-jvm")
 class DeviceMemoryTest {
     static CudaBridge bridge;
@@ -50,14 +51,50 @@ class DeviceMemoryTest {
         }
     }
 
+    private static long stat(String key) {
+        return bridge.statistics().get(key);
+    }
+
     @Test
     void badSizesAreRefusedBeforeAnyCall() {
         long before = inUse();
-        assertThrows(IllegalArgumentException.class, () -> bridge.allocate(0));
-        assertThrows(IllegalArgumentException.class, () -> bridge.allocate(-5));
-        assertThrows(IllegalArgumentException.class, () -> bridge.allocatePinned(0));
+        IllegalArgumentException zero = assertThrows(IllegalArgumentException.class, () -> bridge.allocate(0));
+        assertTrue(zero.getMessage().contains("positive"), zero.getMessage());
+        IllegalArgumentException negative = assertThrows(IllegalArgumentException.class, () -> bridge.allocate(-5));
+        assertTrue(negative.getMessage().contains("positive"), negative.getMessage());
+        IllegalArgumentException pinned = assertThrows(IllegalArgumentException.class, () -> bridge.allocatePinned(0));
+        assertTrue(pinned.getMessage().contains("size"), pinned.getMessage());
         assertThrows(IllegalArgumentException.class, () -> bridge.allocatePinned(1L << 31));
         assertEquals(before, inUse());
+    }
+
+    @Test
+    void aSizePastThePoolLimitIsRefusedByThePool() {
+        long before = inUse();
+        long live = stat("live_allocations");
+        CudaBridgeException e = assertThrows(CudaBridgeException.class, () -> bridge.allocate(Long.MAX_VALUE / 2));
+        assertTrue(e.getMessage().contains("exceeds the pool limit"), e.getMessage());
+        assertEquals(before, inUse());
+        assertEquals(live, stat("live_allocations"));
+    }
+
+    @Test
+    void aBatchedFreeIsOneCallCountingEachBuffer() {
+        long live = stat("live_allocations");
+        long batched = stat("bridge_batched_frees");
+        assertEquals(3, bridge.free(bridge.allocate(10), bridge.allocate(20), bridge.allocate(30)));
+        assertEquals(batched + 3, stat("bridge_batched_frees"), "three batched frees counted");
+        assertEquals(live, stat("live_allocations"));
+    }
+
+    @Test
+    void aBufferTwiceInOneBatchIsFreedOnce() {
+        long live = stat("live_allocations");
+        DeviceBuffer x = bridge.allocate(100);
+        DeviceBuffer y = bridge.allocate(100);
+        assertEquals(2, bridge.free(x, y, x));
+        assertFalse(x.isAlive() || y.isAlive());
+        assertEquals(live, stat("live_allocations"));
     }
 
     @Test

@@ -1,5 +1,6 @@
 package org.cudabridge;
 
+import static org.junit.jupiter.api.Assertions.assertArrayEquals;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertInstanceOf;
 import static org.junit.jupiter.api.Assertions.assertNull;
@@ -7,10 +8,30 @@ import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import java.util.List;
+import java.util.Random;
+import java.util.concurrent.atomic.AtomicReference;
+
+import org.junit.jupiter.api.AfterAll;
+import org.junit.jupiter.api.Tag;
 import org.junit.jupiter.api.Test;
 
+/**
+ * The exception's numbers, from the long[] the bridge passes; and an out-of-memory on the real
+ * bridge (emulated device, a 64 MiB pool) arriving as one, after which the JVM and the service keep
+ * working. The bridge is started only by that test (the others need none), so the class runs in a
+ * JVM of its own.
+ */
+@Tag("own-jvm")
 class GpuOutOfMemoryExceptionTest {
     private static final String TYPE = "cudabridge.errors.OutOfDeviceMemory";
+    private static final long MIB = 1L << 20;
+
+    @AfterAll
+    static void stop() {
+        if (CudaBridge.isStarted()) {
+            CudaBridge.get().shutdown();
+        }
+    }
 
     /** Distinct numbers, so a getter reading the wrong position is seen. */
     private static long[] numbers() {
@@ -65,5 +86,48 @@ class GpuOutOfMemoryExceptionTest {
         IllegalArgumentException none = assertThrows(IllegalArgumentException.class,
                 () -> new GpuOutOfMemoryException("m", TYPE, null));
         assertTrue(none.getMessage().endsWith("got null"), none.getMessage());
+    }
+
+    @Test
+    void anOutOfMemoryOnTheBridgeCarriesThePoolsNumbersAndTheServiceSurvives() throws Exception {
+        CudaBridge b = CudaBridge.start(BridgeOptions.fromSystemProperties().set("poolLimit", "64m"));
+        try (TaskScope t = b.bindTask(7)) {
+            DeviceBuffer big = b.allocate(40 * MIB);
+            GpuOutOfMemoryException oom = assertThrows(GpuOutOfMemoryException.class, () -> b.allocate(40 * MIB));
+            String m = oom.getMessage();
+            assertTrue(m.contains("OutOfDeviceMemory") && m.contains("out of device memory"), m);
+            assertTrue(m.contains("requested 41943040 bytes"), m);
+            assertEquals(TYPE, oom.getPythonType());
+            assertEquals(40 * MIB, oom.requestedBytes());
+            assertTrue(oom.inUseBytes() >= 40 * MIB, "in use " + oom.inUseBytes());
+            assertTrue(oom.reservedBytes() > 0 && oom.reservedBytes() <= 64 * MIB, "reserved " + oom.reservedBytes());
+            assertTrue(oom.largestFreeBlockBytes() < 40 * MIB, "largest free " + oom.largestFreeBlockBytes());
+            assertEquals(64 * MIB, oom.limitBytes());
+            big.close();
+            // still working: the freed 40 MiB again, a copy in and out
+            byte[] data = new byte[1 << 20];
+            new Random(3).nextBytes(data);
+            byte[] back = new byte[data.length];
+            try (DeviceBuffer buf = b.allocate(40 * MIB)) {
+                assertEquals(t.stream(), buf.stream());
+                buf.copyFrom(data);
+                buf.copyTo(back);
+            }
+            assertArrayEquals(data, back, "the service works after the out-of-memory");
+        }
+        // another thread, another task, after all that
+        AtomicReference<Throwable> failed = new AtomicReference<>();
+        Thread other = new Thread(() -> {
+            try (TaskScope t = b.bindTask(8); DeviceBuffer buf = b.allocate(100)) {
+                buf.memset(1);
+                assertEquals(t.stream(), buf.stream());
+            } catch (Throwable e) {
+                failed.set(e);
+            }
+        });
+        other.start();
+        other.join();
+        assertNull(failed.get(), () -> String.valueOf(failed.get()));
+        assertEquals(0L, b.statistics().get("live_allocations"));
     }
 }

@@ -2,6 +2,7 @@ package org.cudabridge;
 
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertFalse;
+import static org.junit.jupiter.api.Assertions.assertInstanceOf;
 import static org.junit.jupiter.api.Assertions.assertNotNull;
 import static org.junit.jupiter.api.Assertions.assertNull;
 import static org.junit.jupiter.api.Assertions.assertSame;
@@ -16,8 +17,10 @@ import org.junit.jupiter.api.AfterEach;
 import org.junit.jupiter.api.BeforeAll;
 import org.junit.jupiter.api.Tag;
 import org.junit.jupiter.api.Test;
+import org.junit.jupiter.api.function.Executable;
 
-/** The Java task registry on the real bridge (emulated device): binds, releases, attachments. */
+/** The Java task registry on the real bridge (emulated device): binds (and their refusals, with
+ *  nothing left bound in Java or Python), releases one by one and batched, attachments. */
 @Tag("own-jvm")
 class TaskTableTest {
     static CudaBridge bridge;
@@ -36,6 +39,18 @@ class TaskTableTest {
     void nothingLeftBound() {
         bridge.detach();
         assertEquals(0, bridge.tasksBound());
+        assertEquals(0L, stat("tasks_bound"), "no task left bound in Python");
+    }
+
+    private static long stat(String key) {
+        return bridge.statistics().get(key);
+    }
+
+    private static <T extends Throwable> void assertRefused(Class<T> type, Executable call, String... fragments) {
+        T e = assertThrows(type, call);
+        for (String f : fragments) {
+            assertTrue(String.valueOf(e.getMessage()).contains(f), () -> "message lacks '" + f + "': " + e.getMessage());
+        }
     }
 
     @Test
@@ -43,6 +58,7 @@ class TaskTableTest {
         TaskScope t = bridge.bindTask(1);
         assertSame(t, bridge.currentTask());
         assertTrue(t.isBound() && t.stream() != 0);
+        assertEquals(t.stream(), bridge.stream(), "stream() is the current task's");
         DeviceBuffer leak = bridge.allocate(4096);
         ReleaseReport r = bridge.releaseTask(1);
         assertEquals(ReleaseReport.of(1, 1, 4096), r);
@@ -53,15 +69,61 @@ class TaskTableTest {
     }
 
     @Test
+    void withNoTaskBoundAllocateAndStreamAreRefused() {
+        bridge.detach();
+        assertRefused(IllegalStateException.class, () -> bridge.allocate(10), "no task is bound");
+        assertRefused(IllegalStateException.class, bridge::stream, "no task is bound");
+    }
+
+    @Test
     void badBindsAreRefusedAndBindNothing() {
-        assertThrows(IllegalArgumentException.class, () -> bridge.bindTask(-1));
-        assertThrows(NullPointerException.class, () -> bridge.bindTask(2, null, null));
+        long total = stat("tasks_bound_total");
+        assertRefused(IllegalArgumentException.class, () -> bridge.bindTask(-1), "non-negative");
+        assertRefused(NullPointerException.class, () -> bridge.bindTask(2, null, null), "priority");
+        assertRefused(CudaBridgeException.class, () -> bridge.bindTask(2, "7"), "not owned");   // only Python knows
+        assertEquals(0, bridge.tasksBound());
+        assertEquals(total, stat("tasks_bound_total"), "no refused bind reached Python's count");
         try (TaskScope t = bridge.bindTask(2)) {
-            IllegalStateException e = assertThrows(IllegalStateException.class, () -> bridge.bindTask(2));
-            assertTrue(e.getMessage().contains("bound already"), e.getMessage());
+            assertRefused(IllegalStateException.class, () -> bridge.bindTask(2), "bound already");
             assertEquals(1, bridge.tasksBound(), t.toString());
+            assertEquals(1L, stat("tasks_bound"));
         }
-        assertThrows(IllegalStateException.class, () -> bridge.releaseTask(2), "released: unknown now");
+        assertRefused(IllegalStateException.class, () -> bridge.releaseTask(2), "not bound");   // released: unknown now
+        assertRefused(IllegalStateException.class, () -> bridge.releaseTask(99), "not bound");
+    }
+
+    @Test
+    void aTaskBoundOnOneThreadIsBoundAlreadyOnAnother() throws Exception {
+        try (TaskScope t = bridge.bindTask(7)) {
+            AtomicReference<Throwable> caught = new AtomicReference<>();
+            Thread other = new Thread(() -> {
+                try {
+                    bridge.bindTask(7);
+                } catch (Throwable e) {
+                    caught.set(e);
+                }
+            });
+            other.start();
+            other.join();
+            IllegalStateException e = assertInstanceOf(IllegalStateException.class, caught.get());
+            assertTrue(e.getMessage().contains("bound already"), e.getMessage());
+            assertSame(t, bridge.currentTask(), "this thread's task is untouched");
+        }
+    }
+
+    @Test
+    void badDeferredBindsAreRefusedAtOnceAndRegisterNothing() {
+        assertRefused(IllegalArgumentException.class, () -> bridge.bindTaskDeferred(-2, null, Priority.NORMAL),
+                "non-negative");
+        assertRefused(NullPointerException.class, () -> bridge.bindTaskDeferred(14, null, null), "priority");
+        assertEquals(0, bridge.tasksBound());
+        TaskScope e = bridge.bindTaskDeferred(14, null, Priority.NORMAL);
+        assertRefused(IllegalStateException.class, () -> bridge.bindTaskDeferred(14, null, Priority.NORMAL),
+                "bound already");
+        assertRefused(IllegalStateException.class, () -> bridge.bindTask(14), "bound already");
+        assertEquals(0L, stat("tasks_bound"), "the refused synchronous bind left nothing in Python");
+        assertEquals(1, bridge.tasksBound());
+        e.release();
     }
 
     @Test
@@ -78,19 +140,34 @@ class TaskTableTest {
 
     @Test
     void aBatchReportsEachTaskInOrderAndAFailureAlone() {
+        long total = stat("tasks_bound_total");
         TaskScope a = bridge.bindTask(10);
-        bridge.allocate(1000);
+        DeviceBuffer aLeak = bridge.allocate(1000);
+        TaskScope b = bridge.bindTaskDeferred(12, null, Priority.NORMAL); // never bound in Python
         TaskScope gone = bridge.bindTask(11);
         NativeBridge.releaseTask(11);                                  // released behind the Java API's back
-        TaskScope b = bridge.bindTaskDeferred(12, null, Priority.NORMAL); // never bound in Python
-        ReleaseReport[] r = bridge.releaseTasks(List.of(a, gone, b));
+        TaskScope first = bridge.bindTask(13);
+        ReleaseReport firstReport = first.release();                   // released already
+        TaskScope after = bridge.bindTask(14);                         // comes after the failure
+        DeviceBuffer afterA = bridge.allocate(10);
+        DeviceBuffer afterB = bridge.allocate(20);
+        assertEquals(total + 4, stat("tasks_bound_total"), "the deferred one is not bound in Python");
+        ReleaseReport[] r = bridge.releaseTasks(List.of(a, b, gone, first, after));
+        assertEquals(5, r.length, "a report per scope");
         assertEquals(ReleaseReport.of(10, 1, 1000), r[0]);
-        assertEquals(11, r[1].taskAttemptId());
-        assertNotNull(r[1].failure());
-        assertTrue(r[1].failure().contains("UnknownTask") && r[1].failure().contains("11"), r[1].failure());
-        assertEquals(ReleaseReport.empty(12), r[2]);
-        assertSame(r[0], a.release());
-        assertTrue(gone.isReleased() && b.wasNeverBound());
+        assertEquals(ReleaseReport.empty(12), r[1]);
+        assertTrue(b.wasNeverBound());
+        assertEquals(11, r[2].taskAttemptId());
+        assertNotNull(r[2].failure());
+        assertTrue(r[2].failure().contains("UnknownTask") && r[2].failure().contains("11")
+                && r[2].failure().contains("not bound"), r[2].failure());
+        assertSame(firstReport, r[3], "a released scope gives its first report");
+        assertEquals(ReleaseReport.of(14, 2, 30), r[4], "the task after the failure is released too");
+        assertFalse(aLeak.isAlive() || afterA.isAlive() || afterB.isAlive());
+        assertTrue(a.isReleased() && gone.isReleased() && after.isReleased(), "all dead in Java");
+        assertSame(r[0], a.release(), "a later release returns the batch's report");
+        assertEquals(0, bridge.releaseTasks(List.of()).length, "an empty batch");
+        assertEquals(0L, stat("live_allocations"));
     }
 
     @Test
@@ -128,8 +205,30 @@ class TaskTableTest {
     }
 
     @Test
+    void aThreadWithoutATaskHasNoneAgainAfterItsAttachmentCloses() throws Exception {
+        try (TaskScope t = bridge.bindTask(22)) {
+            AtomicReference<Throwable> failed = new AtomicReference<>();
+            Thread helper = new Thread(() -> {
+                try {
+                    try (Attachment a = bridge.attach(22)) {
+                        assertSame(t, a.task());
+                        assertEquals(t.stream(), bridge.stream(), "the attached thread sees the task's stream");
+                        bridge.allocate(64).close();
+                    }
+                    assertRefused(IllegalStateException.class, bridge::stream, "no task is bound");
+                } catch (Throwable e) {
+                    failed.set(e);
+                }
+            });
+            helper.start();
+            helper.join();
+            assertNull(failed.get(), () -> String.valueOf(failed.get()));
+        }
+    }
+
+    @Test
     void attachingAnUnknownTaskSaysSo() {
         CudaBridgeException e = assertThrows(CudaBridgeException.class, () -> bridge.attach(999_999));
-        assertTrue(e.getMessage().contains("999999"), e.getMessage());
+        assertTrue(e.getMessage().contains("999999") && e.getMessage().contains("not bound"), e.getMessage());
     }
 }

@@ -1,0 +1,137 @@
+package org.cudabridge;
+
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
+import static org.junit.jupiter.api.Assertions.assertNotNull;
+import static org.junit.jupiter.api.Assertions.assertNull;
+import static org.junit.jupiter.api.Assertions.assertThrows;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import java.util.List;
+
+import org.junit.jupiter.api.AfterAll;
+import org.junit.jupiter.api.AfterEach;
+import org.junit.jupiter.api.BeforeAll;
+import org.junit.jupiter.api.Tag;
+import org.junit.jupiter.api.Test;
+import org.junit.jupiter.api.function.Executable;
+
+/**
+ * The JNI natives called straight, past the Java API's checks (as NativeBridge's comment says tests
+ * may): the C side checks its arrays and counts, and Python refuses every handle that is not live;
+ * a refused batch changes nothing. How Python's errors are typed in Java: {@link CudaBridgeExceptionTest}.
+ */
+@Tag("own-jvm")
+class NativeBridgeTest {
+    static CudaBridge bridge;
+
+    @BeforeAll
+    static void start() {
+        bridge = CudaBridge.start();
+    }
+
+    @AfterAll
+    static void stop() {
+        bridge.shutdown();
+    }
+
+    @AfterEach
+    void nothingLeft() {
+        bridge.detach();
+        assertEquals(0, bridge.tasksBound());
+        assertEquals(0L, stat("live_allocations"));
+    }
+
+    private static long stat(String key) {
+        return bridge.statistics().get(key);
+    }
+
+    private static <T extends Throwable> void assertRefused(Class<T> type, Executable call, String... fragments) {
+        T e = assertThrows(type, call);
+        for (String f : fragments) {
+            assertTrue(String.valueOf(e.getMessage()).contains(f), () -> "message lacks '" + f + "': " + e.getMessage());
+        }
+    }
+
+    @Test
+    void aStaleHandleIsRefusedByPython() {
+        TaskScope t = bridge.bindTask(1);
+        DeviceBuffer leaked = bridge.allocate(4096);
+        assertEquals(1, t.release().leaksReclaimed());
+        long live = stat("live_allocations");
+        assertRefused(CudaBridgeException.class, () -> NativeBridge.free(leaked.handle()), "not live");
+        assertRefused(CudaBridgeException.class, () -> NativeBridge.freeMany(new long[] {leaked.handle()}, 1),
+                "nothing was freed");
+        assertEquals(live, stat("live_allocations"));
+    }
+
+    @Test
+    void aBatchWithABogusHandleOrADuplicateFreesNothing() {
+        try (TaskScope t = bridge.bindTask(2)) {
+            DeviceBuffer x = bridge.allocate(100);
+            DeviceBuffer y = bridge.allocate(100);
+            long live = stat("live_allocations");
+            assertRefused(CudaBridgeException.class, () -> NativeBridge.freeMany(new long[] {x.handle(), 0x77}, 2),
+                    "nothing was freed");
+            assertRefused(CudaBridgeException.class, () -> NativeBridge.freeMany(new long[] {x.handle(), x.handle()}, 2),
+                    "twice");
+            assertEquals(live, stat("live_allocations"), "nothing freed by the refused batches");
+            assertTrue(x.isAlive() && y.isAlive(), t.toString());
+            assertEquals(2, bridge.free(x, y, x));
+        }
+    }
+
+    @Test
+    void allocateAndTaskStreamRefuseAnOutArrayTooShortBeforePythonAllocates() {
+        try (TaskScope t = bridge.bindTask(4)) {
+            long live = stat("live_allocations");
+            assertRefused(IllegalArgumentException.class, () -> NativeBridge.allocate(4, 64, new long[1]), "long[2]");
+            assertRefused(IllegalArgumentException.class, () -> NativeBridge.allocate(4, 64, null), "long[2]");
+            assertEquals(live, stat("live_allocations"), "nothing was allocated");
+            assertRefused(IllegalArgumentException.class, () -> NativeBridge.taskStream(4, new long[1]), "long[2]");
+            long[] out = new long[2];
+            NativeBridge.taskStream(4, out);
+            assertEquals(t.stream(), out[0]);
+        }
+    }
+
+    @Test
+    void freeManyRefusesACountPastItsArray() {
+        assertThrows(IndexOutOfBoundsException.class, () -> NativeBridge.freeMany(new long[1], 2));
+    }
+
+    @Test
+    void releaseTasksChecksItsArrays() {
+        assertThrows(NullPointerException.class, () -> NativeBridge.releaseTasks(null, 0, new long[0]));
+        assertRefused(IndexOutOfBoundsException.class, () -> NativeBridge.releaseTasks(new long[1], 2, new long[4]),
+                "outside");
+        assertRefused(IndexOutOfBoundsException.class, () -> NativeBridge.releaseTasks(new long[2], 2, new long[3]),
+                "shorter");
+    }
+
+    @Test
+    void releaseTasksFailsAnUnknownIdAloneWithAMessage() {
+        long[] outs = new long[2];
+        String[] failures = NativeBridge.releaseTasks(new long[] {424242}, 1, outs);
+        assertNotNull(failures, "a failed release returns the messages");
+        assertEquals(1, failures.length);
+        assertNotNull(failures[0]);
+        assertTrue(failures[0].contains("424242"), failures[0]);
+        assertEquals(-1, outs[0]);
+        assertEquals(-1, outs[1]);
+    }
+
+    @Test
+    void releaseTasksReturnsNullWhenEveryReleaseSucceeded() {
+        TaskScope t = bridge.bindTask(3);
+        bridge.allocate(512);
+        long[] outs = new long[2];
+        assertNull(NativeBridge.releaseTasks(new long[] {3}, 1, outs));
+        assertEquals(1, outs[0]);
+        assertEquals(512, outs[1]);
+        assertFalse(t.isReleased(), "released behind the Java API's back: Java still holds the scope");
+        ReleaseReport r = bridge.releaseTasks(List.of(t))[0];
+        assertNotNull(r.failure(), "its release through the API then fails in Python: " + r);
+        assertTrue(t.isReleased());
+    }
+}
