@@ -45,6 +45,7 @@ def check_books(pool) -> dict[str, int]:
             blk = blk.next
     spare = pool._upstream.spare_bytes
     assert mapped + spare == s.reserved_bytes, (mapped, spare, s.reserved_bytes)
+    assert s.spare_bytes == spare and by_state["pending"] == s.free_pending_bytes, (by_state, s)
     assert by_state["live"] == s.in_use_bytes, (by_state, s)
     assert by_state["safe"] == s.free_safe_bytes, (by_state, s)
     assert by_state["stream"] == s.free_in_streams_bytes, (by_state, s)

@@ -106,7 +106,8 @@ def test_threads_share_pools_without_corruption(limit):
         stats = service.memory_pool(0).statistics()
         assert stats.live_allocations == 0
         assert stats.in_use_bytes == 0
-        assert stats.free_safe_bytes + stats.free_in_streams_bytes == stats.reserved_bytes
+        assert stats.free_safe_bytes + stats.free_in_streams_bytes + stats.free_pending_bytes + stats.spare_bytes \
+            == stats.reserved_bytes
         assert stats.reserved_bytes <= service.memory_pool(0).limit
         assert service.registry.tasks_bound == 0
         print(stats, len(limit_hit))

@@ -33,7 +33,8 @@ def events_accounted(pool):
 
 def conserved(pool):
     s = pool.statistics()
-    assert s.in_use_bytes + s.free_safe_bytes + s.free_in_streams_bytes + pool_pending(pool) + pool._upstream.spare_bytes \
+    assert s.free_pending_bytes == pool_pending(pool) and s.spare_bytes == pool._upstream.spare_bytes
+    assert s.in_use_bytes + s.free_safe_bytes + s.free_in_streams_bytes + s.free_pending_bytes + s.spare_bytes \
         == s.reserved_bytes
 
 

@@ -276,6 +276,20 @@ def test_statistics_track_peak_and_counts(pool, streams):
     assert s.free_safe_bytes + s.free_in_streams_bytes == s.reserved_bytes
 
 
+def test_statistics_balance_with_a_free_pending_behind_two_streams(pool, streams):
+    """A block freed behind two streams (record_stream) is neither safe nor in one stream's bins:
+    the statistics show it as free_pending_bytes, and the books still balance."""
+    a = pool.allocate(1 << 20, streams[0])
+    b = pool.allocate(4096, streams[0])
+    a.record_stream(streams[1])
+    a.free()
+    s = pool.statistics()
+    assert s.free_pending_bytes == 1 << 20
+    assert s.in_use_bytes + s.free_safe_bytes + s.free_in_streams_bytes + s.free_pending_bytes + s.spare_bytes \
+        == s.reserved_bytes
+    b.free()
+
+
 def test_context_manager_frees(pool, streams):
     with pool.allocate(100, streams[0]) as a:
         assert a.alive

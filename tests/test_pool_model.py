@@ -233,6 +233,7 @@ class PoolModel(RuleBasedStateMachine):
         assert s.in_use_bytes == sum(rounded(size) for _, _, size, _ in self.live.values())
         pending = sum(b.size for b in self.pool._core.pending)
         spare = self.pool._upstream.spare_bytes
+        assert (s.free_pending_bytes, s.spare_bytes) == (pending, spare)
         assert s.in_use_bytes + s.free_safe_bytes + s.free_in_streams_bytes + pending + spare == s.reserved_bytes
         # every block of every chunk in exactly one place, chunks tiled without gaps
         by_state = {"live": 0, "safe": 0, "stream": 0, "pending": 0}

@@ -47,7 +47,10 @@ class UsageLedger:
 
 @dataclass(frozen=True)
 class PoolStatistics:
-    """One GPU's memory pool at one moment. Bytes are block bytes (requests rounded to 256)."""
+    """One GPU's memory pool at one moment. Bytes are block bytes (requests rounded to 256).
+
+    The books balance: ``in_use_bytes + free_safe_bytes + free_in_streams_bytes +
+    free_pending_bytes + spare_bytes == reserved_bytes`` whenever no allocate or free is in flight."""
 
     COUNTERS: ClassVar[tuple[str, ...]] = (
         "slow_allocations", "chunks_allocated", "event_polls", "stream_polls", "events_recorded",
@@ -65,6 +68,8 @@ class PoolStatistics:
     limit_bytes: int
     free_safe_bytes: int
     free_in_streams_bytes: int
+    free_pending_bytes: int       # freed behind several streams, safe once each has passed it
+    spare_bytes: int              # physical memory reserved and mapped nowhere (segments' spare pieces)
     waiting_on_events_bytes: int
     largest_free_block_bytes: int
     allocations: int

@@ -367,6 +367,8 @@ class StreamOrderedMemoryPool:
                 limit_bytes=self._limit.limit,
                 free_safe_bytes=self._safe.bytes,
                 free_in_streams_bytes=core.in_streams_bytes(),
+                free_pending_bytes=core.pending_bytes(),
+                spare_bytes=self._upstream.spare_bytes,
                 waiting_on_events_bytes=core.waiting_bytes(),
                 largest_free_block_bytes=core.largest_free(),
                 allocations=self._fast.issued,

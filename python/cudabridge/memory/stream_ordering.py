@@ -338,6 +338,9 @@ class StreamOrderingCore:
             total += sum(b.size for b in arena.free_blocks() if b.epoch > arena.completed)
         return total
 
+    def pending_bytes(self) -> int:
+        return sum(b.size for b in self.pending)
+
     def in_streams_bytes(self) -> int:
         return sum(b.size for arena in list(self.streams.all) for b in arena.free_blocks())
 
