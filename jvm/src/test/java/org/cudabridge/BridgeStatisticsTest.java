@@ -7,26 +7,12 @@ import java.util.List;
 import java.util.Map;
 import java.util.TreeSet;
 
-import org.junit.jupiter.api.AfterAll;
-import org.junit.jupiter.api.BeforeAll;
 import org.junit.jupiter.api.Tag;
 import org.junit.jupiter.api.Test;
 
 /** The statistics snapshot: its keys are known without Python and are exactly what Python sends. */
 @Tag("own-jvm")
-class BridgeStatisticsTest {
-    static CudaBridge bridge;
-
-    @BeforeAll
-    static void start() {
-        bridge = CudaBridge.start();
-    }
-
-    @AfterAll
-    static void stop() {
-        bridge.shutdown();
-    }
-
+class BridgeStatisticsTest extends RunningBridge {
     @Test
     void theNamesKnownWithoutPythonAreTheSnapshotsKeys() {
         List<String> names = BridgeStatistics.names();

@@ -22,20 +22,17 @@ import org.junit.jupiter.api.function.Executable;
  * Out of memory, the subclass with numbers: {@link GpuOutOfMemoryExceptionTest}.
  */
 @Tag("own-jvm")
-class CudaBridgeExceptionTest {
-    static CudaBridge bridge;
+class CudaBridgeExceptionTest extends RunningBridge {
     static TaskScope task;
 
     @BeforeAll
-    static void start() {
-        bridge = CudaBridge.start();
+    static void bindTask() {
         task = bridge.bindTask(7);
     }
 
     @AfterAll
-    static void stop() {
+    static void releaseTask() {
         task.release();
-        bridge.shutdown();
     }
 
     /** After every error: allocate, copy in and out, compare, free. */

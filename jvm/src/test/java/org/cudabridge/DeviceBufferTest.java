@@ -11,9 +11,7 @@ import java.util.Arrays;
 import java.util.Map;
 import java.util.Random;
 
-import org.junit.jupiter.api.AfterAll;
 import org.junit.jupiter.api.AfterEach;
-import org.junit.jupiter.api.BeforeAll;
 import org.junit.jupiter.api.BeforeEach;
 import org.junit.jupiter.api.Tag;
 import org.junit.jupiter.api.Test;
@@ -27,20 +25,9 @@ import org.junit.jupiter.api.function.Executable;
  * after it, the task is released and no allocation is left live.
  */
 @Tag("own-jvm")
-class DeviceBufferTest {
-    static CudaBridge bridge;
+class DeviceBufferTest extends RunningBridge {
     static long nextTask = 100;
     TaskScope task;
-
-    @BeforeAll
-    static void start() {
-        bridge = CudaBridge.start();
-    }
-
-    @AfterAll
-    static void stop() {
-        bridge.shutdown();
-    }
 
     @BeforeEach
     void bind() {

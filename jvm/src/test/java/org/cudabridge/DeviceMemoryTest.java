@@ -16,20 +16,17 @@ import org.junit.jupiter.api.Test;
 /** The memory API on the real bridge (emulated device): allocate, batched frees, pinned memory,
  *  synchronize; every bad argument refused in Java, a size past the pool limit by the pool. */
 @Tag("own-jvm")
-class DeviceMemoryTest {
-    static CudaBridge bridge;
+class DeviceMemoryTest extends RunningBridge {
     static TaskScope task;
 
     @BeforeAll
-    static void start() {
-        bridge = CudaBridge.start();
+    static void bindTask() {
         task = bridge.bindTask(1);
     }
 
     @AfterAll
-    static void stop() {
+    static void releaseTask() {
         task.release();
-        bridge.shutdown();
     }
 
     private static long inUse() {

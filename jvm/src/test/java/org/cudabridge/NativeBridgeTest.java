@@ -9,9 +9,7 @@ import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import java.util.List;
 
-import org.junit.jupiter.api.AfterAll;
 import org.junit.jupiter.api.AfterEach;
-import org.junit.jupiter.api.BeforeAll;
 import org.junit.jupiter.api.Tag;
 import org.junit.jupiter.api.Test;
 import org.junit.jupiter.api.function.Executable;
@@ -22,19 +20,7 @@ import org.junit.jupiter.api.function.Executable;
  * a refused batch changes nothing. How Python's errors are typed in Java: {@link CudaBridgeExceptionTest}.
  */
 @Tag("own-jvm")
-class NativeBridgeTest {
-    static CudaBridge bridge;
-
-    @BeforeAll
-    static void start() {
-        bridge = CudaBridge.start();
-    }
-
-    @AfterAll
-    static void stop() {
-        bridge.shutdown();
-    }
-
+class NativeBridgeTest extends RunningBridge {
     @AfterEach
     void nothingLeft() {
         bridge.detach();

@@ -14,9 +14,7 @@ import java.util.concurrent.CountDownLatch;
 import java.util.concurrent.atomic.AtomicBoolean;
 import java.util.concurrent.atomic.AtomicLong;
 
-import org.junit.jupiter.api.AfterAll;
 import org.junit.jupiter.api.AfterEach;
-import org.junit.jupiter.api.BeforeAll;
 import org.junit.jupiter.api.Tag;
 import org.junit.jupiter.api.Test;
 import org.junit.jupiter.api.function.Executable;
@@ -30,19 +28,7 @@ import org.junit.jupiter.api.function.Executable;
  * Python's own counts ({@code tasks_bound}, {@code tasks_bound_total}) are checked alongside Java's.
  */
 @Tag("own-jvm")
-class TaskScopeTest {
-    static CudaBridge bridge;
-
-    @BeforeAll
-    static void start() {
-        bridge = CudaBridge.start();
-    }
-
-    @AfterAll
-    static void stop() {
-        bridge.shutdown();
-    }
-
+class TaskScopeTest extends RunningBridge {
     @AfterEach
     void nothingLeftBound() {
         bridge.detach();

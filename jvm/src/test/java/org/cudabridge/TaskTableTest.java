@@ -12,9 +12,7 @@ import static org.junit.jupiter.api.Assertions.assertTrue;
 import java.util.List;
 import java.util.concurrent.atomic.AtomicReference;
 
-import org.junit.jupiter.api.AfterAll;
 import org.junit.jupiter.api.AfterEach;
-import org.junit.jupiter.api.BeforeAll;
 import org.junit.jupiter.api.Tag;
 import org.junit.jupiter.api.Test;
 import org.junit.jupiter.api.function.Executable;
@@ -22,19 +20,7 @@ import org.junit.jupiter.api.function.Executable;
 /** The Java task registry on the real bridge (emulated device): binds (and their refusals, with
  *  nothing left bound in Java or Python), releases one by one and batched, attachments. */
 @Tag("own-jvm")
-class TaskTableTest {
-    static CudaBridge bridge;
-
-    @BeforeAll
-    static void start() {
-        bridge = CudaBridge.start();
-    }
-
-    @AfterAll
-    static void stop() {
-        bridge.shutdown();
-    }
-
+class TaskTableTest extends RunningBridge {
     @AfterEach
     void nothingLeftBound() {
         bridge.detach();
