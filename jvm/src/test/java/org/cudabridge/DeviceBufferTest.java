@@ -3,7 +3,6 @@ package org.cudabridge;
 import static org.junit.jupiter.api.Assertions.assertArrayEquals;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertFalse;
-import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import java.nio.ByteBuffer;
@@ -15,7 +14,6 @@ import org.junit.jupiter.api.AfterEach;
 import org.junit.jupiter.api.BeforeEach;
 import org.junit.jupiter.api.Tag;
 import org.junit.jupiter.api.Test;
-import org.junit.jupiter.api.function.Executable;
 
 /**
  * Device buffers on the real bridge (emulated device): every copy kind round-trips its data
@@ -39,21 +37,6 @@ class DeviceBufferTest extends RunningBridge {
         task.release();
         assertEquals(0L, stat("live_allocations"), "no live allocation after the task's release");
         assertEquals(0, bridge.tasksBound());
-    }
-
-    private static long stat(String key) {
-        Long v = bridge.statistics().get(key);
-        if (v == null) {
-            throw new AssertionError("no statistic " + key);
-        }
-        return v;
-    }
-
-    private static <T extends Throwable> void assertRefused(Class<T> type, Executable call, String... fragments) {
-        T e = assertThrows(type, call);
-        for (String f : fragments) {
-            assertTrue(String.valueOf(e.getMessage()).contains(f), () -> "message lacks '" + f + "': " + e.getMessage());
-        }
     }
 
     @Test

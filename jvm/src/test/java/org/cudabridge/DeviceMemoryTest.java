@@ -48,10 +48,6 @@ class DeviceMemoryTest extends RunningBridge {
         }
     }
 
-    private static long stat(String key) {
-        return bridge.statistics().get(key);
-    }
-
     @Test
     void badSizesAreRefusedBeforeAnyCall() {
         long before = inUse();

@@ -12,7 +12,6 @@ import java.util.List;
 import org.junit.jupiter.api.AfterEach;
 import org.junit.jupiter.api.Tag;
 import org.junit.jupiter.api.Test;
-import org.junit.jupiter.api.function.Executable;
 
 /**
  * The JNI natives called straight, past the Java API's checks (as NativeBridge's comment says tests
@@ -26,17 +25,6 @@ class NativeBridgeTest extends RunningBridge {
         bridge.detach();
         assertEquals(0, bridge.tasksBound());
         assertEquals(0L, stat("live_allocations"));
-    }
-
-    private static long stat(String key) {
-        return bridge.statistics().get(key);
-    }
-
-    private static <T extends Throwable> void assertRefused(Class<T> type, Executable call, String... fragments) {
-        T e = assertThrows(type, call);
-        for (String f : fragments) {
-            assertTrue(String.valueOf(e.getMessage()).contains(f), () -> "message lacks '" + f + "': " + e.getMessage());
-        }
     }
 
     @Test

@@ -1,7 +1,11 @@
 package org.cudabridge;
 
+import static org.junit.jupiter.api.Assertions.assertThrows;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
 import org.junit.jupiter.api.AfterAll;
 import org.junit.jupiter.api.BeforeAll;
+import org.junit.jupiter.api.function.Executable;
 
 /**
  * A test class that needs the real bridge (the emulated device under dev/junit): started once
@@ -20,5 +24,22 @@ abstract class RunningBridge {
     @AfterAll
     static void shutDownBridge() {
         bridge.shutdown();
+    }
+
+    /** One of the service's statistics now; a name it does not have fails the test. */
+    static long stat(String key) {
+        Long v = bridge.statistics().get(key);
+        if (v == null) {
+            throw new AssertionError("no statistic " + key);
+        }
+        return v;
+    }
+
+    /** {@code call} throws {@code type} with every fragment in its message. */
+    static <T extends Throwable> void assertRefused(Class<T> type, Executable call, String... fragments) {
+        T e = assertThrows(type, call);
+        for (String f : fragments) {
+            assertTrue(String.valueOf(e.getMessage()).contains(f), () -> "message lacks '" + f + "': " + e.getMessage());
+        }
     }
 }

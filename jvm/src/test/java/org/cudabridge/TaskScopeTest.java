@@ -5,7 +5,6 @@ import static org.junit.jupiter.api.Assertions.assertFalse;
 import static org.junit.jupiter.api.Assertions.assertNotEquals;
 import static org.junit.jupiter.api.Assertions.assertNull;
 import static org.junit.jupiter.api.Assertions.assertSame;
-import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import java.util.ArrayList;
@@ -17,7 +16,6 @@ import java.util.concurrent.atomic.AtomicLong;
 import org.junit.jupiter.api.AfterEach;
 import org.junit.jupiter.api.Tag;
 import org.junit.jupiter.api.Test;
-import org.junit.jupiter.api.function.Executable;
 
 /**
  * A task scope on the real bridge (emulated device): its release reclaims what the task still
@@ -35,17 +33,6 @@ class TaskScopeTest extends RunningBridge {
         assertEquals(0, bridge.tasksBound(), "no task left in Java");
         assertEquals(0L, stat("tasks_bound"), "no task left in Python");
         assertEquals(0L, stat("live_allocations"));
-    }
-
-    private static long stat(String key) {
-        return bridge.statistics().get(key);
-    }
-
-    private static <T extends Throwable> void assertRefused(Class<T> type, Executable call, String... fragments) {
-        T e = assertThrows(type, call);
-        for (String f : fragments) {
-            assertTrue(String.valueOf(e.getMessage()).contains(f), () -> "message lacks '" + f + "': " + e.getMessage());
-        }
     }
 
     @Test

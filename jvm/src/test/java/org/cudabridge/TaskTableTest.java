@@ -15,7 +15,6 @@ import java.util.concurrent.atomic.AtomicReference;
 import org.junit.jupiter.api.AfterEach;
 import org.junit.jupiter.api.Tag;
 import org.junit.jupiter.api.Test;
-import org.junit.jupiter.api.function.Executable;
 
 /** The Java task registry on the real bridge (emulated device): binds (and their refusals, with
  *  nothing left bound in Java or Python), releases one by one and batched, attachments. */
@@ -26,17 +25,6 @@ class TaskTableTest extends RunningBridge {
         bridge.detach();
         assertEquals(0, bridge.tasksBound());
         assertEquals(0L, stat("tasks_bound"), "no task left bound in Python");
-    }
-
-    private static long stat(String key) {
-        return bridge.statistics().get(key);
-    }
-
-    private static <T extends Throwable> void assertRefused(Class<T> type, Executable call, String... fragments) {
-        T e = assertThrows(type, call);
-        for (String f : fragments) {
-            assertTrue(String.valueOf(e.getMessage()).contains(f), () -> "message lacks '" + f + "': " + e.getMessage());
-        }
     }
 
     @Test
