@@ -171,6 +171,7 @@ CASES = [
     (P + "logLevel", "INFO", True), (P + "logLevel", "info", True), (P + "logLevel", "Warning", True),
     (P + "logLevel", "critical", True), (P + "logLevel", "TRACE", False), (P + "logLevel", " INFO", False),
     (P + "testStreamArena", "naive_arena:NaiveArena", True),
+    (P + "emulatedKernels", "host_twins_for_tests,more_twins", True), (P + "emulatedKernels", "", True),
     (P + "taskPriority", "normal", True), (P + "taskPriority", "high", True), (P + "taskPriority", "HIGH", False),
     (P + "taskPriority", "urgent", False),
     (P + "taskBind", "lazy", True), (P + "taskBind", "ahead", True), (P + "taskBind", "eager", True),

@@ -17,6 +17,7 @@ from .config import ServiceConfig, parse_bytes
 from .device import DeviceBackend, open_backend
 from .errors import CudaError, DeviceUnusable, InvalidArgument, PoolClosed
 from .gpu_addresses import parse_address_map, resolve_gpu_addresses
+from .kernels.host_kernels import HostKernels
 from .memory import Allocation, PoolStatistics, StreamOrderedMemoryPool
 from .stream_pool import StreamPool, ensure_hardware_queues
 from .task_registry import GpuResources, ReleaseReport, TaskBinding, TaskRegistry
@@ -102,6 +103,8 @@ class CudaBridgeService:
             if config.backend_wrapper:
                 backend = _wrap_backend(config.backend_wrapper, backend)
         self.backend = backend
+        # The emulated device runs user kernels as their host twins (kernels/host_kernels.py).
+        self.host_kernels = HostKernels((config.emulated_kernels or "").split(",") if backend.name == "emulated" else ())
         addresses = config.gpu_addresses.split(",") if config.gpu_addresses else None
         mapping = resolve_gpu_addresses(addresses, backend,
                                         address_map=parse_address_map(config.gpu_address_map or ""))

@@ -374,6 +374,27 @@ class _EmuDevice:
             pass  # a view of it is still referenced (a finished op's closure); GC unmaps it
         return span
 
+    def extent(self, call: str, ptr: int) -> int:
+        """Bytes from ``ptr`` to the end of its allocation (in a reservation: of the mapped run
+        that holds it): what a kernel given ``ptr`` may touch."""
+        bases = self._bases
+        i = bisect.bisect_right(bases, ptr) - 1
+        if i >= 0:
+            base = bases[i]
+            chunk = self._chunks.get(base)
+            if chunk is not None and ptr < base + len(chunk):
+                res = self._reservations.get(base)
+                if res is None:
+                    return base + len(chunk) - ptr
+                p0 = (ptr - base) // _ALLOC_GRANULE
+                if res.pages[p0]:
+                    p1 = res.pages.find(0, p0)
+                    end = base + (len(res.pages) if p1 == -1 else p1) * _ALLOC_GRANULE
+                    return end - ptr
+                raise _fail(call, _ERR_ILLEGAL_ADDRESS, f"{ptr:#x} is in unmapped pages of a reservation on GPU "
+                            f"{self.ordinal}")
+        raise _fail(call, _ERR_INVALID_VALUE, f"{ptr:#x} is not inside an allocation of GPU {self.ordinal}")
+
     def view(self, call: str, ptr: int, nbytes: int) -> memoryview:
         """The host memory behind [ptr, ptr+nbytes), which must lie inside one allocation."""
         if nbytes < 0:
@@ -1072,6 +1093,40 @@ class EmulatedBackend(DeviceBackend):
         else:
             self._race.enqueue(s, kernel, "cudaLaunchKernel(fill_u32)",
                                writes=((ptr, 4 * count),) if count > 0 else ())
+
+    def launch_host_kernel(self, stream: int, twin: Any, grid: tuple[int, int, int], block: tuple[int, int, int],
+                           args: list[Any]) -> None:
+        """Queue a user kernel's host twin (kernels/host_kernels.py) on ``stream``: checked now
+        (argument count and kinds, every pointer inside an allocation), run in stream order on
+        the stream's worker. The race detector counts it as reading and writing each pointer's
+        allocation from that address on."""
+        from ..kernels.params import check_value   # the kernels package imports the backends' errors
+        call = f"cuLaunchKernel({twin.name})"
+        s = self._stream(call, stream)
+        kinds = twin.signature
+        if len(args) != len(kinds):
+            raise InvalidArgument(f"kernel {twin.name!r} takes {len(kinds)} argument(s), got {len(args)}")
+        values = [check_value(k, v, i, twin.name) for i, (k, v) in enumerate(zip(kinds, args))]
+        views: list[Any] = []
+        touched: list[tuple[int, int]] = []
+        for kind, value in zip(kinds, values):
+            if kind == "ptr":
+                n = s.device.extent(call, value)
+                views.append(s.device.view(call, value, n))
+                touched.append((value, n))
+            else:
+                views.append(None)
+        fn = twin.fn
+
+        def kernel() -> None:
+            import numpy as np
+            fn(grid, block, *[v if view is None else np.frombuffer(view, dtype=np.uint8)
+                              for v, view in zip(values, views)])
+        if self._race is None:
+            s.enqueue(kernel)
+        else:
+            accesses = tuple(touched)
+            self._race.enqueue(s, kernel, call, reads=accesses, writes=accesses)
 
     def spin_async(self, stream: int, seconds: float) -> None:
         s = self._stream("cudaLaunchKernel(spin)", stream)

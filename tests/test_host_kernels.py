@@ -1,0 +1,175 @@
+"""User kernels on the emulated device: their host twins run in stream order on the stream's
+worker, with their arguments checked at the launch and their memory accesses seen by the race
+detector (issue 15, the emulated device's part)."""
+
+from __future__ import annotations
+
+import struct
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import host_twins_for_tests as twins
+from cudabridge.config import ServiceConfig
+from cudabridge.device import EmulatedBackend
+from cudabridge.errors import CudaError, InvalidArgument, StreamOrderRace
+from cudabridge.kernels import HostKernels, LaunchConfig, pack_params
+from cudabridge.service import CudaBridgeService
+
+MiB = 1 << 20
+
+
+@pytest.fixture
+def be():
+    b = EmulatedBackend(devices=1, memory_bytes=64 * MiB, race_check=True)
+    yield b
+    b.close()
+
+
+@pytest.fixture
+def kernels():
+    return HostKernels(["host_twins_for_tests"])
+
+
+def to_device(be, s, data: bytes) -> int:
+    p = be.malloc(len(data))
+    be.copy_to_device_async(p, bytearray(data), s)
+    return p
+
+
+def from_device(be, s, p: int, n: int) -> bytes:
+    out = bytearray(n)
+    be.copy_from_device_async(out, p, s)
+    be.stream_synchronize(s)
+    return bytes(out)
+
+
+def test_a_twin_computes_in_stream_order(be, kernels):
+    s = be.stream_create()
+    n = 1000
+    x = to_device(be, s, np.arange(n, dtype=np.float32).tobytes())
+    y = to_device(be, s, np.ones(n, dtype=np.float32).tobytes())
+    twins.calls.clear()
+    be.spin_async(s, 0.2)                                  # the launch queues behind this
+    be.launch_host_kernel(s, kernels.get("saxpy"), (4, 1, 1), (256, 1, 1), [x, y, n, 2.0])
+    assert twins.calls == [], "the launch returned before the twin ran: it runs on the stream's worker"
+    got = np.frombuffer(from_device(be, s, y, 4 * n), dtype=np.float32)
+    assert twins.calls == ["saxpy"]
+    assert np.array_equal(got, 1 + 2 * np.arange(n, dtype=np.float32))
+
+
+def test_launches_on_one_stream_run_in_order_and_see_each_others_writes(be, kernels):
+    s = be.stream_create()
+    data = np.arange(4096, dtype=np.uint32)
+    d = to_device(be, s, data.tobytes())
+    bins = to_device(be, s, bytes(64))
+    for _ in range(3):
+        be.launch_host_kernel(s, kernels.get("histogram"), (16, 1, 1), (256, 1, 1), [d, 4096, bins])
+    got = np.frombuffer(from_device(be, s, bins, 64), dtype=np.uint32)
+    assert np.array_equal(got, 3 * np.bincount(data % 16, minlength=16))
+
+
+@pytest.mark.parametrize("args, message", [
+    ([1, 2, 3], "takes 4 argument(s), got 3"),
+    ([None, None, 10, 1.0], "parameter 0 (ptr): got None"),
+    ("x", "takes 4 argument(s)"),
+    (["a pointer", "Y", 10, 1.0], "parameter 0 (ptr): expects an int, got str"),
+    (["X", "Y", 1 << 31, 1.0], "parameter 2 (i32): 2147483648 does not fit 32 bits"),
+    (["X", "Y", True, 1.0], "parameter 2 (i32): expects an int, got bool"),
+    (["X", "Y", 10, "two"], "parameter 3 (f32): expects a number"),
+    (["X", "Y", 10, 1e39], "does not fit a float"),
+])
+def test_bad_arguments_are_refused_before_anything_is_queued(be, kernels, args, message):
+    s = be.stream_create()
+    x, y = be.malloc(4096), be.malloc(4096)
+    args = [x if a == "X" else y if a == "Y" else a for a in args] if isinstance(args, list) else list(args)
+    twins.calls.clear()
+    with pytest.raises(InvalidArgument, match=message.replace("(", r"\(").replace(")", r"\)")):
+        be.launch_host_kernel(s, kernels.get("saxpy"), (1, 1, 1), (32, 1, 1), args)
+    be.stream_synchronize(s)
+    assert twins.calls == []
+
+
+def test_a_pointer_outside_every_allocation_is_refused(be, kernels):
+    s = be.stream_create()
+    y = be.malloc(4096)
+    with pytest.raises(CudaError, match="not inside an allocation"):
+        be.launch_host_kernel(s, kernels.get("saxpy"), (1, 1, 1), (32, 1, 1), [0x1234, y, 10, 1.0])
+
+
+def test_the_race_detector_sees_a_kernels_accesses(be, kernels):
+    s1, s2 = be.stream_create(), be.stream_create()
+    x = to_device(be, s1, bytes(4096))           # written on s1 ...
+    y = be.malloc(4096)
+    with pytest.raises(StreamOrderRace):         # ... and read by a kernel on s2 with no ordering
+        be.launch_host_kernel(s2, kernels.get("saxpy"), (1, 1, 1), (256, 1, 1), [x, y, 256, 1.0])
+    ev = be.event_create()
+    be.event_record(ev, s1)
+    be.stream_wait_event(s2, ev)                 # ordered now
+    be.launch_host_kernel(s2, kernels.get("saxpy"), (1, 1, 1), (256, 1, 1), [x, y, 256, 1.0])
+    be.stream_synchronize(s2)
+
+
+def test_a_faulting_twin_is_a_sticky_error_at_the_next_call(be, kernels):
+    s = be.stream_create()
+    p = be.malloc(4096)
+    be.launch_host_kernel(s, kernels.get("faults"), (1, 1, 1), (1, 1, 1), [p])
+    with pytest.raises(CudaError, match="IllegalAddress"):
+        be.stream_synchronize(s)
+    with pytest.raises(CudaError, match="IllegalAddress"):
+        be.malloc(256)
+
+
+def test_a_kernel_without_twin_says_which_and_where_to_register_it(kernels):
+    with pytest.raises(InvalidArgument, match=r"kernel 'reduce' has no host twin .*spark.cudabridge.emulatedKernels"):
+        kernels.get("reduce")
+    assert kernels.names() == ["faults", "histogram", "saxpy"]
+    with pytest.raises(InvalidArgument, match="the setting is empty"):
+        HostKernels([]).get("saxpy")
+
+
+def test_the_service_loads_the_twins_its_setting_names():
+    config = ServiceConfig(backend="emulated", emulated_kernels="host_twins_for_tests", emulated_memory="64m")
+    with CudaBridgeService(config) as service:
+        assert "saxpy" in service.host_kernels
+    with pytest.raises(InvalidArgument, match="emulatedKernels: cannot import 'no_such_module'"):
+        CudaBridgeService(ServiceConfig(backend="emulated", emulated_kernels="no_such_module", emulated_memory="64m"))
+
+
+def test_launch_configs_and_parameter_buffers():
+    c = LaunchConfig(grid=(4, 2), block=256, shared_bytes=1024)
+    assert (c.grid, c.block, c.shared_bytes, c.threads_per_block) == ((4, 2, 1), (256, 1, 1), 1024, 256)
+    for bad in [dict(grid=0, block=1), dict(grid=(1, 1, 1, 1), block=1), dict(grid=1, block=-1),
+                dict(grid=1, block=1, shared_bytes=-1), dict(grid=1.5, block=1), dict(grid=1 << 31, block=1)]:
+        with pytest.raises(InvalidArgument):
+            LaunchConfig(**bad)
+    # (float*, int, float): offsets 0, 8, 12 as the H200's driver reports them; 16 bytes in all
+    buf = pack_params(("ptr", "i32", "f32"), [0x7F00_0000_1000, -5, 2.5], "k")
+    assert len(buf) == 16 and struct.unpack("<Qif", buf) == (0x7F00_0000_1000, -5, 2.5)
+    assert len(pack_params(("i8", "f64"), [1, 1.0], "k")) == 16        # the double aligned to 8
+
+
+def test_twins_of_many_threads_interleave_only_in_each_streams_order(be, kernels):
+    streams = [be.stream_create() for _ in range(4)]
+    data = np.arange(1024, dtype=np.uint32)
+    bufs = [(to_device(be, s, data.tobytes()), to_device(be, s, bytes(64))) for s in streams]
+    errors: list[BaseException] = []
+
+    def work(i):
+        try:
+            for _ in range(20):
+                be.launch_host_kernel(streams[i], kernels.get("histogram"), (4, 1, 1), (256, 1, 1),
+                                      [bufs[i][0], 1024, bufs[i][1]])
+        except BaseException as exc:   # pragma: no cover - reported below
+            errors.append(exc)
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    expect = 20 * np.bincount(data % 16, minlength=16)
+    for s, (_, bins) in zip(streams, bufs):
+        assert np.array_equal(np.frombuffer(from_device(be, s, bins, 64), dtype=np.uint32), expect)
