@@ -173,3 +173,98 @@ def test_twins_of_many_threads_interleave_only_in_each_streams_order(be, kernels
     expect = 20 * np.bincount(data % 16, minlength=16)
     for s, (_, bins) in zip(streams, bufs):
         assert np.array_equal(np.frombuffer(from_device(be, s, bins, 64), dtype=np.uint32), expect)
+
+
+def _service(**kw):
+    return CudaBridgeService(ServiceConfig(backend="emulated", emulated_kernels="host_twins_for_tests",
+                                           emulated_memory="64m", streams_per_gpu=4, high_priority_streams=0, **kw))
+
+
+def test_a_task_launches_on_its_stream_with_its_buffers():
+    with _service() as service:
+        reg = service.registry
+        b = reg.bind(1)
+        n = 256
+        x, y = reg.allocate(1, 4 * n), reg.allocate(1, 4 * n)
+        be = service.backend
+        be.copy_to_device_async(x.ptr, bytearray(np.full(n, 3, np.float32).tobytes()), b.stream)
+        be.copy_to_device_async(y.ptr, bytearray(np.ones(n, np.float32).tobytes()), b.stream)
+        reg.launch(1, service.host_kernels.get("saxpy"), LaunchConfig(1, 256), [x, y, n, 2.0])
+        got = np.frombuffer(from_device(be, b.stream, y.ptr, 4 * n), dtype=np.float32)
+        assert np.array_equal(got, np.full(n, 7, np.float32))
+        assert reg.release(1).leaks_reclaimed == 2
+
+
+def test_a_launch_refuses_buffers_it_cannot_order():
+    with _service() as service:
+        reg = service.registry
+        reg.bind(1)
+        reg.bind(2)
+        saxpy = service.host_kernels.get("saxpy")
+        mine, theirs = reg.allocate(1, 1024), reg.allocate(2, 1024)
+        freed = reg.allocate(1, 1024)
+        freed.free()
+        for arg, message in [(theirs, "belongs to task 2, not to task 1"), (freed, "is not live")]:
+            with pytest.raises(InvalidArgument, match=message):
+                reg.launch(1, saxpy, LaunchConfig(1, 32), [arg, mine, 8, 1.0])
+        with pytest.raises(Exception, match="task 9 is not bound"):
+            reg.launch(9, saxpy, LaunchConfig(1, 32), [mine, mine, 8, 1.0])
+        reg.release(1)
+        with pytest.raises(Exception, match="task 1 is not bound"):
+            reg.launch(1, saxpy, LaunchConfig(1, 32), [mine, mine, 8, 1.0])
+        reg.release(2)
+
+
+def test_no_kernel_of_a_task_is_queued_once_its_release_began():
+    """Launches racing their task's release: each either ran before the release's frees (stream
+    order) or was refused. Proof: while the launchers still run, the memory the release freed goes
+    to another task on another stream and is written there; a kernel of the released task queued
+    after the release would write it with nothing ordering the two, which the race detector (on
+    here) reports at once."""
+    with _service(emulated_race_check=True) as service:
+        reg = service.registry
+        saxpy = service.host_kernels.get("saxpy")
+        refused = ran = 0
+        unexpected: list[BaseException] = []
+        for round_ in range(30):
+            task = 100 + round_
+            reg.bind(task)
+            x, y = reg.allocate(task, 4096), reg.allocate(task, 4096)
+            counts = {"ok": 0, "refused": 0}
+            lock = threading.Lock()
+            start = threading.Barrier(5)
+
+            def launcher():
+                start.wait()
+                for _ in range(20):
+                    try:
+                        reg.launch(task, saxpy, LaunchConfig(4, 256), [x, y, 1024, 1.0])
+                        key = "ok"
+                    except InvalidArgument as exc:   # UnknownTask: not bound / being released
+                        if "being released" not in str(exc) and "not bound" not in str(exc):
+                            unexpected.append(exc)
+                        key = "refused"
+                    except BaseException as exc:
+                        unexpected.append(exc)
+                        key = "refused"
+                    with lock:
+                        counts[key] += 1
+            threads = [threading.Thread(target=launcher) for _ in range(4)]
+            for t in threads:
+                t.start()
+            start.wait()
+            time.sleep(0.0005 * (round_ % 5))
+            reg.release(task)
+            other = 1000 + round_
+            b2 = reg.bind(other)
+            for _ in range(4):   # the freed blocks, another task's now, written on its stream
+                a = reg.allocate(other, 4096)
+                service.backend.memset_async(a.ptr, 0xAB, 4096, b2.stream)
+            for t in threads:
+                t.join()
+            reg.release(other)
+            refused += counts["refused"]
+            ran += counts["ok"]
+        assert not unexpected, unexpected[:3]
+        assert not service.backend.races
+        assert ran > 0 and refused > 0 and ran + refused == 30 * 80

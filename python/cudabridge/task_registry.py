@@ -55,6 +55,8 @@ from typing import TYPE_CHECKING, Callable, Iterator, Mapping
 from .errors import InvalidArgument, PoolClosed, UnknownTask, index_int
 
 if TYPE_CHECKING:
+    from .kernels import LaunchConfig
+    from .kernels.host_kernels import Launchable
     from .memory import Allocation, StreamOrderedMemoryPool
     from .stream_pool import StreamPool
 
@@ -294,6 +296,37 @@ class TaskRegistry:
             return self._gpus[b.gpu].memory.allocate(size, b.stream, owner=b.task_id)
         finally:
             TaskLeases.leave(lease)
+
+    def launch(self, task_id: int, kernel: "Launchable", config: "LaunchConfig", args: list) -> None:
+        """Queue ``kernel`` on the task's stream, inside the task's lease: no kernel of the task is
+        queued once its release has begun (a block the release frees could otherwise go to another
+        stream while the kernel still writes it). An :class:`~cudabridge.memory.Allocation`
+        argument passes its address; it must be live, on the task's GPU and owned by the task
+        (another task's buffer is refused: nothing would order this launch after its stream)."""
+        lease = self._leases.enter(task_id)
+        try:
+            b = lease.binding
+            pool = self._gpus[b.gpu].memory
+            values = [self._kernel_arg(pool, b, i, a, kernel) for i, a in enumerate(args)]
+            kernel.launch(pool.backend, b.stream, config, values)
+        finally:
+            TaskLeases.leave(lease)
+
+    @staticmethod
+    def _kernel_arg(pool: "StreamOrderedMemoryPool", b: "TaskBinding", index: int, arg: object,
+                    kernel: "Launchable") -> object:
+        from .kernels.params import DevicePointer
+        from .memory import Allocation   # the memory package imports this module's errors
+        if arg.__class__ is not Allocation:
+            return arg
+        where = f"kernel {kernel.name!r} argument {index}"
+        if not arg.alive:
+            raise InvalidArgument(f"{where}: {arg!r} is not live")
+        if arg._pool is not pool:
+            raise InvalidArgument(f"{where}: {arg!r} is on GPU {arg.device}, the task's GPU is {b.gpu}")
+        if arg.owner != b.task_id:
+            raise InvalidArgument(f"{where}: {arg!r} belongs to task {arg.owner}, not to task {b.task_id}")
+        return DevicePointer(arg.ptr, arg.size)
 
     def release(self, task_id: int) -> ReleaseReport:
         """Release the task: refuse its new operations, wait for those in progress, then free

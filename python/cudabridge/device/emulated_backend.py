@@ -1099,8 +1099,8 @@ class EmulatedBackend(DeviceBackend):
         """Queue a user kernel's host twin (kernels/host_kernels.py) on ``stream``: checked now
         (argument count and kinds, every pointer inside an allocation), run in stream order on
         the stream's worker. The race detector counts it as reading and writing each pointer's
-        allocation from that address on."""
-        from ..kernels.params import check_value   # the kernels package imports the backends' errors
+        buffer: a ``DevicePointer``'s extent, a plain address's allocation from there on."""
+        from ..kernels.params import DevicePointer, check_value   # kernels imports the backends' errors
         call = f"cuLaunchKernel({twin.name})"
         s = self._stream(call, stream)
         kinds = twin.signature
@@ -1109,11 +1109,15 @@ class EmulatedBackend(DeviceBackend):
         values = [check_value(k, v, i, twin.name) for i, (k, v) in enumerate(zip(kinds, args))]
         views: list[Any] = []
         touched: list[tuple[int, int]] = []
-        for kind, value in zip(kinds, values):
+        for i, (kind, value) in enumerate(zip(kinds, values)):
             if kind == "ptr":
-                n = s.device.extent(call, value)
-                views.append(s.device.view(call, value, n))
-                touched.append((value, n))
+                if value.__class__ is DevicePointer:
+                    ptr, n = value
+                    values[i] = ptr
+                else:
+                    ptr, n = value, s.device.extent(call, value)
+                views.append(s.device.view(call, ptr, n))
+                touched.append((ptr, n))
             else:
                 views.append(None)
         fn = twin.fn

@@ -2,6 +2,6 @@
 
 from .host_kernels import HostKernel, HostKernels, host_kernel
 from .launch_config import LaunchConfig
-from .params import PARAM_KINDS, pack_params
+from .params import PARAM_KINDS, DevicePointer, pack_params
 
-__all__ = ["PARAM_KINDS", "HostKernel", "HostKernels", "LaunchConfig", "host_kernel", "pack_params"]
+__all__ = ["PARAM_KINDS", "DevicePointer", "HostKernel", "HostKernels", "LaunchConfig", "host_kernel", "pack_params"]

@@ -26,12 +26,24 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Protocol
 
 from ..errors import InvalidArgument
 from .params import signature as parse_signature
 
+if TYPE_CHECKING:
+    from ..device import DeviceBackend
+    from .launch_config import LaunchConfig
+
 _MARK = "__cudabridge_host_kernel__"
+
+
+class Launchable(Protocol):
+    """A kernel the task registry can queue on a task's stream (inside the task's lease)."""
+
+    name: str
+
+    def launch(self, backend: "DeviceBackend", stream: int, config: "LaunchConfig", args: list[Any]) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -40,6 +52,13 @@ class HostKernel:
     signature: tuple[str, ...]
     fn: Callable[..., None]
     origin: str     # module.function, for messages
+
+    def launch(self, backend: "DeviceBackend", stream: int, config: "LaunchConfig", args: list[Any]) -> None:
+        """Queue this twin on ``stream`` of the emulated device (checked there, run in stream order)."""
+        launch = getattr(backend, "launch_host_kernel", None)
+        if launch is None:
+            raise InvalidArgument(f"kernel {self.name!r} is a host twin: it runs on the emulated device only")
+        launch(stream, self, config.grid, config.block, args)
 
 
 def host_kernel(name: str | None = None, signature: str | Iterable[str] = ()) -> Callable[[Callable], Callable]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import struct
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, NamedTuple, Sequence
 
 from ..errors import InvalidArgument
 
@@ -20,6 +20,15 @@ PARAM_KINDS: dict[str, tuple[str, int]] = {
     "f32": ("f", 4), "f64": ("d", 8), "bool": ("?", 1),
 }
 _INT_RANGE = {"i8": 8, "i16": 16, "i32": 32, "i64": 64}
+
+
+class DevicePointer(NamedTuple):
+    """A ``ptr`` argument whose extent is known: the buffer the kernel may touch is
+    [address, address + nbytes). A plain int is a pointer whose extent is the rest of its
+    allocation (the emulated device's race detector then counts all of that as touched)."""
+
+    address: int
+    nbytes: int
 
 
 def signature(kinds: Iterable[str] | str) -> tuple[str, ...]:
@@ -49,12 +58,18 @@ def check_value(kind: str, value: Any, index: int, kernel: str) -> Any:
         if kind == "f32" and math.isfinite(value) and abs(value) > 3.4028234663852886e38:
             raise InvalidArgument(f"{where}: {value} does not fit a float")
         return value
-    if isinstance(value, bool) or not isinstance(value, int):
+    if (isinstance(value, bool) or not isinstance(value, int)) and value.__class__ is not DevicePointer:
         raise InvalidArgument(f"{where}: expects an int, got {type(value).__name__}")
     if kind == "ptr":
+        if value.__class__ is DevicePointer:
+            if not (0 <= value.address < 1 << 64 and value.nbytes >= 0):
+                raise InvalidArgument(f"{where}: {value} is not a device buffer")
+            return value
         if not 0 <= value < 1 << 64:
             raise InvalidArgument(f"{where}: {value} is not a device address")
         return value
+    if value.__class__ is DevicePointer:
+        raise InvalidArgument(f"{where}: expects an int, got a device buffer")
     bits = _INT_RANGE[kind]
     if not -(1 << (bits - 1)) <= value < 1 << (bits - 1):
         raise InvalidArgument(f"{where}: {value} does not fit {bits} bits")
@@ -69,5 +84,6 @@ def pack_params(kinds: Sequence[str], values: Sequence[Any], kernel: str) -> byt
     for i, (kind, value) in enumerate(zip(kinds, values)):
         fmt, size = PARAM_KINDS[kind]
         out += b"\0" * (-len(out) % size)
-        out += struct.pack("<" + fmt, check_value(kind, value, i, kernel))
+        value = check_value(kind, value, i, kernel)
+        out += struct.pack("<" + fmt, value.address if value.__class__ is DevicePointer else value)
     return bytes(out)
