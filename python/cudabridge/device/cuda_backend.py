@@ -12,7 +12,7 @@ import logging
 import threading
 from typing import Any
 
-from ..errors import CudaError
+from ..errors import CudaError, InvalidArgument
 from .backend import DeviceAllocationFailed, DeviceBackend, host_view
 
 log = logging.getLogger(__name__)
@@ -332,6 +332,45 @@ class CudaBackend(DeviceBackend):
         fill = self._check("cuModuleGetFunction", drv.cuModuleGetFunction(module, b"cb_fill_u32"))
         spin = self._check("cuModuleGetFunction", drv.cuModuleGetFunction(module, b"cb_spin"))
         return module, fill, spin
+
+    # user modules (kernels/cuda_module.py) -----------------------------------------------------
+    def compute_arch(self, ordinal: int) -> str:
+        """The GPU's virtual architecture for NVRTC (``compute_90`` on an H100 or H200)."""
+        rt = self.rt
+        major = self._check("cudaDeviceGetAttribute",
+                            rt.cudaDeviceGetAttribute(rt.cudaDeviceAttr.cudaDevAttrComputeCapabilityMajor, ordinal))
+        minor = self._check("cudaDeviceGetAttribute",
+                            rt.cudaDeviceGetAttribute(rt.cudaDeviceAttr.cudaDevAttrComputeCapabilityMinor, ordinal))
+        return f"compute_{major}{minor}"
+
+    def module_load(self, image: bytes, ordinal: int) -> Any:
+        from ..kernels.modules import ModuleLoadError
+        prev = self.get_device()
+        self.set_device(ordinal)
+        try:
+            self._check("cudaFree", self.rt.cudaFree(0))   # the primary context current on this thread
+            err, module = self.drv.cuModuleLoadData(image)
+            if err != self.drv.CUresult.CUDA_SUCCESS:
+                raise ModuleLoadError(f"cuModuleLoadData failed: {err.name} (PTX for a newer architecture than "
+                                      f"GPU {ordinal}'s, or a damaged image)")
+            return module
+        finally:
+            self.set_device(prev)
+
+    def module_function(self, module: Any, symbol: str, name: str) -> Any:
+        err, fn = self.drv.cuModuleGetFunction(module, symbol.encode())
+        if err != self.drv.CUresult.CUDA_SUCCESS:
+            raise InvalidArgument(f"the module has no kernel {name!r} ({err.name})")
+        return fn
+
+    _CTYPES = {"ptr": ctypes.c_void_p, "i8": ctypes.c_int8, "i16": ctypes.c_int16, "i32": ctypes.c_int32,
+               "i64": ctypes.c_int64, "f32": ctypes.c_float, "f64": ctypes.c_double, "bool": ctypes.c_bool}
+
+    def launch_kernel(self, function: Any, config: Any, stream: int, kinds: tuple[str, ...], values: list) -> None:
+        args = (tuple(values), tuple(self._CTYPES[k] for k in kinds))
+        (gx, gy, gz), (bx, by, bz) = config.grid, config.block
+        self._check("cuLaunchKernel", self.drv.cuLaunchKernel(function, gx, gy, gz, bx, by, bz, config.shared_bytes,
+                                                              stream, args, 0))
 
     def fill_u32_async(self, ptr: int, count: int, value: int, stream: int, delay_s: float = 0.0) -> None:
         fill, _ = self._kernels()

@@ -1,0 +1,101 @@
+"""Modules on a real GPU: CUDA source compiled with NVRTC (through NVIDIA's cuda.bindings) to PTX,
+loaded with the driver; kernels launched with ``cuLaunchKernel`` from Python.
+
+Source is compiled for the GPU's own architecture (``compute_XY``, unless the options name one)
+with ``-std=c++17``; the driver turns the PTX into machine code at load. The PTX's ``.entry``
+declarations give each kernel's parameter kinds (a ``.u64`` is taken as a pointer), unless a
+signature was declared at load. This is the Python launch path; the Java launch path (one JNI
+call, the arguments marshalled in C) is still to come.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import InvalidArgument
+from .launch_config import LaunchConfig
+from .modules import ModuleLoadError, ModuleSource, ptx_entries
+from .params import DevicePointer, check_value
+
+
+def compile_to_ptx(nvrtc: Any, source: ModuleSource, arch: str) -> tuple[str, dict[str, str]]:
+    """(PTX, {name expression: lowered name}); ModuleLoadError with NVRTC's log on failure."""
+    def ok(call: str, result: Any) -> Any:
+        if result[0] != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+            raise ModuleLoadError(f"{call} failed: {result[0].name}")
+        return result[1] if len(result) > 1 else None
+
+    names = [n.encode() for n, _ in source.headers]
+    texts = [t.encode() for _, t in source.headers]
+    prog = ok("nvrtcCreateProgram", nvrtc.nvrtcCreateProgram(source.code.encode(), b"module.cu", len(names), texts, names))
+    try:
+        for expr in source.name_expressions:
+            ok("nvrtcAddNameExpression", nvrtc.nvrtcAddNameExpression(prog, expr.encode()))
+        opts = list(source.options)
+        if not any(o.startswith(("--gpu-architecture", "-arch")) for o in opts):
+            opts.insert(0, f"--gpu-architecture={arch}")
+        if not any(o.startswith(("-std", "--std")) for o in opts):
+            opts.append("-std=c++17")
+        err = nvrtc.nvrtcCompileProgram(prog, len(opts), [o.encode() for o in opts])[0]
+        size = ok("nvrtcGetProgramLogSize", nvrtc.nvrtcGetProgramLogSize(prog))
+        log = b" " * size
+        nvrtc.nvrtcGetProgramLog(prog, log)
+        text = log.decode(errors="replace").rstrip("\x00 \n")
+        if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+            raise ModuleLoadError(f"the module did not compile ({err.name}, options {opts})", text)
+        size = ok("nvrtcGetPTXSize", nvrtc.nvrtcGetPTXSize(prog))
+        ptx = b" " * size
+        ok("nvrtcGetPTX", nvrtc.nvrtcGetPTX(prog, ptx))
+        lowered = {expr: ok("nvrtcGetLoweredName", nvrtc.nvrtcGetLoweredName(prog, expr.encode())).decode()
+                   for expr in source.name_expressions}
+        return ptx.decode(errors="replace").rstrip("\x00"), lowered
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)
+
+
+class CudaKernel:
+    __slots__ = ("name", "signature", "function")
+
+    def __init__(self, name: str, signature: tuple[str, ...], function: Any) -> None:
+        self.name = name
+        self.signature = signature
+        self.function = function
+
+    def launch(self, backend: Any, stream: int, config: LaunchConfig, args: list[Any]) -> None:
+        if len(args) != len(self.signature):
+            raise InvalidArgument(f"kernel {self.name!r} takes {len(self.signature)} argument(s), got {len(args)}")
+        values = [check_value(k, v, i, self.name) for i, (k, v) in enumerate(zip(self.signature, args))]
+        values = [v.address if v.__class__ is DevicePointer else v for v in values]
+        backend.launch_kernel(self.function, config, stream, self.signature, values)
+
+
+class CudaModule:
+    def __init__(self, backend: Any, source: ModuleSource, gpu: int) -> None:
+        self.source = source
+        if source.kind == "cuda":
+            ptx, self.lowered = compile_to_ptx(backend.nvrtc, source, backend.compute_arch(gpu))
+            image: bytes = ptx.encode() + b"\0"
+        elif source.kind == "ptx":
+            ptx, self.lowered = source.code, {}
+            image = ptx.encode() + b"\0"
+        else:
+            ptx, self.lowered, image = "", {}, source.code
+        self.entries = ptx_entries(ptx) if ptx else {}
+        self.handle = backend.module_load(image, gpu)
+        self._backend = backend
+        self._kernels: dict[str, CudaKernel] = {}
+
+    def kernel(self, name: str) -> CudaKernel:
+        k = self._kernels.get(name)
+        if k is not None:
+            return k
+        symbol = self.lowered.get(name, name)
+        sig = self.source.declared(name)
+        if sig is None:
+            sig = self.entries.get(symbol)
+            if sig is None:
+                raise InvalidArgument(f"kernel {name!r}: declare its signature at load (its parameters are not "
+                                      f"all plain scalars and pointers in the PTX, or the module is a cubin)")
+        function = self._backend.module_function(self.handle, symbol, name)
+        k = self._kernels[name] = CudaKernel(name, sig, function)
+        return k

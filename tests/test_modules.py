@@ -1,0 +1,185 @@
+"""CUDA modules (issue 15): sources checked before anything loads, loaded once per executor and
+GPU whatever the concurrency, failed loads kept; on the emulated device a module's kernels are the
+host twins of the names it defines; on a GPU (marked `gpu`) NVRTC compiles the source and the
+kernels run through the task registry's guard."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from cudabridge.config import ServiceConfig
+from cudabridge.errors import InvalidArgument
+from cudabridge.kernels import LaunchConfig
+from cudabridge.kernels.modules import ModuleCache, ModuleLoadError, ModuleSource, ptx_entries, source_kernels
+from cudabridge.service import CudaBridgeService
+
+SAXPY = r'''
+extern "C" __global__ void saxpy(const float* x, float* y, int n, float a) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] += a * x[i];
+}
+extern "C" __global__ void histogram(const unsigned* data, int n, unsigned* bins) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) atomicAdd(&bins[data[i] % 16], 1u);
+}
+'''
+
+PTX = r'''
+.version 8.0
+.target sm_90
+.address_size 64
+.visible .entry saxpy(
+	.param .u64 saxpy_param_0,
+	.param .u64 saxpy_param_1,
+	.param .u32 saxpy_param_2,
+	.param .f32 saxpy_param_3
+)
+{ ret; }
+.visible .entry by_value(
+	.param .align 8 .b8 by_value_param_0[16]
+)
+{ ret; }
+'''
+
+
+def test_a_source_is_checked_before_anything_loads():
+    for bad, message in [
+        (dict(code=""), "needs its text"), (dict(code=SAXPY, kind="fatbin"), "kind must be one of"),
+        (dict(code="x", kind="cubin"), "needs its bytes"), (dict(code=SAXPY, options=["-O3", ""]), "non-empty strs"),
+        (dict(code=SAXPY, headers={"h.h": 3}), "headers map"), (dict(code=PTX, kind="ptx", options=["-O3"]),
+                                                              "for CUDA source"),
+        (dict(code=SAXPY, signatures={"saxpy": "ptr, float"}), "unknown parameter kind"),
+    ]:
+        with pytest.raises(InvalidArgument, match=message):
+            ModuleSource.of(**bad)
+
+
+def test_the_cache_key_covers_everything_that_changes_the_result():
+    a = ModuleSource.of(SAXPY)
+    assert a.digest("sm_90") == ModuleSource.of(SAXPY).digest("sm_90")
+    others = [ModuleSource.of(SAXPY, options=["-DX=1"]), ModuleSource.of(SAXPY, headers={"h.h": "//"}),
+              ModuleSource.of(SAXPY, name_expressions=["f<int>"]), ModuleSource.of(SAXPY + " "),
+              ModuleSource.of(SAXPY, signatures={"saxpy": "ptr, ptr, i32, f32"})]
+    keys = {a.digest("sm_90"), a.digest("sm_80"), *(o.digest("sm_90") for o in others)}
+    assert len(keys) == 2 + len(others)
+
+
+def test_kernel_names_and_kinds_are_read_from_source_and_ptx():
+    assert source_kernels(SAXPY) == {"saxpy", "histogram"}
+    assert ptx_entries(PTX) == {"saxpy": ("ptr", "ptr", "i32", "f32"), "by_value": None}
+
+
+def test_each_source_loads_once_however_many_ask_at_once():
+    loads = []
+
+    def loader(source, gpu):
+        loads.append((source.code[:10], gpu))
+        time.sleep(0.05)          # others ask meanwhile: they wait for this load
+        return object()
+    cache = ModuleCache(loader, lambda gpu: "t")
+    src = ModuleSource.of(SAXPY)
+    got = []
+    threads = [threading.Thread(target=lambda: got.append(cache.load(src, 0))) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(loads) == 1 and len(set(map(id, got))) == 1
+    assert (cache.loads, cache.hits) == (1, 7)
+    cache.load(src, 1)            # another GPU: its own load
+    assert len(loads) == 2
+
+
+def test_a_failed_load_is_kept_and_raised_again_without_loading_again():
+    calls = []
+
+    def loader(source, gpu):
+        calls.append(1)
+        raise ModuleLoadError("the module did not compile", "module.cu(3): error: identifier \"q\" is undefined")
+    cache = ModuleCache(loader, lambda gpu: "t")
+    src = ModuleSource.of(SAXPY)
+    for _ in range(3):
+        with pytest.raises(ModuleLoadError, match="did not compile") as info:
+            cache.load(src, 0)
+        assert "identifier \"q\" is undefined" in info.value.log
+    assert len(calls) == 1 and cache.failures == 1
+
+
+@pytest.fixture
+def service():
+    config = ServiceConfig(backend="emulated", emulated_kernels="host_twins_for_tests", emulated_memory="64m",
+                           streams_per_gpu=4, high_priority_streams=0)
+    with CudaBridgeService(config) as s:
+        yield s
+
+
+def test_an_emulated_modules_kernels_are_its_names_host_twins(service):
+    m = service.load_module(ModuleSource.of(SAXPY))
+    assert service.load_module(ModuleSource.of(SAXPY)) is m
+    assert m.kernel("saxpy").origin == "host_twins_for_tests.saxpy"
+    with pytest.raises(InvalidArgument, match="defines no kernel 'faults'"):
+        m.kernel("faults")        # a twin exists, but this source defines no such kernel
+    with pytest.raises(InvalidArgument, match="not one of|not owned"):
+        service.load_module(ModuleSource.of(SAXPY), gpu=3)
+    declared = service.load_module(ModuleSource.of(SAXPY, signatures={"saxpy": "ptr, ptr, i64, f32"}))
+    with pytest.raises(InvalidArgument, match="declared at load .* is not its host twin's"):
+        declared.kernel("saxpy")
+    no_twin = service.load_module(ModuleSource.of("extern \"C\" __global__ void reduce(float* p) {}"))
+    with pytest.raises(InvalidArgument, match="has no host twin"):
+        no_twin.kernel("reduce")
+
+
+def test_a_task_runs_a_modules_kernel_on_its_stream(service):
+    reg = service.registry
+    b = reg.bind(1)
+    n = 1000
+    data, bins = reg.allocate(1, 4 * n), reg.allocate(1, 64)
+    be = service.backend
+    values = np.arange(n, dtype=np.uint32)
+    be.copy_to_device_async(data.ptr, bytearray(values.tobytes()), b.stream)
+    be.memset_async(bins.ptr, 0, 64, b.stream)
+    hist = service.load_module(ModuleSource.of(SAXPY)).kernel("histogram")
+    reg.launch(1, hist, LaunchConfig(-(-n // 256), 256), [data, n, bins])
+    out = bytearray(64)
+    be.copy_from_device_async(out, bins.ptr, b.stream)
+    be.stream_synchronize(b.stream)
+    assert np.array_equal(np.frombuffer(out, dtype=np.uint32), np.bincount(values % 16, minlength=16))
+    reg.release(1)
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_nvrtc_compiles_once_and_the_kernel_runs_through_the_guard():
+    from cudabridge.device import gpu_visible
+    ok, why = gpu_visible()
+    if not ok:
+        pytest.skip(f"needs a CUDA GPU: {why}")
+    with CudaBridgeService(ServiceConfig(backend="cuda", streams_per_gpu=4, high_priority_streams=0)) as service:
+        m = service.load_module(ModuleSource.of(SAXPY))
+        assert service.load_module(ModuleSource.of(SAXPY)) is m and service.modules.loads == 1
+        k = m.kernel("saxpy")
+        assert k.signature == ("ptr", "ptr", "i32", "f32")
+        reg = service.registry
+        b = reg.bind(1)
+        n = 1 << 20
+        x, y = reg.allocate(1, 4 * n), reg.allocate(1, 4 * n)
+        be = service.backend
+        be.copy_to_device_async(x.ptr, bytearray(np.arange(n, dtype=np.float32).tobytes()), b.stream)
+        be.copy_to_device_async(y.ptr, bytearray(np.ones(n, dtype=np.float32).tobytes()), b.stream)
+        reg.launch(1, k, LaunchConfig(n // 256, 256), [x, y, n, 2.0])
+        out = bytearray(4 * n)
+        be.copy_from_device_async(out, y.ptr, b.stream)
+        be.stream_synchronize(b.stream)
+        assert np.array_equal(np.frombuffer(out, dtype=np.float32), 1 + 2 * np.arange(n, dtype=np.float32))
+        with pytest.raises(InvalidArgument, match=r"parameter 2 \(i32\)"):
+            reg.launch(1, k, LaunchConfig(1, 256), [x, y, 1.5, 2.0])
+        reg.release(1)
+        bad = ModuleSource.of('extern "C" __global__ void f(float* p) { p[0] = q; }')
+        for _ in range(2):
+            with pytest.raises(ModuleLoadError, match="did not compile") as info:
+                service.load_module(bad)
+            assert "q" in info.value.log and "undefined" in info.value.log
+        assert service.modules.failures == 1
