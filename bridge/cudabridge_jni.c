@@ -66,7 +66,7 @@ static atomic_long g_states_created, g_states_deleted;
 /* Cached bound methods of the JavaHotPath, and helpers; owned references, never released. */
 static PyObject *m_stream, *m_allocate, *m_free, *m_free_many, *m_copy_in, *m_copy_out,
     *m_copy_in_direct, *m_copy_out_direct, *m_copy_device, *m_memset, *m_sync, *m_alloc_pinned,
-    *m_free_pinned, *m_ping, *m_thread_exit, *m_bind, *m_release, *m_release_many, *f_error_info;
+    *m_free_pinned, *m_ping, *m_thread_exit, *m_bind, *m_release, *m_release_many, *m_launch, *f_error_info;
 
 /* Cached Java classes (global refs) and constructors. */
 static jclass c_cbe, c_oom, c_ise, c_iae, c_ioobe, c_npe, c_oome;
@@ -818,7 +818,7 @@ static char *run_bootstrap(JNIEnv *env, jobjectArray pythonpath, const char *lib
              cache_method(hot, "copy_device", &m_copy_device) || cache_method(hot, "memset", &m_memset) ||
              cache_method(hot, "synchronize", &m_sync) || cache_method(hot, "alloc_pinned", &m_alloc_pinned) ||
              cache_method(hot, "free_pinned", &m_free_pinned) || cache_method(hot, "ping", &m_ping) ||
-             cache_method(hot, "thread_exit", &m_thread_exit);
+             cache_method(hot, "thread_exit", &m_thread_exit) || cache_method(hot, "launch", &m_launch);
     Py_DECREF(hot); /* the bound methods keep it alive */
     if (rc != 0) return format_python_failure("cudabridge: the hot-path object lacks a method the bridge needs");
     return NULL;
@@ -1298,6 +1298,53 @@ JNIEXPORT void JNICALL Java_org_cudabridge_NativeBridge_memset(JNIEnv *env, jcla
     (void)cls;
     long long in[4] = {handle, offset, value, nbytes};
     void_call(env, m_memset, in, 4, 1);
+}
+
+#define LAUNCH_MAX_ARGS 512   /* a kernel's parameters take at most 4 KiB: 512 of 8 bytes */
+
+/* static native void launch(long task, long kernel, int[] dims, long shared, long[] values, byte[] kinds,
+ * long[] offsets): one user kernel on the task's stream. The arrays are read before the GIL is
+ * taken; the hot path's launch checks the arguments and queues the kernel under the task guard.
+ * Gated: a launch is a short call. */
+JNIEXPORT void JNICALL Java_org_cudabridge_NativeBridge_launch(JNIEnv *env, jclass cls, jlong task, jlong kernel,
+                                                               jintArray dims, jlong shared, jlongArray values,
+                                                               jbyteArray kinds, jlongArray offsets) {
+    (void)cls;
+    if (dims == NULL || values == NULL || kinds == NULL || offsets == NULL) {
+        throw_plain(env, c_npe, "java/lang/NullPointerException", "launch: dims, values, kinds and offsets are required");
+        return;
+    }
+    jsize n = (*env)->GetArrayLength(env, values);
+    if ((*env)->GetArrayLength(env, dims) != 6 || (*env)->GetArrayLength(env, kinds) != n ||
+        (*env)->GetArrayLength(env, offsets) != n || n > LAUNCH_MAX_ARGS) {
+        throw_plain(env, c_iae, "java/lang/IllegalArgumentException",
+                    "launch: dims holds 6, values, kinds and offsets one per argument (at most 512)");
+        return;
+    }
+    /* On the stack: HOT_ENTER may return early, and nothing may leak then. */
+    jint d[6];
+    jlong buf[2 * LAUNCH_MAX_ARGS];
+    jbyte kb[LAUNCH_MAX_ARGS];
+    (*env)->GetIntArrayRegion(env, dims, 0, 6, d);
+    (*env)->GetLongArrayRegion(env, values, 0, n, buf);
+    (*env)->GetLongArrayRegion(env, offsets, 0, n, buf + n);
+    (*env)->GetByteArrayRegion(env, kinds, 0, n, kb);
+    if ((*env)->ExceptionCheck(env)) return;
+    HOT_ENTER(, 1)
+    PyObject *args[7] = {PyLong_FromLongLong(task), PyLong_FromLongLong(kernel),
+                         Py_BuildValue("(iiiiii)", d[0], d[1], d[2], d[3], d[4], d[5]),
+                         PyLong_FromLongLong(shared), long_tuple(buf, n),
+                         PyBytes_FromStringAndSize((const char *)kb, n), long_tuple(buf + n, n)};
+    int ok = 1;
+    for (int i = 0; i < 7; i++) ok &= args[i] != NULL;
+    if (!ok) {
+        capture_python_error(&err);
+    } else {
+        call_void(m_launch, args, 7, &err);
+    }
+    for (int i = 0; i < 7; i++) Py_XDECREF(args[i]);
+    HOT_LEAVE()
+    throw_captured(env, &err);
 }
 
 JNIEXPORT void JNICALL Java_org_cudabridge_NativeBridge_synchronize(JNIEnv *env, jclass cls, jlong task) {

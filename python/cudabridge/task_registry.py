@@ -317,7 +317,10 @@ class TaskRegistry:
                     kernel: "Launchable") -> object:
         from .kernels.params import DevicePointer
         from .memory import Allocation   # the memory package imports this module's errors
-        if arg.__class__ is not Allocation:
+        offset = 0
+        if arg.__class__ is tuple and len(arg) == 2 and arg[0].__class__ is Allocation:
+            arg, offset = arg     # an address inside the buffer (Java's buffer.at(offset))
+        elif arg.__class__ is not Allocation:
             return arg
         where = f"kernel {kernel.name!r} argument {index}"
         if not arg.alive:
@@ -326,7 +329,9 @@ class TaskRegistry:
             raise InvalidArgument(f"{where}: {arg!r} is on GPU {arg.device}, the task's GPU is {b.gpu}")
         if arg.owner != b.task_id:
             raise InvalidArgument(f"{where}: {arg!r} belongs to task {arg.owner}, not to task {b.task_id}")
-        return DevicePointer(arg.ptr, arg.size)
+        if offset.__class__ is not int or not 0 <= offset <= arg.size:
+            raise InvalidArgument(f"{where}: offset {offset!r} is outside its {arg.size} bytes")
+        return DevicePointer(arg.ptr + offset, arg.size - offset)
 
     def release(self, task_id: int) -> ReleaseReport:
         """Release the task: refuse its new operations, wait for those in progress, then free

@@ -40,6 +40,7 @@ class BridgeControl:
         self._lock = threading.Lock()
         self.closed = False
         self.releases = 0
+        self._modules: dict[int, Any] = {}   # module id -> module (load_module)
 
     def bind_task(self, task: int, gpu_address: str | None, priority: str) -> tuple[int, int]:
         if priority not in Priority.__members__.values():
@@ -75,6 +76,32 @@ class BridgeControl:
                 out += (-1, -1)
                 failures.append(f"{type(exc).__name__}: {exc}")
         return tuple(out), (tuple(failures) if any(f is not None for f in failures) else None)
+
+    def load_module(self, spec_json: str, binary: bytes | None) -> int:
+        """Load (or find in the service's cache) the module Java described; returns its id."""
+        from ..kernels.modules import ModuleSource
+
+        self.check_open("loadModule")
+        spec = json.loads(spec_json)
+        code = binary if spec["kind"] == "cubin" else spec["code"]
+        source = ModuleSource.of(code, spec["kind"], options=spec.get("options", ()), headers=spec.get("headers"),
+                                 name_expressions=spec.get("nameExpressions", ()), signatures=spec.get("signatures"))
+        module = self.service.load_module(source, int(spec.get("gpu", 0)))
+        for mid, known in self._modules.items():
+            if known is module:
+                return mid
+        mid = len(self._modules) + 1
+        self._modules[mid] = module
+        return mid
+
+    def kernel(self, module_id: int, name: str) -> str:
+        """``"<kernel id>;<kind>,<kind>,..."``: the kernel Java launches by id, and its signature."""
+        self.check_open("kernel")
+        module = self._modules.get(module_id)
+        if module is None:
+            raise InvalidArgument(f"kernel: no module {module_id!r} was loaded through this bridge")
+        k = module.kernel(name)
+        return f"{self.hot.register_kernel(k)};{','.join(k.signature)}"
 
     def lookup_task(self, task: int) -> tuple[int, int]:
         return self.hot.stream(task)
@@ -204,6 +231,12 @@ def make_proxy(control: BridgeControl) -> Any:
     def j_shutdown() -> Any:
         return c.shutdown()
 
+    def j_load_module(spec: Any, binary: Any) -> Any:
+        return c.load_module(str(spec), None if binary is None else bytes(binary))
+
+    def j_kernel(module_id: Any, name: Any) -> Any:
+        return c.kernel(int(module_id), str(name))
+
     @JImplements("org.cudabridge.ControlPlane")
     class ControlProxy:
         lookupTask = JOverride(guarded(j_lookup_task))
@@ -212,5 +245,7 @@ def make_proxy(control: BridgeControl) -> Any:
         deviceError = JOverride(guarded(j_device_error))
         callTool = JOverride(guarded(j_call_tool))
         shutdown = JOverride(guarded(j_shutdown))
+        loadModule = JOverride(guarded(j_load_module))
+        kernel = JOverride(guarded(j_kernel))
 
     return ControlProxy()

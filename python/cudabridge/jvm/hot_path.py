@@ -34,12 +34,14 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import struct
 import logging
 import threading
 from threading import get_ident
 from typing import TYPE_CHECKING, Any, Iterable
 
 from ..errors import InvalidArgument, UnknownTask
+from ..kernels import LaunchConfig
 from ..memory import FastPath
 from ..memory.native import load as load_native
 from ..memory.native import supported as native_supported
@@ -57,6 +59,10 @@ __all__ = ["JavaHotPath", "GPU_BITS", "GPU_MASK", "MAX_GPUS"]
 
 # The reference methods the C twin replaces (and calls for the argument forms it does not take).
 TWINNED = ("stream", "allocate", "free", "free_many")
+
+
+# The kind codes Java sends (org.cudabridge.CudaKernel's KINDS, same order).
+KIND_CODES = ("ptr", "i8", "i16", "i32", "i64", "f32", "f64", "bool")
 
 
 class JavaHotPath:
@@ -95,6 +101,8 @@ class JavaHotPath:
         # statistics: a lost increment under a free-threaded build would only skew a gauge).
         self._counts = dict.fromkeys(self.COUNTERS, 0)
         self._ids = itertools.count(1)
+        self._kernels: dict[int, Any] = {}          # kernel id -> kernel (register_kernel)
+        self._kernel_ids = itertools.count(1)
         self._core = self._native_core(fast_path)
         # Drop a task's handles at its release, once its operations have drained.
         service.registry.on_release(self._forget)
@@ -362,6 +370,44 @@ class JavaHotPath:
         return self._live.sweep()
 
     # misc ------------------------------------------------------------------------------------
+    # user kernels (kernels/) -------------------------------------------------------------------
+    def register_kernel(self, kernel: Any) -> int:
+        """An id for Java to launch ``kernel`` by (the control plane's ``kernel`` call)."""
+        kid = next(self._kernel_ids)
+        self._kernels[kid] = kernel
+        return kid
+
+    def launch(self, task: int, kernel_id: int, dims: tuple, shared: int, values: tuple, kinds: bytes,
+               offsets: tuple) -> None:
+        """One user kernel on the task's stream, from Java: ``values`` hold each argument as Java
+        marshalled it (a buffer's handle, with its byte offset in ``offsets``; a float's or
+        double's raw bits), ``kinds`` their kind codes (KIND_CODES). Checked, then queued under
+        the task guard (TaskRegistry.launch)."""
+        kernel = self._kernels.get(kernel_id)
+        if kernel is None:
+            raise InvalidArgument(f"launch: no kernel {kernel_id!r} was loaded through this bridge")
+        if not len(values) == len(kinds) == len(offsets):
+            raise InvalidArgument("launch: values, kinds and offsets differ in length")
+        args: list[Any] = []
+        for v, code, off in zip(values, kinds, offsets):
+            kind = KIND_CODES[code] if code < len(KIND_CODES) else None
+            if kind == "ptr":
+                a = self._live.get(v)
+                if a is None:
+                    raise self._live.refusal(v, "launch")
+                args.append((a, off))
+            elif kind == "f32":
+                args.append(struct.unpack("<f", struct.pack("<I", v & 0xFFFFFFFF))[0])
+            elif kind == "f64":
+                args.append(struct.unpack("<d", struct.pack("<Q", v & 0xFFFFFFFFFFFFFFFF))[0])
+            elif kind == "bool":
+                args.append(bool(v))
+            elif kind is not None:
+                args.append(v)
+            else:
+                raise InvalidArgument(f"launch: unknown argument kind code {code}")
+        self._registry.launch(task, kernel, LaunchConfig(tuple(dims[:3]), tuple(dims[3:6]), shared), args)
+
     def ping(self) -> None:
         """The empty call: what the bench measures as the bridge's own cost."""
         return None

@@ -29,6 +29,13 @@ public interface ControlPlane {
     /** Calls {@code cudabridge.jvm.tools.<name>} with JSON keyword arguments; returns JSON. */
     String callTool(String name, String argsJson);
 
+    /** Loads a module (JSON from {@link ModuleSource}; {@code binary}: a cubin's bytes, else null),
+     *  or finds it in the executor's cache; returns its id. */
+    long loadModule(String specJson, byte[] binary);
+
+    /** {@code "<kernel id>;<kind>,<kind>,..."}: a module's kernel, registered for launches from Java. */
+    String kernel(long moduleId, String name);
+
     /** Closes the service (Python stays up); returns the tasks it released. */
     long shutdown();
 }

@@ -213,6 +213,21 @@ public final class CudaBridge {
         memory.synchronize();
     }
 
+    // --- user kernels (CudaModule) --------------------------------------------------------------
+
+    /** Loads a module on the current task's GPU (or finds it in the executor's cache: each distinct
+     *  source is loaded once per GPU); a compile error is a {@link CudaBridgeException} with the log. */
+    public CudaModule loadModule(ModuleSource source) {
+        return loadModule(source, currentTask().gpu());
+    }
+
+    /** Loads a module on GPU {@code gpu} (a CUDA ordinal this executor owns). */
+    public CudaModule loadModule(ModuleSource source, int gpu) {
+        java.util.Objects.requireNonNull(source, "loadModule: source");
+        checkRunning("loadModule");
+        return new CudaModule(this, control().loadModule(source.toJson(gpu), source.binary()), gpu);
+    }
+
     // --- statistics and lifetime ----------------------------------------------------------------
 
     /** Every key {@link #statistics()} holds, known without Python ({@link BridgeStatistics#names()}). */

@@ -52,6 +52,18 @@ public final class DeviceBuffer implements AutoCloseable {
     /** The device pointer. */
     public long address() { return address; }
 
+    /** An address inside a buffer, as a kernel argument ({@link #at}). */
+    public record Pointer(DeviceBuffer buffer, long offset) {}
+
+    /** The address {@code offset} bytes into this buffer, for a kernel argument
+     *  ({@link CudaKernel#launch}); {@code offset} may be the size (the end). */
+    public Pointer at(long offset) {
+        if (offset < 0 || offset > size) {
+            throw new IndexOutOfBoundsException("at: offset " + offset + " outside the buffer's " + size + " bytes");
+        }
+        return new Pointer(this, offset);
+    }
+
     /** The size asked for, in bytes. */
     public long size() { return size; }
 

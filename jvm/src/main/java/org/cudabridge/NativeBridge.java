@@ -148,6 +148,13 @@ public final class NativeBridge {
 
     public static native void synchronize(long taskAttemptId);
 
+    /** One user kernel on the task's stream ({@link CudaKernel#launch}): {@code dims} = grid then
+     *  block (6), {@code values[i]} the argument as marshalled (a buffer's handle, a float's or
+     *  double's raw bits), {@code kinds[i]} its kind code, {@code offsets[i]} a buffer argument's
+     *  byte offset; all three of one length. */
+    public static native void launch(long taskAttemptId, long kernel, int[] dims, long sharedBytes, long[] values,
+                                     byte[] kinds, long[] offsets);
+
     public static native void copyDevice(long dstHandle, long dstOffset, long srcHandle, long srcOffset, long bytes);
 
     /** Calls the empty Python method: the bridge's own cost per call. */
