@@ -174,6 +174,8 @@ def test_on_a_gpu_nvrtc_compiles_once_and_the_kernel_runs_through_the_guard():
         be.copy_from_device_async(out, y.ptr, b.stream)
         be.stream_synchronize(b.stream)
         assert np.array_equal(np.frombuffer(out, dtype=np.float32), 1 + 2 * np.arange(n, dtype=np.float32))
+        with pytest.raises(InvalidArgument, match="defines no kernel 'reduce'"):
+            m.kernel("reduce")
         with pytest.raises(InvalidArgument, match=r"parameter 2 \(i32\)"):
             reg.launch(1, k, LaunchConfig(1, 256), [x, y, 1.5, 2.0])
         reg.release(1)

@@ -90,6 +90,9 @@ class CudaModule:
         if k is not None:
             return k
         symbol = self.lowered.get(name, name)
+        if self.source.kind != "cubin" and symbol not in self.entries:
+            raise InvalidArgument(f"the module defines no kernel {name!r} (it defines: "
+                                  f"{', '.join(sorted(self.entries)) or 'none'})")
         sig = self.source.declared(name)
         if sig is None:
             sig = self.entries.get(symbol)
