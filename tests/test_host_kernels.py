@@ -53,7 +53,7 @@ def test_a_twin_computes_in_stream_order(be, kernels):
     y = to_device(be, s, np.ones(n, dtype=np.float32).tobytes())
     twins.calls.clear()
     be.spin_async(s, 0.2)                                  # the launch queues behind this
-    be.launch_host_kernel(s, kernels.get("saxpy"), (4, 1, 1), (256, 1, 1), [x, y, n, 2.0])
+    be.launch_host_kernel(s, kernels.get("saxpy"), LaunchConfig((4, 1, 1), (256, 1, 1)), [x, y, n, 2.0])
     assert twins.calls == [], "the launch returned before the twin ran: it runs on the stream's worker"
     got = np.frombuffer(from_device(be, s, y, 4 * n), dtype=np.float32)
     assert twins.calls == ["saxpy"]
@@ -66,7 +66,7 @@ def test_launches_on_one_stream_run_in_order_and_see_each_others_writes(be, kern
     d = to_device(be, s, data.tobytes())
     bins = to_device(be, s, bytes(64))
     for _ in range(3):
-        be.launch_host_kernel(s, kernels.get("histogram"), (16, 1, 1), (256, 1, 1), [d, 4096, bins])
+        be.launch_host_kernel(s, kernels.get("histogram"), LaunchConfig((16, 1, 1), (256, 1, 1)), [d, 4096, bins])
     got = np.frombuffer(from_device(be, s, bins, 64), dtype=np.uint32)
     assert np.array_equal(got, 3 * np.bincount(data % 16, minlength=16))
 
@@ -87,7 +87,7 @@ def test_bad_arguments_are_refused_before_anything_is_queued(be, kernels, args, 
     args = [x if a == "X" else y if a == "Y" else a for a in args] if isinstance(args, list) else list(args)
     twins.calls.clear()
     with pytest.raises(InvalidArgument, match=message.replace("(", r"\(").replace(")", r"\)")):
-        be.launch_host_kernel(s, kernels.get("saxpy"), (1, 1, 1), (32, 1, 1), args)
+        be.launch_host_kernel(s, kernels.get("saxpy"), LaunchConfig((1, 1, 1), (32, 1, 1)), args)
     be.stream_synchronize(s)
     assert twins.calls == []
 
@@ -96,7 +96,7 @@ def test_a_pointer_outside_every_allocation_is_refused(be, kernels):
     s = be.stream_create()
     y = be.malloc(4096)
     with pytest.raises(CudaError, match="not inside an allocation"):
-        be.launch_host_kernel(s, kernels.get("saxpy"), (1, 1, 1), (32, 1, 1), [0x1234, y, 10, 1.0])
+        be.launch_host_kernel(s, kernels.get("saxpy"), LaunchConfig((1, 1, 1), (32, 1, 1)), [0x1234, y, 10, 1.0])
 
 
 def test_the_race_detector_sees_a_kernels_accesses(be, kernels):
@@ -104,22 +104,40 @@ def test_the_race_detector_sees_a_kernels_accesses(be, kernels):
     x = to_device(be, s1, bytes(4096))           # written on s1 ...
     y = be.malloc(4096)
     with pytest.raises(StreamOrderRace):         # ... and read by a kernel on s2 with no ordering
-        be.launch_host_kernel(s2, kernels.get("saxpy"), (1, 1, 1), (256, 1, 1), [x, y, 256, 1.0])
+        be.launch_host_kernel(s2, kernels.get("saxpy"), LaunchConfig((1, 1, 1), (256, 1, 1)), [x, y, 256, 1.0])
     ev = be.event_create()
     be.event_record(ev, s1)
     be.stream_wait_event(s2, ev)                 # ordered now
-    be.launch_host_kernel(s2, kernels.get("saxpy"), (1, 1, 1), (256, 1, 1), [x, y, 256, 1.0])
+    be.launch_host_kernel(s2, kernels.get("saxpy"), LaunchConfig((1, 1, 1), (256, 1, 1)), [x, y, 256, 1.0])
     be.stream_synchronize(s2)
 
 
 def test_a_faulting_twin_is_a_sticky_error_at_the_next_call(be, kernels):
     s = be.stream_create()
     p = be.malloc(4096)
-    be.launch_host_kernel(s, kernels.get("faults"), (1, 1, 1), (1, 1, 1), [p])
+    be.launch_host_kernel(s, kernels.get("faults"), LaunchConfig((1, 1, 1), (1, 1, 1)), [p])
     with pytest.raises(CudaError, match="IllegalAddress"):
         be.stream_synchronize(s)
     with pytest.raises(CudaError, match="IllegalAddress"):
         be.malloc(256)
+
+
+@pytest.mark.parametrize("config, message", [
+    (LaunchConfig(1, 2048), "block (2048, 1, 1) exceeds the device's (1024, 1024, 64) on axis x"),
+    (LaunchConfig(1, (32, 32, 2)), "2048 threads per block"),
+    (LaunchConfig(1, (1, 1, 65)), "exceeds the device's (1024, 1024, 64) on axis z"),
+    (LaunchConfig((1, 65536), 32), "exceeds the device's (2147483647, 65535, 65535) on axis y"),
+    (LaunchConfig(1, 32, 228 << 10), "exceed the device's 232448 per block"),
+])
+def test_a_launch_beyond_the_devices_limits_is_refused(be, kernels, config, message):
+    s = be.stream_create()
+    x, y = be.malloc(4096), be.malloc(4096)
+    twins.calls.clear()
+    with pytest.raises(InvalidArgument, match=message.replace("(", r"\(").replace(")", r"\)")):
+        be.launch_host_kernel(s, kernels.get("saxpy"), config, [x, y, 8, 1.0])
+    be.launch_host_kernel(s, kernels.get("saxpy"), LaunchConfig(1, 1024, 100 << 10), [x, y, 8, 1.0])  # opts in
+    be.stream_synchronize(s)
+    assert twins.calls == ["saxpy"]
 
 
 def test_a_kernel_without_twin_says_which_and_where_to_register_it(kernels):
@@ -160,7 +178,7 @@ def test_twins_of_many_threads_interleave_only_in_each_streams_order(be, kernels
     def work(i):
         try:
             for _ in range(20):
-                be.launch_host_kernel(streams[i], kernels.get("histogram"), (4, 1, 1), (256, 1, 1),
+                be.launch_host_kernel(streams[i], kernels.get("histogram"), LaunchConfig((4, 1, 1), (256, 1, 1)),
                                       [bufs[i][0], 1024, bufs[i][1]])
         except BaseException as exc:   # pragma: no cover - reported below
             errors.append(exc)

@@ -176,6 +176,10 @@ def test_on_a_gpu_nvrtc_compiles_once_and_the_kernel_runs_through_the_guard():
         assert np.array_equal(np.frombuffer(out, dtype=np.float32), 1 + 2 * np.arange(n, dtype=np.float32))
         with pytest.raises(InvalidArgument, match="defines no kernel 'reduce'"):
             m.kernel("reduce")
+        with pytest.raises(InvalidArgument, match="threads per block|exceeds the device"):
+            reg.launch(1, k, LaunchConfig(1, (32, 32, 2)), [x, y, n, 2.0])
+        reg.launch(1, k, LaunchConfig(n // 256, 256, 64 << 10), [x, y, 0, 0.0])   # opts in past 48 KiB
+        assert k.limits.max_dynamic_shared == 64 << 10
         with pytest.raises(InvalidArgument, match=r"parameter 2 \(i32\)"):
             reg.launch(1, k, LaunchConfig(1, 256), [x, y, 1.5, 2.0])
         reg.release(1)

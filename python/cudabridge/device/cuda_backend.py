@@ -363,6 +363,40 @@ class CudaBackend(DeviceBackend):
             raise InvalidArgument(f"the module has no kernel {name!r} ({err.name})")
         return fn
 
+    def device_limits(self, ordinal: int) -> Any:
+        """What GPU ``ordinal`` allows a launch (cached: a device's limits never change)."""
+        from ..kernels.launch_config import DeviceLimits
+        cache = self.__dict__.setdefault("_limits", {})
+        limits = cache.get(ordinal)
+        if limits is None:
+            A = self.rt.cudaDeviceAttr
+
+            def attr(a: Any) -> int:
+                return int(self._check("cudaDeviceGetAttribute", self.rt.cudaDeviceGetAttribute(a, ordinal)))
+            limits = cache[ordinal] = DeviceLimits(
+                max_threads_per_block=attr(A.cudaDevAttrMaxThreadsPerBlock),
+                max_block=(attr(A.cudaDevAttrMaxBlockDimX), attr(A.cudaDevAttrMaxBlockDimY), attr(A.cudaDevAttrMaxBlockDimZ)),
+                max_grid=(attr(A.cudaDevAttrMaxGridDimX), attr(A.cudaDevAttrMaxGridDimY), attr(A.cudaDevAttrMaxGridDimZ)),
+                shared_per_block=attr(A.cudaDevAttrMaxSharedMemoryPerBlock),
+                shared_per_block_optin=attr(A.cudaDevAttrMaxSharedMemoryPerBlockOptin))
+        return limits
+
+    def kernel_limits(self, function: Any) -> Any:
+        from ..kernels.launch_config import KernelLimits
+        F = self.drv.CUfunction_attribute
+
+        def attr(a: Any) -> int:
+            return int(self._check("cuFuncGetAttribute", self.drv.cuFuncGetAttribute(a, function)))
+        return KernelLimits(max_threads_per_block=attr(F.CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK),
+                            static_shared=attr(F.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES),
+                            max_dynamic_shared=attr(F.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES))
+
+    def raise_dynamic_shared(self, function: Any, nbytes: int) -> None:
+        """Let ``function`` take ``nbytes`` of dynamic shared memory (past the 48 KiB default)."""
+        F = self.drv.CUfunction_attribute
+        self._check("cuFuncSetAttribute",
+                    self.drv.cuFuncSetAttribute(function, F.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, nbytes))
+
     _CTYPES = {"ptr": ctypes.c_void_p, "i8": ctypes.c_int8, "i16": ctypes.c_int16, "i32": ctypes.c_int32,
                "i64": ctypes.c_int64, "f32": ctypes.c_float, "f64": ctypes.c_double, "bool": ctypes.c_bool}
 

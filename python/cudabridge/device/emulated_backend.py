@@ -1094,15 +1094,18 @@ class EmulatedBackend(DeviceBackend):
             self._race.enqueue(s, kernel, "cudaLaunchKernel(fill_u32)",
                                writes=((ptr, 4 * count),) if count > 0 else ())
 
-    def launch_host_kernel(self, stream: int, twin: Any, grid: tuple[int, int, int], block: tuple[int, int, int],
-                           args: list[Any]) -> None:
+    def launch_host_kernel(self, stream: int, twin: Any, config: Any, args: list[Any]) -> None:
         """Queue a user kernel's host twin (kernels/host_kernels.py) on ``stream``: checked now
         (argument count and kinds, every pointer inside an allocation), run in stream order on
         the stream's worker. The race detector counts it as reading and writing each pointer's
         buffer: a ``DevicePointer``'s extent, a plain address's allocation from there on."""
+        from ..kernels.launch_config import DeviceLimits, KernelLimits, check_launch
         from ..kernels.params import DevicePointer, check_value   # kernels imports the backends' errors
         call = f"cuLaunchKernel({twin.name})"
         s = self._stream(call, stream)
+        # the modelled device's limits (an H100's); a twin opts in to any dynamic shared memory
+        check_launch(config, DeviceLimits(), KernelLimits(), twin.name)
+        grid, block = config.grid, config.block
         kinds = twin.signature
         if len(args) != len(kinds):
             raise InvalidArgument(f"kernel {twin.name!r} takes {len(kinds)} argument(s), got {len(args)}")

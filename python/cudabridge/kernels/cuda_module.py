@@ -10,10 +10,12 @@ call, the arguments marshalled in C) is still to come.
 
 from __future__ import annotations
 
+import threading
+from dataclasses import replace
 from typing import Any
 
 from ..errors import InvalidArgument
-from .launch_config import LaunchConfig
+from .launch_config import LaunchConfig, check_launch
 from .modules import ModuleLoadError, ModuleSource, ptx_entries
 from .params import DevicePointer, check_value
 
@@ -54,14 +56,23 @@ def compile_to_ptx(nvrtc: Any, source: ModuleSource, arch: str) -> tuple[str, di
 
 
 class CudaKernel:
-    __slots__ = ("name", "signature", "function")
+    __slots__ = ("name", "signature", "function", "gpu", "limits", "_lock")
 
-    def __init__(self, name: str, signature: tuple[str, ...], function: Any) -> None:
+    def __init__(self, name: str, signature: tuple[str, ...], function: Any, gpu: int, limits: Any) -> None:
         self.name = name
         self.signature = signature
         self.function = function
+        self.gpu = gpu
+        self.limits = limits           # KernelLimits, the dynamic shared maximum raised as asked
+        self._lock = threading.Lock()
 
     def launch(self, backend: Any, stream: int, config: LaunchConfig, args: list[Any]) -> None:
+        raise_to = check_launch(config, backend.device_limits(self.gpu), self.limits, self.name)
+        if raise_to is not None:
+            with self._lock:           # opt in once, for every later launch as large
+                if raise_to > self.limits.max_dynamic_shared:
+                    backend.raise_dynamic_shared(self.function, raise_to)
+                    self.limits = replace(self.limits, max_dynamic_shared=raise_to)
         if len(args) != len(self.signature):
             raise InvalidArgument(f"kernel {self.name!r} takes {len(self.signature)} argument(s), got {len(args)}")
         values = [check_value(k, v, i, self.name) for i, (k, v) in enumerate(zip(self.signature, args))]
@@ -82,6 +93,7 @@ class CudaModule:
             ptx, self.lowered, image = "", {}, source.code
         self.entries = ptx_entries(ptx) if ptx else {}
         self.handle = backend.module_load(image, gpu)
+        self.gpu = gpu
         self._backend = backend
         self._kernels: dict[str, CudaKernel] = {}
 
@@ -100,5 +112,5 @@ class CudaModule:
                 raise InvalidArgument(f"kernel {name!r}: declare its signature at load (its parameters are not "
                                       f"all plain scalars and pointers in the PTX, or the module is a cubin)")
         function = self._backend.module_function(self.handle, symbol, name)
-        k = self._kernels[name] = CudaKernel(name, sig, function)
+        k = self._kernels[name] = CudaKernel(name, sig, function, self.gpu, self._backend.kernel_limits(function))
         return k

@@ -58,7 +58,7 @@ class HostKernel:
         launch = getattr(backend, "launch_host_kernel", None)
         if launch is None:
             raise InvalidArgument(f"kernel {self.name!r} is a host twin: it runs on the emulated device only")
-        launch(stream, self, config.grid, config.block, args)
+        launch(stream, self, config, args)
 
 
 def host_kernel(name: str | None = None, signature: str | Iterable[str] = ()) -> Callable[[Callable], Callable]:

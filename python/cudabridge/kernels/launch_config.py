@@ -44,3 +44,45 @@ class LaunchConfig:
     def threads_per_block(self) -> int:
         x, y, z = self.block
         return x * y * z
+
+
+@dataclass(frozen=True)
+class DeviceLimits:
+    """What a GPU allows a launch (cudaDeviceProp): the emulated device models an H100/H200."""
+
+    max_threads_per_block: int = 1024
+    max_block: tuple[int, int, int] = (1024, 1024, 64)
+    max_grid: tuple[int, int, int] = (MAX_DIM, 65535, 65535)
+    shared_per_block: int = 48 << 10          # dynamic + static without opting in
+    shared_per_block_optin: int = 227 << 10   # the most a kernel may opt in to
+
+
+@dataclass(frozen=True)
+class KernelLimits:
+    """What a compiled kernel allows (cuFuncGetAttribute): its registers may lower the threads."""
+
+    max_threads_per_block: int = 1024
+    static_shared: int = 0
+    max_dynamic_shared: int = 48 << 10        # raised by opting in (cuFuncSetAttribute)
+
+
+def check_launch(config: LaunchConfig, device: DeviceLimits, kernel: KernelLimits, name: str) -> int | None:
+    """Refuse a launch the device or the kernel cannot run, naming the limit; returns the dynamic
+    shared memory the kernel must opt in to first (None: its current maximum suffices)."""
+    where = f"launch of kernel {name!r}"
+    for axis, (b, mb) in enumerate(zip(config.block, device.max_block)):
+        if b > mb:
+            raise InvalidArgument(f"{where}: block {config.block} exceeds the device's {device.max_block} on axis {'xyz'[axis]}")
+    for axis, (g, mg) in enumerate(zip(config.grid, device.max_grid)):
+        if g > mg:
+            raise InvalidArgument(f"{where}: grid {config.grid} exceeds the device's {device.max_grid} on axis {'xyz'[axis]}")
+    threads = config.threads_per_block
+    limit = min(device.max_threads_per_block, kernel.max_threads_per_block)
+    if threads > limit:
+        raise InvalidArgument(f"{where}: {threads} threads per block; the kernel allows {kernel.max_threads_per_block}, "
+                              f"the device {device.max_threads_per_block}")
+    shared = config.shared_bytes
+    if kernel.static_shared + shared > device.shared_per_block_optin:
+        raise InvalidArgument(f"{where}: {shared} bytes of dynamic shared memory (plus {kernel.static_shared} static) "
+                              f"exceed the device's {device.shared_per_block_optin} per block")
+    return shared if shared > kernel.max_dynamic_shared else None
