@@ -5,6 +5,8 @@ the service's own statistics. Also example (b), SQL with Java UDFs on the task's
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 import spark_harness as sh
@@ -118,3 +120,22 @@ def test_sql_udf_example_uses_task_streams(tmp_path):
     assert run.returncode == 0, run.explain()
     s = run.summary()
     assert s == {"rows": 1200, "matched": 1200, "partitions": 6, "distinct_streams": 6, "max_streams_per_task": 1}, s
+
+
+def test_example_c_tasks_run_their_own_kernel(tmp_path):
+    """Example (c) in local[4,2]: each task compiles a histogram kernel (once per executor), runs
+    it on its own stream over its partition and checks the bins against the CPU; partition 3's
+    first attempt fails with its kernel queued, and its retry succeeds. On the emulated device
+    the kernel's host twin runs (spark-examples/python/example_kernels.py)."""
+    sh.build()
+    twins = str(Path(__file__).resolve().parents[1] / "spark-examples" / "python")
+    run = sh.spark_submit(tmp_path, "local[4,2]",
+                          [sh.examples_jar(), "--partitions", "12", "--elements", "20000", "--fail-first-attempt", "3",
+                           "--summary-json", "summary.json"],
+                          {"spark.cudabridge.emulatedKernels": "example_kernels", "spark.cudabridge.pythonPath": twins},
+                          main_class="org.cudabridge.examples.GpuHistogramJob", timeout=240)
+    assert run.returncode == 0, run.explain()
+    s = run.summary()
+    assert s["tasks_run"] == 12 and s["verify_failures"] == 0, s
+    assert s["values_counted"] == s["values_expected"] == 12 * 20000
+    assert "planned failure of the first attempt of partition 3" in run.stderr

@@ -1,0 +1,16 @@
+"""Host twins of the examples' kernels: on the emulated device (no GPU) they run in the kernels'
+place. The executors find them through spark.cudabridge.emulatedKernels=example_kernels with this
+folder in spark.cudabridge.pythonPath (docs/examples.md, example (c))."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from cudabridge.kernels import host_kernel
+
+
+@host_kernel("histogram", "ptr, i32, ptr")
+def histogram(grid, block, data, n, bins):
+    """bins[v % 16] += 1 for each of the n uint32 values: what GpuHistogramJob's CUDA kernel does
+    with atomicAdd, for the whole grid at once."""
+    bins.view(np.uint32)[:16] += np.bincount(data.view(np.uint32)[:n] % 16, minlength=16).astype(np.uint32)
