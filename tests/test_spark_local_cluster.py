@@ -115,3 +115,19 @@ def test_an_executor_whose_gpu_became_unusable_is_replaced(tmp_path, work_dir_cl
     logs = "".join(p.read_text(errors="replace") for p in app.glob("*/stderr"))
     assert "the GPU is unusable" in logs and "exiting with code 20" in logs
     assert len([p for p in app.iterdir() if p.is_dir()]) >= 3   # the replacement executor
+
+
+def test_example_c_in_two_executor_jvms(tmp_path, work_dir_cleanup):
+    """Example (c) in local-cluster: each executor JVM compiles the kernel in its own service (the
+    module cache is per executor) and its tasks run it on their streams."""
+    sh.build()
+    twins = str(Path(__file__).resolve().parents[1] / "spark-examples" / "python")
+    run = sh.spark_submit(tmp_path, "local-cluster[2,1,1024]",
+                          [sh.examples_jar(), "--partitions", "8", "--elements", "20000", "--summary-json", "summary.json"],
+                          {**CLUSTER, "spark.cudabridge.emulatedKernels": "example_kernels",
+                           "spark.cudabridge.pythonPath": twins},
+                          main_class="org.cudabridge.examples.GpuHistogramJob", timeout=180)
+    assert run.returncode == 0, run.explain()
+    s = run.summary()
+    assert s["tasks_run"] == 8 and s["verify_failures"] == 0, s
+    assert s["values_counted"] == s["values_expected"] == 8 * 20000
