@@ -180,6 +180,21 @@ def test_on_a_gpu_nvrtc_compiles_once_and_the_kernel_runs_through_the_guard():
             reg.launch(1, k, LaunchConfig(1, (32, 32, 2)), [x, y, n, 2.0])
         reg.launch(1, k, LaunchConfig(n // 256, 256, 64 << 10), [x, y, 0, 0.0])   # opts in past 48 KiB
         assert k.limits.max_dynamic_shared == 64 << 10
+        # a thread whose first GPU call is the launch
+        errors: list[BaseException] = []
+
+        def fresh_thread():
+            try:
+                reg.launch(1, k, LaunchConfig(n // 256, 256), [x, y, n, -1.0])
+            except BaseException as exc:
+                errors.append(exc)
+        t = threading.Thread(target=fresh_thread)
+        t.start()
+        t.join()
+        assert not errors, errors
+        be.copy_from_device_async(out, y.ptr, b.stream)
+        be.stream_synchronize(b.stream)
+        assert np.array_equal(np.frombuffer(out, dtype=np.float32), 1 + np.arange(n, dtype=np.float32))
         with pytest.raises(InvalidArgument, match=r"parameter 2 \(i32\)"):
             reg.launch(1, k, LaunchConfig(1, 256), [x, y, 1.5, 2.0])
         reg.release(1)

@@ -400,11 +400,21 @@ class CudaBackend(DeviceBackend):
     _CTYPES = {"ptr": ctypes.c_void_p, "i8": ctypes.c_int8, "i16": ctypes.c_int16, "i32": ctypes.c_int32,
                "i64": ctypes.c_int64, "f32": ctypes.c_float, "f64": ctypes.c_double, "bool": ctypes.c_bool}
 
-    def launch_kernel(self, function: Any, config: Any, stream: int, kinds: tuple[str, ...], values: list) -> None:
+    def launch_kernel(self, function: Any, config: Any, stream: int, kinds: tuple[str, ...], values: list,
+                      ordinal: int) -> None:
+        """cuLaunchKernel on GPU ``ordinal``'s primary context, made current for the call: the
+        kernel's function belongs to that GPU's module, whatever device the calling thread last
+        used (an executor with several GPUs)."""
         args = (tuple(values), tuple(self._CTYPES[k] for k in kinds))
         (gx, gy, gz), (bx, by, bz) = config.grid, config.block
-        self._check("cuLaunchKernel", self.drv.cuLaunchKernel(function, gx, gy, gz, bx, by, bz, config.shared_bytes,
-                                                              stream, args, 0))
+        prev = self.get_device()
+        self._check("cudaSetDevice", self.rt.cudaSetDevice(ordinal))   # also makes the primary context current
+        try:
+            self._check("cuLaunchKernel", self.drv.cuLaunchKernel(function, gx, gy, gz, bx, by, bz,
+                                                                  config.shared_bytes, stream, args, 0))
+        finally:
+            if prev != ordinal:
+                self.set_device(prev)
 
     def fill_u32_async(self, ptr: int, count: int, value: int, stream: int, delay_s: float = 0.0) -> None:
         fill, _ = self._kernels()

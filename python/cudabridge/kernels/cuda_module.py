@@ -77,7 +77,7 @@ class CudaKernel:
             raise InvalidArgument(f"kernel {self.name!r} takes {len(self.signature)} argument(s), got {len(args)}")
         values = [check_value(k, v, i, self.name) for i, (k, v) in enumerate(zip(self.signature, args))]
         values = [v.address if v.__class__ is DevicePointer else v for v in values]
-        backend.launch_kernel(self.function, config, stream, self.signature, values)
+        backend.launch_kernel(self.function, config, stream, self.signature, values, self.gpu)
 
 
 class CudaModule:
