@@ -178,6 +178,10 @@ def test_on_a_gpu_nvrtc_compiles_once_and_the_kernel_runs_through_the_guard():
             m.kernel("reduce")
         with pytest.raises(InvalidArgument, match="threads per block|exceeds the device"):
             reg.launch(1, k, LaunchConfig(1, (32, 32, 2)), [x, y, n, 2.0])
+        before = k.limits.max_dynamic_shared
+        with pytest.raises(InvalidArgument, match=r"parameter 2 \(i32\)"):   # refused: no opt-in either
+            reg.launch(1, k, LaunchConfig(n // 256, 256, 80 << 10), [x, y, 1.5, 2.0])
+        assert k.limits.max_dynamic_shared == before
         reg.launch(1, k, LaunchConfig(n // 256, 256, 64 << 10), [x, y, 0, 0.0])   # opts in past 48 KiB
         assert k.limits.max_dynamic_shared == 64 << 10
         # a thread whose first GPU call is the launch

@@ -56,6 +56,8 @@ class CudaBackend(DeviceBackend):
         self._not_ready = rt.cudaError_t.cudaErrorNotReady
         self._oom = rt.cudaError_t.cudaErrorMemoryAllocation
         self._modules: dict[int, tuple[Any, Any, Any]] = {}
+        self._arch: dict[int, str] = {}          # per GPU: its architecture, its launch limits
+        self._limits: dict[int, Any] = {}        # (a device's never change; read on first use)
         self._lock = threading.Lock()
         count = self.device_count()
         if count < 1:
@@ -336,12 +338,16 @@ class CudaBackend(DeviceBackend):
     # user modules (kernels/cuda_module.py) -----------------------------------------------------
     def compute_arch(self, ordinal: int) -> str:
         """The GPU's virtual architecture for NVRTC (``compute_90`` on an H100 or H200)."""
+        arch = self._arch.get(ordinal)
+        if arch is not None:
+            return arch
         rt = self.rt
         major = self._check("cudaDeviceGetAttribute",
                             rt.cudaDeviceGetAttribute(rt.cudaDeviceAttr.cudaDevAttrComputeCapabilityMajor, ordinal))
         minor = self._check("cudaDeviceGetAttribute",
                             rt.cudaDeviceGetAttribute(rt.cudaDeviceAttr.cudaDevAttrComputeCapabilityMinor, ordinal))
-        return f"compute_{major}{minor}"
+        arch = self._arch[ordinal] = f"compute_{major}{minor}"
+        return arch
 
     def module_load(self, image: bytes, ordinal: int) -> Any:
         from ..kernels.modules import ModuleLoadError
@@ -366,14 +372,13 @@ class CudaBackend(DeviceBackend):
     def device_limits(self, ordinal: int) -> Any:
         """What GPU ``ordinal`` allows a launch (cached: a device's limits never change)."""
         from ..kernels.launch_config import DeviceLimits
-        cache = self.__dict__.setdefault("_limits", {})
-        limits = cache.get(ordinal)
+        limits = self._limits.get(ordinal)
         if limits is None:
             A = self.rt.cudaDeviceAttr
 
             def attr(a: Any) -> int:
                 return int(self._check("cudaDeviceGetAttribute", self.rt.cudaDeviceGetAttribute(a, ordinal)))
-            limits = cache[ordinal] = DeviceLimits(
+            limits = self._limits[ordinal] = DeviceLimits(
                 max_threads_per_block=attr(A.cudaDevAttrMaxThreadsPerBlock),
                 max_block=(attr(A.cudaDevAttrMaxBlockDimX), attr(A.cudaDevAttrMaxBlockDimY), attr(A.cudaDevAttrMaxBlockDimZ)),
                 max_grid=(attr(A.cudaDevAttrMaxGridDimX), attr(A.cudaDevAttrMaxGridDimY), attr(A.cudaDevAttrMaxGridDimZ)),

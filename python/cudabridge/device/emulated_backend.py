@@ -1100,16 +1100,14 @@ class EmulatedBackend(DeviceBackend):
         the stream's worker. The race detector counts it as reading and writing each pointer's
         buffer: a ``DevicePointer``'s extent, a plain address's allocation from there on."""
         from ..kernels.launch_config import DeviceLimits, KernelLimits, check_launch
-        from ..kernels.params import DevicePointer, check_value   # kernels imports the backends' errors
+        from ..kernels.params import DevicePointer, check_args   # kernels imports the backends' errors
         call = f"cuLaunchKernel({twin.name})"
         s = self._stream(call, stream)
         # the modelled device's limits (an H100's); a twin opts in to any dynamic shared memory
         check_launch(config, DeviceLimits(), KernelLimits(), twin.name)
         grid, block = config.grid, config.block
         kinds = twin.signature
-        if len(args) != len(kinds):
-            raise InvalidArgument(f"kernel {twin.name!r} takes {len(kinds)} argument(s), got {len(args)}")
-        values = [check_value(k, v, i, twin.name) for i, (k, v) in enumerate(zip(kinds, args))]
+        values = check_args(kinds, args, twin.name)
         views: list[Any] = []
         touched: list[tuple[int, int]] = []
         for i, (kind, value) in enumerate(zip(kinds, values)):

@@ -40,7 +40,8 @@ class BridgeControl:
         self._lock = threading.Lock()
         self.closed = False
         self.releases = 0
-        self._modules: dict[int, Any] = {}   # module id -> module (load_module)
+        self._modules: dict[int, Any] = {}      # module id -> module (load_module)
+        self._module_ids: dict[Any, int] = {}   # and back: the service's cache hands out one object per module
 
     def bind_task(self, task: int, gpu_address: str | None, priority: str) -> tuple[int, int]:
         if priority not in Priority.__members__.values():
@@ -87,11 +88,11 @@ class BridgeControl:
         source = ModuleSource.of(code, spec["kind"], options=spec.get("options", ()), headers=spec.get("headers"),
                                  name_expressions=spec.get("nameExpressions", ()), signatures=spec.get("signatures"))
         module = self.service.load_module(source, int(spec.get("gpu", 0)))
-        for mid, known in self._modules.items():
-            if known is module:
-                return mid
-        mid = len(self._modules) + 1
-        self._modules[mid] = module
+        with self._lock:
+            mid = self._module_ids.get(module)
+            if mid is None:
+                mid = self._module_ids[module] = len(self._modules) + 1
+                self._modules[mid] = module
         return mid
 
     def kernel(self, module_id: int, name: str) -> str:

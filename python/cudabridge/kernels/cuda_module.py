@@ -17,7 +17,7 @@ from typing import Any
 from ..errors import InvalidArgument
 from .launch_config import LaunchConfig, check_launch
 from .modules import ModuleLoadError, ModuleSource, ptx_entries
-from .params import DevicePointer, check_value
+from .params import DevicePointer, check_args
 
 
 def compile_to_ptx(nvrtc: Any, source: ModuleSource, arch: str) -> tuple[str, dict[str, str]]:
@@ -67,16 +67,15 @@ class CudaKernel:
         self._lock = threading.Lock()
 
     def launch(self, backend: Any, stream: int, config: LaunchConfig, args: list[Any]) -> None:
+        # every check before the opt-in below: a refused launch changes nothing
+        values = [v.address if v.__class__ is DevicePointer else v
+                  for v in check_args(self.signature, args, self.name)]
         raise_to = check_launch(config, backend.device_limits(self.gpu), self.limits, self.name)
         if raise_to is not None:
             with self._lock:           # opt in once, for every later launch as large
                 if raise_to > self.limits.max_dynamic_shared:
                     backend.raise_dynamic_shared(self.function, raise_to)
                     self.limits = replace(self.limits, max_dynamic_shared=raise_to)
-        if len(args) != len(self.signature):
-            raise InvalidArgument(f"kernel {self.name!r} takes {len(self.signature)} argument(s), got {len(args)}")
-        values = [check_value(k, v, i, self.name) for i, (k, v) in enumerate(zip(self.signature, args))]
-        values = [v.address if v.__class__ is DevicePointer else v for v in values]
         backend.launch_kernel(self.function, config, stream, self.signature, values, self.gpu)
 
 

@@ -29,6 +29,7 @@ class ModuleLoadError(CudaBridgeError):
 
     def __init__(self, message: str, log: str = "") -> None:
         super().__init__(message + (f"\n{log}" if log else ""))
+        self.summary = message
         self.log = log
 
 
@@ -161,7 +162,7 @@ class ModuleCache:
         if entry.error is not None:
             exc = entry.error
             if isinstance(exc, ModuleLoadError):
-                raise ModuleLoadError(str(exc).split("\n", 1)[0], exc.log) from exc
+                raise ModuleLoadError(exc.summary, exc.log) from exc
             raise exc
         return entry.module
 

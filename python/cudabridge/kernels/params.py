@@ -76,14 +76,18 @@ def check_value(kind: str, value: Any, index: int, kernel: str) -> Any:
     return value
 
 
-def pack_params(kinds: Sequence[str], values: Sequence[Any], kernel: str) -> bytes:
-    """The arguments laid out as a CUDA kernel's parameter buffer: each at its natural alignment."""
+def check_args(kinds: Sequence[str], values: Sequence[Any], kernel: str) -> list[Any]:
+    """A launch's arguments, each as its kind needs it (check_value), after checking their count."""
     if len(values) != len(kinds):
         raise InvalidArgument(f"kernel {kernel!r} takes {len(kinds)} argument(s), got {len(values)}")
+    return [check_value(kind, value, i, kernel) for i, (kind, value) in enumerate(zip(kinds, values))]
+
+
+def pack_params(kinds: Sequence[str], values: Sequence[Any], kernel: str) -> bytes:
+    """The arguments laid out as a CUDA kernel's parameter buffer: each at its natural alignment."""
     out = bytearray()
-    for i, (kind, value) in enumerate(zip(kinds, values)):
+    for kind, value in zip(kinds, check_args(kinds, values, kernel)):
         fmt, size = PARAM_KINDS[kind]
         out += b"\0" * (-len(out) % size)
-        value = check_value(kind, value, i, kernel)
         out += struct.pack("<" + fmt, value.address if value.__class__ is DevicePointer else value)
     return bytes(out)
