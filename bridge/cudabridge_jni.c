@@ -37,6 +37,7 @@
 #include <unistd.h>
 
 #include "hot_gate.h"
+#include "native_api.h"   /* python/cudabridge/jvm: the hot path C twin's entry points */
 
 #ifndef CB_LIBPYTHON
 #error "CB_LIBPYTHON (the path of the libpython this library is linked to) must be defined by the build"
@@ -67,6 +68,10 @@ static atomic_long g_states_created, g_states_deleted;
 static PyObject *m_stream, *m_allocate, *m_free, *m_free_many, *m_copy_in, *m_copy_out,
     *m_copy_in_direct, *m_copy_out_direct, *m_copy_device, *m_memset, *m_sync, *m_alloc_pinned,
     *m_free_pinned, *m_ping, *m_thread_exit, *m_bind, *m_release, *m_release_many, *m_launch, *f_error_info;
+/* The C twin's entry points (JavaHotPath.native_api), or NULL: launches then call m_launch. The
+ * capsule is kept (never released) so the HotCore it holds outlives every call. */
+static const cb_native_api *g_api;
+static PyObject *g_api_capsule;
 
 /* Cached Java classes (global refs) and constructors. */
 static jclass c_cbe, c_oom, c_ise, c_iae, c_ioobe, c_npe, c_oome;
@@ -819,6 +824,25 @@ static char *run_bootstrap(JNIEnv *env, jobjectArray pythonpath, const char *lib
              cache_method(hot, "synchronize", &m_sync) || cache_method(hot, "alloc_pinned", &m_alloc_pinned) ||
              cache_method(hot, "free_pinned", &m_free_pinned) || cache_method(hot, "ping", &m_ping) ||
              cache_method(hot, "thread_exit", &m_thread_exit) || cache_method(hot, "launch", &m_launch);
+    if (rc == 0) {
+        PyObject *api = PyObject_GetAttrString(hot, "native_api");
+        if (api == NULL) {
+            rc = -1;
+        } else if (api == Py_None) {
+            Py_DECREF(api);
+        } else {
+            const cb_native_api *p = PyCapsule_GetPointer(api, CB_NATIVE_API_CAPSULE);
+            if (p == NULL || p->version != CB_NATIVE_API_VERSION) {
+                if (p != NULL) PyErr_Format(PyExc_RuntimeError, "native_api version %d, the bridge needs %d",
+                                            p->version, CB_NATIVE_API_VERSION);
+                Py_DECREF(api);
+                rc = -1;
+            } else {
+                Py_XSETREF(g_api_capsule, api);
+                g_api = p;
+            }
+        }
+    }
     Py_DECREF(hot); /* the bound methods keep it alive */
     if (rc != 0) return format_python_failure("cudabridge: the hot-path object lacks a method the bridge needs");
     return NULL;
@@ -1300,12 +1324,13 @@ JNIEXPORT void JNICALL Java_org_cudabridge_NativeBridge_memset(JNIEnv *env, jcla
     void_call(env, m_memset, in, 4, 1);
 }
 
-#define LAUNCH_MAX_ARGS 512   /* a kernel's parameters take at most 4 KiB: 512 of 8 bytes */
+#define LAUNCH_MAX_ARGS CB_LAUNCH_MAX_ARGS
 
 /* static native void launch(long task, long kernel, int[] dims, long shared, long[] values, byte[] kinds,
  * long[] offsets): one user kernel on the task's stream. The arrays are read before the GIL is
- * taken; the hot path's launch checks the arguments and queues the kernel under the task guard.
- * Gated: a launch is a short call. */
+ * taken; the hot path C twin's launch (native_api.h) checks the arguments, marshals them and
+ * queues the kernel with cuLaunchKernel under the task guard, with no Python object built here
+ * (without the C twin, JavaHotPath.launch does it in Python). Gated: a launch is a short call. */
 JNIEXPORT void JNICALL Java_org_cudabridge_NativeBridge_launch(JNIEnv *env, jclass cls, jlong task, jlong kernel,
                                                                jintArray dims, jlong shared, jlongArray values,
                                                                jbyteArray kinds, jlongArray offsets) {
@@ -1331,6 +1356,12 @@ JNIEXPORT void JNICALL Java_org_cudabridge_NativeBridge_launch(JNIEnv *env, jcla
     (*env)->GetByteArrayRegion(env, kinds, 0, n, kb);
     if ((*env)->ExceptionCheck(env)) return;
     HOT_ENTER(, 1)
+    if (g_api != NULL) {
+        if (g_api->launch(g_api->core, task, kernel, d, shared, (const long long *)buf, kb, (const long long *)buf + n, n) < 0) capture_python_error(&err);
+        HOT_LEAVE()
+        throw_captured(env, &err);
+        return;
+    }
     PyObject *args[7] = {PyLong_FromLongLong(task), PyLong_FromLongLong(kernel),
                          Py_BuildValue("(iiiiii)", d[0], d[1], d[2], d[3], d[4], d[5]),
                          PyLong_FromLongLong(shared), long_tuple(buf, n),

@@ -76,6 +76,19 @@ class CudaError(CudaBridgeError):
         return self.code in STICKY_CODES
 
 
+class KernelFault(CudaError):
+    """A sticky CUDA error found by a synchronize of a task's stream: a kernel faulted there (an
+    illegal address, a trap). ``candidates`` names the kernels launched on that stream since its
+    last completed synchronize, oldest first: the one that faulted is among them (launches older
+    than the log keeps are counted in ``dropped``)."""
+
+    def __init__(self, cause: CudaError, candidates: list[str], dropped: int, described: str) -> None:
+        super().__init__(cause.call, cause.code, cause.name)
+        self.args = (f"{cause}; {described}",)
+        self.candidates = candidates
+        self.dropped = dropped
+
+
 class HostWaitTimeout(CudaBridgeError):
     """A host wait for a stream passed its deadline (``host_wait_timeout``): the stream has not
     finished work queued before the wait; it may be hung. Nothing was changed by the wait."""

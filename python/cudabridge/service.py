@@ -17,6 +17,7 @@ from .config import ServiceConfig, parse_bytes
 from .device import DeviceBackend, open_backend
 from .errors import CudaError, DeviceUnusable, InvalidArgument, PoolClosed
 from .gpu_addresses import parse_address_map, resolve_gpu_addresses
+from .kernels import LaunchConfig
 from .kernels.host_kernels import HostKernels
 from .kernels.modules import EmulatedModule, ModuleCache, ModuleSource
 from .memory import Allocation, PoolStatistics, StreamOrderedMemoryPool
@@ -140,6 +141,7 @@ class CudaBridgeService:
         self._by_address = {res.address: res.ordinal for res in gpus.values()}
         self._closed = False
         self._unusable: CudaError | None = None   # the sticky error that made a GPU unusable
+        self._unusable_listeners: list[Any] = []
         self._lock = threading.Lock()
         log.info("cudabridge service up: backend %s, GPUs %s, %d+%d streams each",
                  backend.name, {a: o for a, o in mapping.items()}, config.streams_per_gpu, config.high_priority_streams)
@@ -174,6 +176,39 @@ class CudaBridgeService:
                 self._check_usable("allocate")
             raise
 
+    def launch(self, task_id: int, kernel: Any, config: LaunchConfig, args: list) -> None:
+        """Queue ``kernel`` (of a module from :meth:`load_module`) on the task's stream, under the
+        task guard (:meth:`TaskRegistry.launch`). After a sticky CUDA error it fails fast with
+        :class:`DeviceUnusable`."""
+        if self._unusable is not None:
+            self._check_usable("launch")
+        try:
+            self.registry.launch(task_id, kernel, config, args)
+        except CudaError as exc:
+            failure = self.cuda_failure(exc, "launch")
+            if failure is exc:
+                raise
+            raise failure from exc
+
+    def synchronize(self, task_id: int) -> None:
+        """Wait for the task's stream. A kernel that faulted there raises
+        :class:`~cudabridge.errors.KernelFault` naming the candidates, and the GPU is unusable
+        from then on (:meth:`device_error`)."""
+        try:
+            self.registry.synchronize(task_id)
+        except CudaError as exc:
+            if exc.sticky:
+                self._mark_unusable(exc)
+            raise
+
+    def cuda_failure(self, exc: CudaError, call: str) -> BaseException:
+        """What a call that got ``exc`` raises: ``exc``, or once it is sticky (and the GPU marked
+        unusable) :class:`DeviceUnusable` naming it."""
+        if not exc.sticky:
+            return exc
+        self._mark_unusable(exc)
+        return self._unusable_refusal(call)
+
     # device health ---------------------------------------------------------------------------
     def device_error(self) -> CudaError | None:
         """The sticky CUDA error that made one of the executor's GPUs unusable, or None.
@@ -207,15 +242,28 @@ class CudaBridgeService:
                     pass
         return self._unusable
 
+    def on_unusable(self, listener: Any) -> None:
+        """Call ``listener(refusal)`` once the GPU is found unusable: ``refusal(call)`` is the
+        :class:`DeviceUnusable` a call must then raise (the Java hot path, which bypasses
+        :meth:`allocate` and :meth:`launch`, fails fast through it)."""
+        self._unusable_listeners.append(listener)
+        if self._unusable is not None:
+            listener(self._unusable_refusal)
+
+    def _unusable_refusal(self, call: str) -> DeviceUnusable:
+        return DeviceUnusable(f"{call}: the GPU is unusable after a sticky CUDA error ({self._unusable}); "
+                              f"only a new executor process recovers")
+
     def _mark_unusable(self, exc: CudaError) -> None:
         if self._unusable is None:
             self._unusable = exc
             log.error("cudabridge: the CUDA context is unusable after %s; this executor must be replaced", exc)
+            for listener in self._unusable_listeners:
+                listener(self._unusable_refusal)
 
     def _check_usable(self, call: str) -> None:
         if self._unusable is not None:
-            raise DeviceUnusable(f"{call}: the GPU is unusable after a sticky CUDA error ({self._unusable}); "
-                                 f"only a new executor process recovers")
+            raise self._unusable_refusal(call)
 
     # user modules (kernels/) --------------------------------------------------------------------
     def load_module(self, source: ModuleSource, gpu: int = 0):

@@ -52,7 +52,8 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Iterator, Mapping
 
-from .errors import InvalidArgument, PoolClosed, UnknownTask, index_int
+from .errors import CudaError, InvalidArgument, KernelFault, PoolClosed, UnknownTask, index_int
+from .kernels.launch_log import LaunchLog
 
 if TYPE_CHECKING:
     from .kernels import LaunchConfig
@@ -217,6 +218,7 @@ class TaskRegistry:
         self._local = threading.local()
         self._closed = False
         self.tasks_bound_total = 0
+        self.launch_log = LaunchLog()   # per stream: the kernels since its last completed synchronize
 
     def gpu(self, ordinal: int) -> GpuResources:
         res = self._gpus.get(ordinal)
@@ -297,6 +299,24 @@ class TaskRegistry:
         finally:
             TaskLeases.leave(lease)
 
+    def synchronize(self, task_id: int) -> None:
+        """Wait for the work queued on the task's stream. A kernel that faulted there is reported
+        here, as :class:`~cudabridge.errors.KernelFault` naming the kernels launched on the stream
+        since its last completed synchronize (the launch log); a completed synchronize clears that
+        list."""
+        b = self.binding(task_id)
+        backend = self._gpus[b.gpu].memory.backend
+        if len(self._gpus) > 1:
+            backend.set_device(b.gpu)
+        try:
+            backend.stream_synchronize(b.stream)
+        except CudaError as exc:
+            if not exc.sticky:
+                raise
+            names, dropped = self.launch_log.candidates(b.stream)
+            raise KernelFault(exc, names, dropped, LaunchLog.describe(names, dropped)) from exc
+        self.launch_log.clear(b.stream)
+
     def launch(self, task_id: int, kernel: "Launchable", config: "LaunchConfig", args: list) -> None:
         """Queue ``kernel`` on the task's stream, inside the task's lease: no kernel of the task is
         queued once its release has begun (a block the release frees could otherwise go to another
@@ -309,6 +329,7 @@ class TaskRegistry:
             pool = self._gpus[b.gpu].memory
             values = [self._kernel_arg(pool, b, i, a, kernel) for i, a in enumerate(args)]
             kernel.launch(pool.backend, b.stream, config, values)
+            self.launch_log.record(b.stream, kernel.name)
         finally:
             TaskLeases.leave(lease)
 

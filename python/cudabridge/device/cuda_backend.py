@@ -88,6 +88,14 @@ class CudaBackend(DeviceBackend):
             pass
         return CudaError(call, code, name, detail)
 
+    def driver_error(self, call: str, code: int) -> CudaError:
+        """The error for a driver call's raw ``CUresult`` (one the native layer got)."""
+        try:
+            err = self.drv.CUresult(code)
+        except ValueError:   # a code this binding does not know
+            return CudaError(call, code, f"CUresult {code}")
+        return self._error(call, err)
+
     # devices -------------------------------------------------------------------------------
     def device_count(self) -> int:
         return self._check("cudaGetDeviceCount", self.rt.cudaGetDeviceCount())

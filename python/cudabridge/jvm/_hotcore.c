@@ -35,7 +35,11 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h>
 #include <stdint.h>
+
+#include "cuda_driver.h"
+#include "native_api.h"
 
 #define GPU_BITS 6
 #define MAX_GPUS (1 << GPU_BITS)
@@ -43,7 +47,8 @@
 #define SMALL_BATCH 16          /* free_many checks duplicates pairwise up to this many */
 
 static PyObject *s_stream, *s_gpu, *s_id, *s_ptr, *s_binding, *s_inside, *s_open, *s_task_id, *s_get,
-    *s_refusal, *s_insert, *s_pop, *s_refusal_many, *s_free, *s_allocate, *s_free_many;
+    *s_refusal, *s_insert, *s_pop, *s_refusal_many, *s_free, *s_allocate, *s_free_many, *s_launch, *s_record,
+    *s_recent, *s_owner, *s_size, *s_state, *s_limits, *s_max_dynamic_shared;
 
 typedef struct {
     PyObject_HEAD
@@ -56,11 +61,37 @@ typedef struct {
     PyObject *frees[MAX_GPUS];          /* per GPU ordinal: pool.free(allocation) */
     PyObject *set_device;               /* backend.set_device, or NULL with one GPU */
     PyObject *ref_stream, *ref_allocate, *ref_free, *ref_free_many;  /* the Python reference */
-    long long allocations, frees_count, batched_frees, batches;
+    PyObject *ref_launch;               /* the reference launch, or NULL: no native kernels then */
+    PyObject *launch_failed;            /* launch_failed(kernel id, CUresult) -> the exception to raise */
+    PyObject *log_recent, *log_record;  /* the LaunchLog's dict (stream -> names) and its record */
+    PyObject *refuse_unusable;          /* set_unusable: call name -> DeviceUnusable; NULL while usable */
+    struct native_kernel **kernels;     /* by kernel id (add_kernel); NULL: launched by the reference */
+    Py_ssize_t nkernels;
+    cb_CUcontext contexts[MAX_GPUS];    /* each GPU's primary context, retained at its first kernel */
+    long long allocations, frees_count, batched_frees, batches, launches, launches_referred;
+    cb_native_api api;                  /* handed out as the native_api capsule */
 } HotCore;
 
+/* A kernel the C launch takes: a CUDA function and everything its checks need, copied at
+ * add_kernel (a kernel's function, parameters and limits never change, but for the dynamic
+ * shared memory it is opted in to, re-read from the Python kernel after the reference opts in). */
+typedef struct native_kernel {
+    PyObject *kernel;          /* the Python kernel (its .limits.max_dynamic_shared) */
+    PyObject *name;            /* str, recorded in the launch log */
+    cb_CUfunction function;
+    int gpu;
+    int nparams;
+    int max_threads;           /* min(the kernel's, the device's) threads per block */
+    int max_block[3], max_grid[3];
+    long long static_shared, shared_optin, dynamic_shared;   /* dynamic_shared: allowed without opting in */
+    unsigned char kinds[CB_LAUNCH_MAX_ARGS];
+    unsigned short offsets[CB_LAUNCH_MAX_ARGS];   /* each parameter's place in the parameter buffer */
+    int param_bytes;
+} native_kernel;
+
 #define HC_FIELDS(X) X(lease_get); X(lease_refusal); X(h_insert); X(h_pop); X(h_get); X(h_refusal); \
-    X(h_refusal_many); X(set_device); X(ref_stream); X(ref_allocate); X(ref_free); X(ref_free_many)
+    X(h_refusal_many); X(set_device); X(ref_stream); X(ref_allocate); X(ref_free); X(ref_free_many); \
+    X(ref_launch); X(launch_failed); X(log_recent); X(log_record); X(refuse_unusable)
 
 static int hc_traverse(HotCore *self, visitproc visit, void *arg) {
 #define V(f) Py_VISIT(self->f)
@@ -70,6 +101,11 @@ static int hc_traverse(HotCore *self, visitproc visit, void *arg) {
         Py_VISIT(self->allocators[i]);
         Py_VISIT(self->frees[i]);
     }
+    for (Py_ssize_t i = 0; i < self->nkernels; i++)
+        if (self->kernels[i] != NULL) {
+            Py_VISIT(self->kernels[i]->kernel);
+            Py_VISIT(self->kernels[i]->name);
+        }
     return 0;
 }
 
@@ -81,12 +117,29 @@ static int hc_clear(HotCore *self) {
         Py_CLEAR(self->allocators[i]);
         Py_CLEAR(self->frees[i]);
     }
+    for (Py_ssize_t i = 0; i < self->nkernels; i++)
+        if (self->kernels[i] != NULL) {
+            Py_CLEAR(self->kernels[i]->kernel);
+            Py_CLEAR(self->kernels[i]->name);
+            PyMem_Free(self->kernels[i]);
+        }
+    PyMem_Free(self->kernels);
+    self->kernels = NULL;
+    self->nkernels = 0;
     return 0;
 }
+
+static cb_driver g_driver;   /* resolved at the first add_kernel (under the GIL) */
 
 static void hc_dealloc(HotCore *self) {
     PyObject_GC_UnTrack(self);
     hc_clear(self);
+    for (int i = 0; i < MAX_GPUS; i++) {
+        if (self->contexts[i] != NULL) {
+            cb_CUdevice dev;
+            if (g_driver.cuDeviceGet(&dev, i) == CB_CUDA_SUCCESS) g_driver.cuDevicePrimaryCtxRelease(dev);
+        }
+    }
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -136,10 +189,12 @@ static int take_callable(PyObject *obj, PyObject *name, const char *what, PyObje
 }
 
 static int hc_init(HotCore *self, PyObject *args, PyObject *kwds) {
-    static char *kw[] = {"leases", "handles", "allocators", "frees", "set_device", "reference", NULL};
-    PyObject *leases, *handles, *allocators, *frees, *set_device, *reference;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOO!:HotCore", kw, &leases, &handles, &allocators, &frees,
-                                     &set_device, &PyDict_Type, &reference))
+    static char *kw[] = {"leases", "handles", "allocators", "frees", "set_device", "reference", "launch_log",
+                         "launch_failed", NULL};
+    PyObject *leases, *handles, *allocators, *frees, *set_device, *reference, *launch_log = Py_None,
+             *launch_failed = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOO!|OO:HotCore", kw, &leases, &handles, &allocators, &frees,
+                                     &set_device, &PyDict_Type, &reference, &launch_log, &launch_failed))
         return -1;
     if (set_device != Py_None && !PyCallable_Check(set_device)) {
         PyErr_SetString(PyExc_TypeError, "HotCore: set_device must be callable or None");
@@ -167,6 +222,32 @@ static int hc_init(HotCore *self, PyObject *args, PyObject *kwds) {
         }
     }
     if (set_device != Py_None) { Py_INCREF(set_device); self->set_device = set_device; }
+    /* the launch: all three parts, or none (kernels are then launched by the reference alone) */
+    if ((launch_log == Py_None) != (launch_failed == Py_None) ||
+        (launch_log != Py_None && PyDict_GetItemWithError(reference, s_launch) == NULL)) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_TypeError, "HotCore: launch_log, launch_failed and reference['launch'] come together");
+        return -1;
+    }
+    if (launch_log != Py_None) {
+        if (take_callable(reference, s_launch, "reference", &self->ref_launch) < 0 ||
+            take_callable(launch_log, s_record, "launch_log", &self->log_record) < 0)
+            return -1;
+        PyObject *recent = PyObject_GetAttr(launch_log, s_recent);
+        if (recent == NULL) return -1;
+        if (!PyDict_CheckExact(recent)) {
+            PyErr_Format(PyExc_TypeError, "HotCore: launch_log.recent must be a dict, got %R", recent);
+            Py_DECREF(recent);
+            return -1;
+        }
+        self->log_recent = recent;
+        if (!PyCallable_Check(launch_failed)) {
+            PyErr_SetString(PyExc_TypeError, "HotCore: launch_failed must be callable");
+            return -1;
+        }
+        Py_INCREF(launch_failed);
+        self->launch_failed = launch_failed;
+    }
     return 0;
 }
 
@@ -256,11 +337,21 @@ static void leave_lease(PyObject *inside, unsigned long ident) {
     PyErr_Restore(et, ev, etb);
 }
 
+/* raise refuse_unusable(call): the GPU is unusable after a sticky error. NULL always. */
+static PyObject *refuse_unusable(HotCore *self, const char *call) {
+    PyObject *c = PyUnicode_FromString(call);
+    if (c == NULL) return NULL;
+    PyObject *exc = PyObject_CallOneArg(self->refuse_unusable, c);
+    Py_DECREF(c);
+    return raise_exc(exc);
+}
+
 /* allocate(task, size) -> (handle, device pointer) */
 static PyObject *hc_allocate(HotCore *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
     if (kwnames != NULL || nargs != 2 || !PyLong_CheckExact(args[0]))
         return PyObject_Vectorcall(self->ref_allocate, args, nargs, kwnames);
+    if (self->refuse_unusable != NULL) return refuse_unusable(self, "allocate");
     PyObject *task = args[0], *size = args[1];
     /* enter: look up, append this thread's ident to inside, then read open */
     PyObject *lease = lookup_lease(self, task);
@@ -457,9 +548,422 @@ out:
     return result;
 }
 
+
+/* kernels -------------------------------------------------------------------------------------
+ * The launch's C path, for kernels added with add_kernel (CUDA functions): the same checks as the
+ * reference (JavaHotPath.launch, then TaskRegistry.launch and CudaKernel.launch), in the same
+ * order of effect: every argument and limit is checked before anything is queued, the kernel is
+ * queued inside the task's lease (the lease protocol, as allocate), and recorded in the launch
+ * log. A launch this path does not take as it stands (a kernel not added, a limit or an argument
+ * it would refuse, a larger dynamic shared memory to opt in to, a buffer not the task's own) goes
+ * to the reference whole, outside any lease: the reference refuses it with its own words, or
+ * launches it (an opt-in), so both paths give the same outcome for the same input. */
+
+#define LOG_KEEP 64   /* LaunchLog.KEEP: past twice this a stream's list is handed to record() */
+
+/* bytes of each kind code (KIND_CODES: ptr i8 i16 i32 i64 f32 f64 bool) */
+static const int kind_size[8] = {8, 1, 2, 4, 8, 4, 8, 1};
+
+/* add_kernel(kernel_id, kernel, name, function, gpu, kinds, device_limits, kernel_max_threads,
+ *            static_shared, dynamic_shared)
+ * device_limits: (max threads per block, max block x, y, z, max grid x, y, z, shared per block
+ * opt-in). Resolves the driver's entry points and retains the GPU's primary context the first
+ * time; RuntimeError saying why when it cannot (no libcuda). */
+static PyObject *hc_add_kernel(HotCore *self, PyObject *args) {
+    long long kid, st, dyn, optin;
+    PyObject *kernel, *name, *kinds;
+    unsigned long long function;
+    int gpu, dmt, kmt, mb[3], mg[3];
+    if (!PyArg_ParseTuple(args, "LOUKiO!(iiiiiiiL)iLL:add_kernel", &kid, &kernel, &name, &function, &gpu,
+                          &PyBytes_Type, &kinds, &dmt, &mb[0], &mb[1], &mb[2], &mg[0], &mg[1], &mg[2], &optin,
+                          &kmt, &st, &dyn))
+        return NULL;
+    if (self->ref_launch == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "add_kernel: this HotCore was built without the launch's parts");
+        return NULL;
+    }
+    Py_ssize_t n = PyBytes_GET_SIZE(kinds);
+    const unsigned char *kb = (const unsigned char *)PyBytes_AS_STRING(kinds);
+    if (kid < 1 || kid > (1 << 24) || gpu < 0 || gpu >= MAX_GPUS || n > CB_LAUNCH_MAX_ARGS || function == 0) {
+        PyErr_Format(PyExc_ValueError, "add_kernel: kernel id %lld, GPU %d, %zd parameters, function %llu", kid, gpu,
+                     n, function);
+        return NULL;
+    }
+    native_kernel *k = PyMem_Calloc(1, sizeof *k);
+    if (k == NULL) return PyErr_NoMemory();
+    int at = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (kb[i] >= 8) {
+            PyMem_Free(k);
+            PyErr_Format(PyExc_ValueError, "add_kernel: unknown kind code %d", kb[i]);
+            return NULL;
+        }
+        int size = kind_size[kb[i]];
+        at = (at + size - 1) / size * size;   /* natural alignment, as the C compiler lays them out */
+        k->kinds[i] = kb[i];
+        k->offsets[i] = (unsigned short)at;
+        at += size;
+    }
+    if (cb_driver_load(&g_driver) < 0) {
+        PyMem_Free(k);
+        PyErr_Format(PyExc_RuntimeError, "the CUDA driver's entry points: %s", g_driver.failure);
+        return NULL;
+    }
+    if (self->contexts[gpu] == NULL) {
+        cb_CUdevice dev;
+        cb_CUcontext ctx = NULL;
+        cb_CUresult rc = g_driver.cuDeviceGet(&dev, gpu);
+        if (rc == CB_CUDA_SUCCESS) rc = g_driver.cuDevicePrimaryCtxRetain(&ctx, dev);
+        if (rc != CB_CUDA_SUCCESS) {
+            PyMem_Free(k);
+            char buf[32];
+            PyErr_Format(PyExc_RuntimeError, "retaining GPU %d's primary context failed: %s", gpu,
+                         cb_driver_error_name(&g_driver, rc, buf, sizeof buf));
+            return NULL;
+        }
+        self->contexts[gpu] = ctx;
+    }
+    if (kid >= self->nkernels) {
+        Py_ssize_t cap = self->nkernels ? self->nkernels : 16;
+        while (cap <= kid) cap *= 2;
+        native_kernel **grown = PyMem_Realloc(self->kernels, cap * sizeof *grown);
+        if (grown == NULL) {
+            PyMem_Free(k);
+            return PyErr_NoMemory();
+        }
+        memset(grown + self->nkernels, 0, (cap - self->nkernels) * sizeof *grown);
+        self->kernels = grown;
+        self->nkernels = cap;
+    }
+    Py_INCREF(kernel);
+    Py_INCREF(name);
+    k->kernel = kernel;
+    k->name = name;
+    k->function = (cb_CUfunction)(uintptr_t)function;
+    k->gpu = gpu;
+    k->nparams = (int)n;
+    k->param_bytes = at;
+    k->max_threads = dmt < kmt ? dmt : kmt;
+    for (int i = 0; i < 3; i++) {
+        k->max_block[i] = mb[i];
+        k->max_grid[i] = mg[i];
+    }
+    k->static_shared = st;
+    k->shared_optin = optin;
+    k->dynamic_shared = dyn;
+    native_kernel *old = self->kernels[kid];
+    self->kernels[kid] = k;
+    if (old != NULL) {
+        Py_DECREF(old->kernel);
+        Py_DECREF(old->name);
+        PyMem_Free(old);
+    }
+    Py_RETURN_NONE;
+}
+
+/* The launch by the reference, its arguments boxed; after it succeeds, the kernel's dynamic shared
+ * memory is re-read (the reference may have opted it in to more). */
+static int refer_launch(HotCore *self, native_kernel *k, long long task, long long kid, const int *dims,
+                        long long shared, const long long *values, const signed char *kinds,
+                        const long long *offsets, int n) {
+    PyObject *vals = PyTuple_New(n), *offs = PyTuple_New(n);
+    PyObject *a[7] = {PyLong_FromLongLong(task), PyLong_FromLongLong(kid),
+                      Py_BuildValue("(iiiiii)", dims[0], dims[1], dims[2], dims[3], dims[4], dims[5]),
+                      PyLong_FromLongLong(shared), vals, PyBytes_FromStringAndSize((const char *)kinds, n), offs};
+    int ok = vals != NULL && offs != NULL;
+    for (int i = 0; ok && i < n; i++) {
+        PyObject *v = PyLong_FromLongLong(values[i]), *o = PyLong_FromLongLong(offsets[i]);
+        if (v == NULL || o == NULL) {
+            Py_XDECREF(v);
+            Py_XDECREF(o);
+            ok = 0;
+            break;
+        }
+        PyTuple_SET_ITEM(vals, i, v);
+        PyTuple_SET_ITEM(offs, i, o);
+    }
+    for (int i = 0; i < 7; i++) ok &= a[i] != NULL;
+    PyObject *r = ok ? PyObject_Vectorcall(self->ref_launch, a, 7, NULL) : NULL;
+    for (int i = 0; i < 7; i++) Py_XDECREF(a[i]);
+    if (r == NULL) return -1;
+    Py_DECREF(r);
+    self->launches_referred++;
+    if (k != NULL && self->kernels[kid] == k) {
+        PyObject *limits = PyObject_GetAttr(k->kernel, s_limits);
+        PyObject *dyn = limits ? PyObject_GetAttr(limits, s_max_dynamic_shared) : NULL;
+        long long d = dyn ? PyLong_AsLongLong(dyn) : -1;
+        if (d >= 0) k->dynamic_shared = d;
+        PyErr_Clear();   /* the launch is done; a limit not re-read only sends later launches here */
+        Py_XDECREF(dyn);
+        Py_XDECREF(limits);
+    }
+    return 0;
+}
+
+/* Whether the C path takes this launch before the task is looked up: the count, kinds, scalar
+ * ranges, dimensions and shared memory the reference would accept without opting in. */
+static int launch_fits(const native_kernel *k, const int *dims, long long shared, const long long *values,
+                       const signed char *kinds, const long long *offsets, int n) {
+    if (n != k->nparams || shared < 0 || shared > k->dynamic_shared || k->static_shared + shared > k->shared_optin)
+        return 0;
+    long long threads = 1;
+    for (int i = 0; i < 3; i++) {
+        if (dims[i] < 1 || dims[i] > k->max_grid[i] || dims[3 + i] < 1 || dims[3 + i] > k->max_block[i]) return 0;
+        threads *= dims[3 + i];
+    }
+    if (threads > k->max_threads) return 0;
+    for (int i = 0; i < n; i++) {
+        long long v = values[i];
+        if ((unsigned char)kinds[i] != k->kinds[i]) return 0;
+        switch (k->kinds[i]) {
+            case 0: if (offsets[i] < 0) return 0; break;
+            case 1: if (v < INT8_MIN || v > INT8_MAX) return 0; break;
+            case 2: if (v < INT16_MIN || v > INT16_MAX) return 0; break;
+            case 3: if (v < INT32_MIN || v > INT32_MAX) return 0; break;
+            case 5: if (v < 0 || v > UINT32_MAX) return 0; break;   /* a float's raw bits */
+            case 7: if (v != 0 && v != 1) return 0; break;
+            default: break;
+        }
+    }
+    return 1;
+}
+
+/* long long value of an exact-int attribute, or -1 with *ok cleared (not an int, or an error). */
+static long long int_attr(PyObject *obj, PyObject *name, int *ok) {
+    PyObject *v = PyObject_GetAttr(obj, name);
+    long long out = -1;
+    if (v != NULL && PyLong_CheckExact(v)) out = PyLong_AsLongLong(v);
+    if (v == NULL || !PyLong_CheckExact(v) || (out == -1 && PyErr_Occurred())) *ok = 0;
+    Py_XDECREF(v);
+    return out;
+}
+
+/* JavaHotPath.launch with its arguments unboxed (cb_native_api.launch). */
+static int launch_raw(void *core, long long task, long long kid, const int dims[6], long long shared,
+                      const long long *values, const signed char *kinds, const long long *offsets, int n) {
+    HotCore *self = (HotCore *)core;
+    if (self->refuse_unusable != NULL) {
+        refuse_unusable(self, "launch");
+        return -1;
+    }
+    native_kernel *k = kid > 0 && kid < self->nkernels ? self->kernels[kid] : NULL;
+    if (k == NULL || n < 0 || !launch_fits(k, dims, shared, values, kinds, offsets, n))
+        return refer_launch(self, k, task, kid, dims, shared, values, kinds, offsets, n);
+    PyObject *task_obj = PyLong_FromLongLong(task);
+    if (task_obj == NULL) return -1;
+    PyObject *lease = lookup_lease(self, task_obj);
+    if (lease == NULL) {
+        Py_DECREF(task_obj);
+        return -1;
+    }
+    int result = -1, refer = 0;
+    cb_CUresult rc = CB_CUDA_SUCCESS;
+    PyObject *b = NULL, *stream_obj = NULL;
+    PyObject *inside = PyObject_GetAttr(lease, s_inside);
+    if (inside == NULL || !PyList_CheckExact(inside)) {
+        if (inside != NULL)
+            PyErr_Format(PyExc_TypeError, "the lease protocol: lease.inside must be a list, got %R", inside);
+        Py_XDECREF(inside);
+        Py_DECREF(lease);
+        Py_DECREF(task_obj);
+        return -1;
+    }
+    unsigned long ident = PyThread_get_thread_ident();
+    PyObject *me = PyLong_FromUnsignedLong(ident);
+    if (me == NULL || PyList_Append(inside, me) < 0) {
+        Py_XDECREF(me);
+        goto out;
+    }
+    Py_DECREF(me);
+    PyObject *open = PyObject_GetAttr(lease, s_open);
+    int is_open = open ? PyObject_IsTrue(open) : -1;
+    Py_XDECREF(open);
+    if (is_open < 0) goto left;
+    if (!is_open) {   /* the release has begun */
+        leave_lease(inside, ident);
+        refuse_task(self, task_obj, lease);
+        goto out;
+    }
+    b = PyObject_GetAttr(lease, s_binding);
+    if (b == NULL) goto left;
+    int ok = 1;
+    long long gpu = int_attr(b, s_gpu, &ok);
+    if (!ok) goto left;
+    if (gpu != k->gpu) {
+        refer = 1;
+        goto left;
+    }
+    stream_obj = PyObject_GetAttr(b, s_stream);
+    if (stream_obj == NULL) goto left;
+    unsigned long long stream = PyLong_AsUnsignedLongLong(stream_obj);
+    if (stream == (unsigned long long)-1 && PyErr_Occurred()) goto left;
+    /* the parameter buffer: each argument at its place, pointers resolved through the handle table */
+    _Alignas(16) unsigned char params[CB_LAUNCH_MAX_ARGS * 8];
+    void *ptrs[CB_LAUNCH_MAX_ARGS];
+    for (int i = 0; i < n; i++) {
+        unsigned char *at = params + k->offsets[i];
+        ptrs[i] = at;
+        long long v = values[i];
+        if (k->kinds[i] != 0) {
+            switch (kind_size[k->kinds[i]]) {
+                case 1: { uint8_t x = (uint8_t)v; memcpy(at, &x, 1); break; }
+                case 2: { uint16_t x = (uint16_t)v; memcpy(at, &x, 2); break; }
+                case 4: { uint32_t x = (uint32_t)v; memcpy(at, &x, 4); break; }
+                default: memcpy(at, &v, 8); break;
+            }
+            continue;
+        }
+        /* a buffer: live in the handle table, on this GPU (the handle's low bits), the task's own,
+         * the offset inside it; anything else goes to the reference, which says what is wrong */
+        if ((v & GPU_MASK) != gpu) {
+            refer = 1;
+            goto left;
+        }
+        PyObject *h = PyLong_FromLongLong(v);
+        PyObject *a = h ? PyObject_CallOneArg(self->h_get, h) : NULL;
+        Py_XDECREF(h);
+        if (a == NULL) goto left;
+        long long state = a != Py_None ? int_attr(a, s_state, &ok) : -1;
+        long long owner = ok && state == 0 ? int_attr(a, s_owner, &ok) : -1;
+        long long size = ok && owner == task ? int_attr(a, s_size, &ok) : -1;
+        long long ptr = ok && offsets[i] <= size ? int_attr(a, s_ptr, &ok) : -1;
+        Py_DECREF(a);
+        PyErr_Clear();   /* an attribute that did not read as an int: the reference decides */
+        if (!ok || state != 0 || owner != task || offsets[i] > size) {
+            refer = 1;
+            goto left;
+        }
+        unsigned long long address = (unsigned long long)ptr + (unsigned long long)offsets[i];
+        memcpy(at, &address, 8);
+    }
+    /* the kernel's GPU's primary context, current for the call (a Java thread may never have
+     * touched CUDA; another may have left another GPU's current), the previous one restored */
+    cb_CUcontext prev = NULL, ctx = self->contexts[k->gpu];
+    rc = g_driver.cuCtxGetCurrent(&prev);
+    int switched = rc == CB_CUDA_SUCCESS && prev != ctx;
+    if (switched) rc = g_driver.cuCtxSetCurrent(ctx);
+    if (rc == CB_CUDA_SUCCESS)
+        rc = g_driver.cuLaunchKernel(k->function, (unsigned)dims[0], (unsigned)dims[1], (unsigned)dims[2],
+                                     (unsigned)dims[3], (unsigned)dims[4], (unsigned)dims[5], (unsigned)shared,
+                                     (cb_CUstream)(uintptr_t)stream, n ? ptrs : NULL, NULL);
+    if (switched) g_driver.cuCtxSetCurrent(prev);
+    if (rc == CB_CUDA_SUCCESS) {
+        /* the launch log: appended in place while the list is short, else by its record() */
+        PyObject *names = PyDict_GetItemWithError(self->log_recent, stream_obj);
+        int logged;
+        if (names != NULL && PyList_CheckExact(names) && PyList_GET_SIZE(names) < 2 * LOG_KEEP) {
+            logged = PyList_Append(names, k->name);
+        } else {
+            PyObject *la[2] = {stream_obj, k->name};
+            PyObject *r = PyErr_Occurred() ? NULL : PyObject_Vectorcall(self->log_record, la, 2, NULL);
+            logged = r == NULL ? -1 : 0;
+            Py_XDECREF(r);
+        }
+        if (logged < 0) PyErr_WriteUnraisable(self->log_record);   /* the kernel is queued all the same */
+        result = 0;
+    }
+left:
+    leave_lease(inside, ident);
+out:
+    Py_XDECREF(stream_obj);
+    Py_XDECREF(b);
+    Py_DECREF(inside);
+    Py_DECREF(lease);
+    Py_DECREF(task_obj);
+    if (refer) {
+        PyErr_Clear();
+        return refer_launch(self, k, task, kid, dims, shared, values, kinds, offsets, n);
+    }
+    if (rc != CB_CUDA_SUCCESS) {   /* the driver refused the launch: the service words the error */
+        PyObject *ka[2] = {PyLong_FromLongLong(kid), PyLong_FromLong(rc)};
+        if (ka[0] != NULL && ka[1] != NULL) raise_exc(PyObject_Vectorcall(self->launch_failed, ka, 2, NULL));
+        Py_XDECREF(ka[0]);
+        Py_XDECREF(ka[1]);
+        return -1;
+    }
+    if (result == 0) self->launches++;
+    return result;
+}
+
+/* launch(task, kernel_id, dims, shared, values, kinds, offsets): JavaHotPath.launch. Forms other
+ * than exact ints, a 6-tuple, tuples of exact ints and bytes go to the reference as given. */
+static PyObject *hc_launch(HotCore *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (self->ref_launch == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "launch: this HotCore was built without the launch's parts");
+        return NULL;
+    }
+    if (kwnames != NULL || nargs != 7) return PyObject_Vectorcall(self->ref_launch, args, nargs, kwnames);
+    PyObject *dims = args[2], *values = args[4], *kinds = args[5], *offsets = args[6];
+    int simple = PyLong_CheckExact(args[0]) && PyLong_CheckExact(args[1]) && PyLong_CheckExact(args[3]) &&
+                 PyTuple_CheckExact(dims) && PyTuple_GET_SIZE(dims) == 6 && PyTuple_CheckExact(values) &&
+                 PyTuple_CheckExact(offsets) && PyBytes_CheckExact(kinds) &&
+                 PyTuple_GET_SIZE(values) == PyBytes_GET_SIZE(kinds) &&
+                 PyTuple_GET_SIZE(values) == PyTuple_GET_SIZE(offsets) &&
+                 PyTuple_GET_SIZE(values) <= CB_LAUNCH_MAX_ARGS;
+    int d[6];
+    long long vals[CB_LAUNCH_MAX_ARGS], offs[CB_LAUNCH_MAX_ARGS];
+    int n = simple ? (int)PyTuple_GET_SIZE(values) : 0;
+    for (int i = 0; simple && i < 6; i++) {
+        PyObject *x = PyTuple_GET_ITEM(dims, i);
+        long v = PyLong_CheckExact(x) ? PyLong_AsLong(x) : -1;
+        simple = v >= 1 && v <= INT32_MAX;
+        d[i] = (int)v;
+    }
+    for (int i = 0; simple && i < n; i++) {
+        PyObject *v = PyTuple_GET_ITEM(values, i), *o = PyTuple_GET_ITEM(offsets, i);
+        int of1 = 0, of2 = 0;
+        vals[i] = PyLong_CheckExact(v) ? PyLong_AsLongLongAndOverflow(v, &of1) : (of1 = 1, 0);
+        offs[i] = PyLong_CheckExact(o) ? PyLong_AsLongLongAndOverflow(o, &of2) : (of2 = 1, 0);
+        simple = !of1 && !of2;
+    }
+    int of = 0;
+    long long task = simple ? PyLong_AsLongLongAndOverflow(args[0], &of) : 0;
+    long long kid = simple && !of ? PyLong_AsLongLongAndOverflow(args[1], &of) : 0;
+    long long shared = simple && !of ? PyLong_AsLongLongAndOverflow(args[3], &of) : 0;
+    if (PyErr_Occurred()) PyErr_Clear();
+    if (!simple || of) return PyObject_Vectorcall(self->ref_launch, args, nargs, kwnames);
+    if (launch_raw(self, task, kid, d, shared, vals, (const signed char *)PyBytes_AS_STRING(kinds), offs, n) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static void api_capsule_free(PyObject *capsule) {
+    Py_XDECREF((PyObject *)PyCapsule_GetContext(capsule));
+}
+
+/* native_api() -> the capsule cb_native_api (native_api.h) for the bridge's JNI library. */
+static PyObject *hc_native_api(HotCore *self, PyObject *unused) {
+    if (self->ref_launch == NULL) Py_RETURN_NONE;
+    self->api.version = CB_NATIVE_API_VERSION;
+    self->api.core = self;
+    self->api.launch = launch_raw;
+    PyObject *c = PyCapsule_New(&self->api, CB_NATIVE_API_CAPSULE, api_capsule_free);
+    if (c == NULL) return NULL;
+    Py_INCREF(self);
+    if (PyCapsule_SetContext(c, self) < 0) {
+        Py_DECREF(self);
+        Py_DECREF(c);
+        return NULL;
+    }
+    return c;
+}
+
+/* set_unusable(refusal): from now on allocate and launch raise refusal(call) (a sticky error). */
+static PyObject *hc_set_unusable(HotCore *self, PyObject *refusal) {
+    if (!PyCallable_Check(refusal)) {
+        PyErr_SetString(PyExc_TypeError, "set_unusable: refusal must be callable");
+        return NULL;
+    }
+    Py_INCREF(refusal);
+    Py_XSETREF(self->refuse_unusable, refusal);
+    Py_RETURN_NONE;
+}
+
 static PyObject *hc_counts(HotCore *self, PyObject *unused) {
-    return Py_BuildValue("{sLsLsLsL}", "allocations", self->allocations, "frees", self->frees_count,
-                         "batched_frees", self->batched_frees, "batches", self->batches);
+    return Py_BuildValue("{sLsLsLsLsLsL}", "allocations", self->allocations, "frees", self->frees_count,
+                         "batched_frees", self->batched_frees, "batches", self->batches, "launches", self->launches,
+                         "launches_referred", self->launches_referred);
 }
 
 #define FASTCALL_KW(f) (PyCFunction)(void (*)(void))(f), METH_FASTCALL | METH_KEYWORDS
@@ -468,6 +972,13 @@ static PyMethodDef hc_methods[] = {
     {"free", FASTCALL_KW(hc_free), "free(hid), as JavaHotPath.free."},
     {"free_many", FASTCALL_KW(hc_free_many), "free_many(hids) -> count, as JavaHotPath.free_many."},
     {"stream", FASTCALL_KW(hc_stream), "stream(task) -> (stream, GPU ordinal), as JavaHotPath.stream."},
+    {"launch", FASTCALL_KW(hc_launch), "launch(task, kernel_id, dims, shared, values, kinds, offsets), as "
+     "JavaHotPath.launch."},
+    {"add_kernel", (PyCFunction)hc_add_kernel, METH_VARARGS, "add_kernel(kernel_id, kernel, name, function, gpu, "
+     "kinds, device_limits, kernel_max_threads, static_shared, dynamic_shared): launch it here."},
+    {"native_api", (PyCFunction)hc_native_api, METH_NOARGS, "the cb_native_api capsule (native_api.h), or None."},
+    {"set_unusable", (PyCFunction)hc_set_unusable, METH_O, "set_unusable(refusal): allocate and launch raise "
+     "refusal(call) from now on."},
     {"counts", (PyCFunction)hc_counts, METH_NOARGS, "the calls counted here, by kind."},
     {NULL, NULL, 0, NULL},
 };
@@ -497,7 +1008,9 @@ PyMODINIT_FUNC PyInit__hotcore(void) {
     INTERN(s_binding, "binding"); INTERN(s_inside, "inside"); INTERN(s_open, "open"); INTERN(s_task_id, "task_id");
     INTERN(s_get, "get"); INTERN(s_refusal, "refusal"); INTERN(s_insert, "insert"); INTERN(s_pop, "pop");
     INTERN(s_refusal_many, "refusal_many"); INTERN(s_free, "free"); INTERN(s_allocate, "allocate");
-    INTERN(s_free_many, "free_many");
+    INTERN(s_free_many, "free_many"); INTERN(s_launch, "launch"); INTERN(s_record, "record");
+    INTERN(s_recent, "recent"); INTERN(s_owner, "owner"); INTERN(s_size, "size"); INTERN(s_state, "_state");
+    INTERN(s_limits, "limits"); INTERN(s_max_dynamic_shared, "max_dynamic_shared");
 #undef INTERN
     if (PyType_Ready(&HotCoreType) < 0) return NULL;
     PyObject *m = PyModule_Create(&hotcore_module);

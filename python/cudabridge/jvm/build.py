@@ -43,6 +43,7 @@ JAR_NAME = "cudabridge.jar"
 PROPERTIES_NAME = "cudabridge-native.properties"
 SOURCE_NAME = "cudabridge_jni.c"
 HEADER_NAMES = ("hot_gate.h",)      # included by the source; shipped beside it
+API_HEADER = PACKAGE_DIR / "jvm" / "native_api.h"   # the hot path C twin's entry points, also included
 SETTINGS_TABLE = PACKAGE_DIR / "settings.json"                # every setting, defined once
 SETTINGS_RESOURCE = "org/cudabridge/settings.json"           # its copy in the jar (org.cudabridge.Settings)
 STATISTICS_RESOURCE = "org/cudabridge/statistics.txt"        # BridgeControl.statistics_names(), one a line
@@ -265,7 +266,7 @@ def build_native(force: bool = False) -> Path:
     headers = [src.with_name(h) for h in HEADER_NAMES]
     hotcore = build_hot_core(force)
     log.debug("Java hot path's C twin: %s", hotcore)
-    if not force and not _stale(out, [src, *headers]) and _recorded_build_current(out):
+    if not force and not _stale(out, [src, *headers, API_HEADER]) and _recorded_build_current(out):
         return out
     home = java_home()
     jni_inc = home / "include"
@@ -280,7 +281,7 @@ def build_native(force: bool = False) -> Path:
     cmd = [cc, "-shared", "-fPIC", "-O2", "-g", "-Wall", "-Wextra", "-Wno-unused-parameter",
            "-Wno-deprecated-declarations",   # PyErr_Fetch: deprecated in 3.12, still the 3.11-compatible API
            "-fvisibility=hidden",             # only JNIEXPORT symbols leave the library
-           f"-I{include}", f"-I{jni_inc}", f"-I{md}",
+           f"-I{include}", f"-I{jni_inc}", f"-I{md}", f"-I{API_HEADER.parent}",
            f'-DCB_LIBPYTHON="{lib}"',
            f'-DCB_PYTHON_BASE="{base}"',     # the plain interpreter accepted as cudabridge.python
            str(src), "-o", str(tmp),

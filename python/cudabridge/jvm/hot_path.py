@@ -58,7 +58,7 @@ log = logging.getLogger(__name__)
 __all__ = ["JavaHotPath", "GPU_BITS", "GPU_MASK", "MAX_GPUS"]
 
 # The reference methods the C twin replaces (and calls for the argument forms it does not take).
-TWINNED = ("stream", "allocate", "free", "free_many")
+TWINNED = ("stream", "allocate", "free", "free_many", "launch")
 
 
 # The kind codes Java sends (org.cudabridge.CudaKernel's KINDS, same order).
@@ -70,7 +70,7 @@ class JavaHotPath:
 
     # Calls counted per kind (statistics ``bridge_<kind>``); the C twin counts the first four.
     COUNTERS = ("allocations", "frees", "batched_frees", "batches", "copies_in", "copies_out", "copies_direct",
-                "memsets", "synchronizes")
+                "memsets", "synchronizes", "launches", "launches_referred")
 
     def __init__(self, service: "CudaBridgeService", fast_path: str = "auto") -> None:
         fast_path = FastPath.parse(fast_path, "fast_path")
@@ -103,7 +103,9 @@ class JavaHotPath:
         self._ids = itertools.count(1)
         self._kernels: dict[int, Any] = {}          # kernel id -> kernel (register_kernel)
         self._kernel_ids = itertools.count(1)
+        self._refuse_unusable: Any = None   # after a sticky error: call -> DeviceUnusable
         self._core = self._native_core(fast_path)
+        service.on_unusable(self._device_unusable)
         # Drop a task's handles at its release, once its operations have drained.
         service.registry.on_release(self._forget)
 
@@ -121,10 +123,19 @@ class JavaHotPath:
         core = module.HotCore(
             leases=self._leases, handles=self._live, allocators=self._allocators, frees=self._frees,
             set_device=self._set_device if self._multi_gpu else None,
-            reference={name: getattr(JavaHotPath, name).__get__(self) for name in TWINNED})
+            reference={name: getattr(JavaHotPath, name).__get__(self) for name in TWINNED},
+            launch_log=self._registry.launch_log, launch_failed=self._launch_failed)
         for name in TWINNED:
             setattr(self, name, getattr(core, name))
         return core
+
+    def _device_unusable(self, refusal: Any) -> None:
+        """The GPU is unusable (a sticky error): allocations and launches fail fast from now on,
+        as the service's own do (frees, copies and releases go on: they only return memory or
+        report the error themselves)."""
+        self._refuse_unusable = refusal
+        if self._core is not None:
+            self._core.set_unusable(refusal)
 
     @property
     def fast_path(self) -> str:
@@ -147,11 +158,10 @@ class JavaHotPath:
         return b.stream, b.gpu
 
     def synchronize(self, task: int) -> None:
-        b = self._binding(task)
-        if self._multi_gpu:
-            self._set_device(b.gpu)
+        """Waits for the task's stream; a kernel fault there raises KernelFault naming the
+        kernels launched on it since its last completed synchronize (service.synchronize)."""
         self._counts["synchronizes"] += 1
-        self._backend.stream_synchronize(b.stream)
+        self._service.synchronize(task)
 
     # memory ----------------------------------------------------------------------------------
     def allocate(self, task: int, size: int) -> tuple[int, int]:
@@ -159,6 +169,8 @@ class JavaHotPath:
         task's lease (the lease protocol, task_registry.py): a release that has begun refuses it
         with UnknownTask, and a release waits for it, so the allocation is reclaimed with the
         task if Java loses it."""
+        if self._refuse_unusable is not None:
+            raise self._refuse_unusable("allocate")
         lease = self._enter(task)
         try:
             b = lease.binding
@@ -372,10 +384,34 @@ class JavaHotPath:
     # misc ------------------------------------------------------------------------------------
     # user kernels (kernels/) -------------------------------------------------------------------
     def register_kernel(self, kernel: Any) -> int:
-        """An id for Java to launch ``kernel`` by (the control plane's ``kernel`` call)."""
+        """An id for Java to launch ``kernel`` by (the control plane's ``kernel`` call). A CUDA
+        kernel is also handed to the C twin, which then launches it without the Python path (the
+        emulated device's host twins always run the Python path)."""
         kid = next(self._kernel_ids)
         self._kernels[kid] = kernel
+        function = getattr(kernel, "function", None)
+        if self._core is not None and function is not None:
+            d, k = self._backend.device_limits(kernel.gpu), kernel.limits
+            try:
+                self._core.add_kernel(
+                    kid, kernel, kernel.name, int(function), kernel.gpu,
+                    bytes(KIND_CODES.index(kind) for kind in kernel.signature),
+                    (d.max_threads_per_block, *d.max_block, *d.max_grid, d.shared_per_block_optin),
+                    k.max_threads_per_block, k.static_shared, k.max_dynamic_shared)
+            except RuntimeError as exc:   # no driver entry points: the Python path launches it
+                log.warning("kernel %r is launched through Python: %s", kernel.name, exc)
         return kid
+
+    @property
+    def native_api(self) -> Any:
+        """The C twin's entry points for the JNI library (a capsule, jvm/native_api.h), or None."""
+        return self._core.native_api() if self._core is not None else None
+
+    def _launch_failed(self, kernel_id: int, code: int) -> BaseException:
+        """What the C twin raises when the driver refuses a launch (a raw CUresult)."""
+        kernel = self._kernels.get(kernel_id)
+        exc = self._backend.driver_error(f"cuLaunchKernel({getattr(kernel, 'name', kernel_id)})", code)
+        return self._service.cuda_failure(exc, "launch")
 
     def launch(self, task: int, kernel_id: int, dims: tuple, shared: int, values: tuple, kinds: bytes,
                offsets: tuple) -> None:
@@ -406,7 +442,8 @@ class JavaHotPath:
                 args.append(v)
             else:
                 raise InvalidArgument(f"launch: unknown argument kind code {code}")
-        self._registry.launch(task, kernel, LaunchConfig(tuple(dims[:3]), tuple(dims[3:6]), shared), args)
+        self._service.launch(task, kernel, LaunchConfig(tuple(dims[:3]), tuple(dims[3:6]), shared), args)
+        self._counts["launches"] += 1
 
     def ping(self) -> None:
         """The empty call: what the bench measures as the bridge's own cost."""

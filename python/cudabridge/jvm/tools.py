@@ -173,7 +173,78 @@ def python_threads(c: "BridgeControl", seconds: float = 1.0, threads: list[int] 
     return out
 
 
+_LAUNCHERS: dict[tuple, Callable[[], None]] = {}   # (how, task, ptr, source) -> one launch (warm)
+
+
+def launch_bench(c: "BridgeControl", task: int, how: str, n: int, batch: int, ptr: int, source: str,
+                 floor_library: str = "") -> dict[str, Any]:
+    """The anchors of bench/bench_launch.py, timed in this process on the task's stream: ``n``
+    launches of kernel ``empty(float* p, int n, float a)`` of ``source`` (the module Java loaded:
+    the same function), one grid of one block of 32, a synchronize after every ``batch`` launches
+    (untimed). ``how``: "cupy" (CuPy's RawKernel on an ExternalStream), "bindings"
+    (cuda.bindings' cuLaunchKernel) or "c" (cuLaunchKernel from C: bench/launch_floor.c built as
+    ``floor_library``, timing each launch itself). Returns p50/p99/mean in nanoseconds."""
+    import ctypes
+
+    from ..kernels.modules import ModuleSource
+    service = c.service
+    b = service.registry.binding(int(task))
+    backend = service.backend
+    if backend.name != "cuda":
+        raise InvalidArgument("launch_bench: the anchors need the CUDA backend")
+    kernel = service.load_module(ModuleSource.of(source), b.gpu).kernel("empty")
+    stream = b.stream
+    if how == "c":
+        lib = ctypes.CDLL(floor_library)
+        out = (ctypes.c_longlong * n)()
+        rc = lib.cb_floor_launch(ctypes.c_void_p(int(kernel.function)), ctypes.c_void_p(stream),
+                                 ctypes.c_ulonglong(ptr), ctypes.c_int(n), ctypes.c_int(batch), out)
+        if rc != 0:
+            raise RuntimeError(f"launch_bench: the C floor failed with CUresult {rc}")
+        samples = list(out)
+        return {**_percentiles(samples), "mean_ns": sum(samples) / n}
+    key = (how, int(task), int(ptr), source)
+    launch = _LAUNCHERS.get(key)
+    if launch is None:
+        if how == "cupy":
+            import cupy
+            import numpy as np
+            k = cupy.RawKernel(source, "empty")
+            mem = cupy.cuda.MemoryPointer(cupy.cuda.UnownedMemory(int(ptr), 4096, None), 0)
+            arr = cupy.ndarray((1024,), cupy.float32, mem)
+            ext = cupy.cuda.ExternalStream(stream)
+            args = (arr, np.int32(n), np.float32(1.0))
+
+            def launch() -> None:
+                k((1,), (32,), args, stream=ext)
+        elif how == "bindings":
+            drv, fn = backend.drv, kernel.function
+            params = ((int(ptr), int(n), 1.0), (ctypes.c_void_p, ctypes.c_int, ctypes.c_float))
+            ok = drv.CUresult.CUDA_SUCCESS
+
+            def launch() -> None:
+                rc = drv.cuLaunchKernel(fn, 1, 1, 1, 32, 1, 1, 0, stream, params, 0)[0]
+                if rc != ok:
+                    raise RuntimeError(f"cuLaunchKernel: {rc}")
+        else:
+            raise InvalidArgument(f"launch_bench: how must be cupy, bindings or c, got {how!r}")
+        _LAUNCHERS[key] = launch
+    clock = time.perf_counter_ns
+    samples = []
+    total = 0
+    for i in range(n):
+        t0 = clock()
+        launch()
+        dt = clock() - t0
+        samples.append(dt)
+        total += dt
+        if (i + 1) % batch == 0:
+            backend.stream_synchronize(stream)
+    backend.stream_synchronize(stream)
+    return {**_percentiles(samples), "mean_ns": total / n}
+
+
 TOOLS: dict[str, Callable[..., Any]] = {
     f.__name__: f for f in (fill_u32, spin, pool_statistics, interpreter, raise_error, python_bench,
-                                          python_threads)
+                                          python_threads, launch_bench)
 }

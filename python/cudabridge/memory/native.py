@@ -44,12 +44,13 @@ def build(force: bool = False, cc: str | None = None, source: Path = SOURCE) -> 
     """Compile the extension next to its source (if older than the source, or ``force``). The
     Java hot path's ``cudabridge/jvm/_hotcore.c`` is built the same way (``source=``)."""
     out = target(source)
-    if not force and out.exists() and out.stat().st_mtime >= source.stat().st_mtime:
+    inputs = [source, *source.parent.glob("*.h")]   # the headers beside it (jvm/cuda_driver.h, ...)
+    if not force and out.exists() and all(out.stat().st_mtime >= p.stat().st_mtime for p in inputs):
         return out
     cc = cc or os.environ.get("CC") or "gcc"
     include = sysconfig.get_paths()["include"]
     cmd = [*shlex.split(cc), "-O2", "-fPIC", "-shared", "-Wall", "-Werror=implicit-function-declaration",
-           f"-I{include}", str(source), "-o", str(out) + ".tmp"]
+           f"-I{include}", f"-I{source.parent}", str(source), "-o", str(out) + ".tmp", "-ldl"]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True)
     except FileNotFoundError as exc:
