@@ -91,6 +91,8 @@ def main() -> int:
     report.ratio("cached load / first compile", [res["load_cached_ns"] / res["load_first_ns"]], better="lower",
                  note="target <= 0.01")
     print(report.text())
+    print(f"launches from Java: {res['bridge_launches']:,} through the C path, {res['bridge_launches_referred']:,} "
+          f"referred to the Python reference")
     (args.out / "bench_launch.json").write_text(json.dumps({"summary": report.summary(), "raw": res}, indent=1))
     return 0
 

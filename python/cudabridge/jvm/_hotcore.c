@@ -836,12 +836,15 @@ static int launch_raw(void *core, long long task, long long kid, const int dims[
         unsigned long long address = (unsigned long long)ptr + (unsigned long long)offsets[i];
         memcpy(at, &address, 8);
     }
-    /* the kernel's GPU's primary context, current for the call (a Java thread may never have
-     * touched CUDA; another may have left another GPU's current), the previous one restored */
+    /* the kernel's GPU's primary context, current for the call. A thread with no context (a
+     * Java thread that never touched CUDA) keeps it, as the runtime's first call would have made
+     * it current: later launches then cost no switch. A thread that had another GPU's context
+     * current gets that one back. */
     cb_CUcontext prev = NULL, ctx = self->contexts[k->gpu];
     rc = g_driver.cuCtxGetCurrent(&prev);
     int switched = rc == CB_CUDA_SUCCESS && prev != ctx;
     if (switched) rc = g_driver.cuCtxSetCurrent(ctx);
+    if (prev == NULL) switched = 0;
     if (rc == CB_CUDA_SUCCESS)
         rc = g_driver.cuLaunchKernel(k->function, (unsigned)dims[0], (unsigned)dims[1], (unsigned)dims[2],
                                      (unsigned)dims[3], (unsigned)dims[4], (unsigned)dims[5], (unsigned)shared,
