@@ -72,6 +72,9 @@ def run_app(work: str, plugin: bool, tasks: int, rounds: int, elements: int, mas
         cp = b.classpath()
         cmd += ["--conf", f"spark.driver.extraClassPath={cp}", "--conf", f"spark.executor.extraClassPath={cp}",
                 "--conf", f"spark.plugins={PLUGIN}"]
+        twins = Path(__file__).resolve().parent.parent / "spark-examples" / "python"   # example (a)'s kernel, emulated
+        cmd += ["--conf", "spark.cudabridge.emulatedKernels=example_kernels",
+                "--conf", f"spark.cudabridge.pythonPath={twins}"]
         for kv in extra_conf:
             cmd += ["--conf", kv]
     with tempfile.TemporaryDirectory(prefix="bench-spark-") as d:

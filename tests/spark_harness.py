@@ -22,6 +22,9 @@ import pytest
 PLUGIN = "org.cudabridge.spark.CudaBridgePlugin"
 JOB_A = "org.cudabridge.examples.GpuPartitionJob"
 ROOT = Path(__file__).resolve().parent.parent
+# The examples' host twins (their kernels on the emulated device): every run can find them.
+EXAMPLE_TWINS = {"spark.cudabridge.emulatedKernels": "example_kernels",
+                 "spark.cudabridge.pythonPath": str(ROOT / "spark-examples" / "python")}
 METRIC_PREFIX = f"plugin.{PLUGIN}."
 
 
@@ -67,7 +70,13 @@ def spark_submit(cwd: Path, master: str, app: list[str], conf: dict[str, str] | 
         cp = b.classpath()
         settings.update({"spark.driver.extraClassPath": cp, "spark.executor.extraClassPath": cp,
                          "spark.plugins": PLUGIN})
-    settings.update(conf or {})
+    conf = dict(conf or {})
+    if plugin:
+        settings.update(EXAMPLE_TWINS)
+        path = conf.pop("spark.cudabridge.pythonPath", None)   # a test's own modules, and the twins
+        if path is not None:
+            settings["spark.cudabridge.pythonPath"] = os.pathsep.join([path, settings["spark.cudabridge.pythonPath"]])
+    settings.update(conf)
     cmd = [str(b.spark_submit()), "--master", master]
     if main_class:
         cmd += ["--class", main_class]

@@ -5,7 +5,6 @@ the service's own statistics. Also example (b), SQL with Java UDFs on the task's
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 
@@ -128,11 +127,10 @@ def test_example_c_tasks_run_their_own_kernel(tmp_path):
     first attempt fails with its kernel queued, and its retry succeeds. On the emulated device
     the kernel's host twin runs (spark-examples/python/example_kernels.py)."""
     sh.build()
-    twins = str(Path(__file__).resolve().parents[1] / "spark-examples" / "python")
     run = sh.spark_submit(tmp_path, "local[4,2]",
                           [sh.examples_jar(), "--partitions", "12", "--elements", "20000", "--fail-first-attempt", "3",
                            "--summary-json", "summary.json"],
-                          {"spark.cudabridge.emulatedKernels": "example_kernels", "spark.cudabridge.pythonPath": twins},
+                          {},   # the examples' host twins: spark_harness.EXAMPLE_TWINS
                           main_class="org.cudabridge.examples.GpuHistogramJob", timeout=240)
     assert run.returncode == 0, run.explain()
     s = run.summary()

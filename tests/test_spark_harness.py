@@ -25,7 +25,8 @@ def run_harness(tmp_path, *args: str, conf: tuple[str, ...] = ()) -> tuple[subpr
     cp = os.pathsep.join([str(core.jar_path()), str(b.plugin_jar_path()), str(b.examples_jar_path()),
                           str(core.jpype_jar())])
     out = tmp_path / "summary.json"
-    proc = subprocess.run([java, "-cp", cp, "-Dspark.cudabridge.backend=emulated", *conf,
+    twins = [f"-D{k}={v}" for k, v in sh.EXAMPLE_TWINS.items()]   # example (a)'s kernel, emulated
+    proc = subprocess.run([java, "-cp", cp, "-Dspark.cudabridge.backend=emulated", *twins, *conf,
                            "org.cudabridge.examples.TaskHarness", *args, "--summary-json", str(out)],
                           capture_output=True, text=True, timeout=120)
     return proc, (json.loads(out.read_text()) if out.is_file() else {}), cp
@@ -75,3 +76,14 @@ def test_statistics_snapshots_taken_while_tasks_end_are_consistent(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert s["checks"] == "ok", s
     assert s["snapshots_checked"] > 50 and s["snapshots_inconsistent"] == 0, s
+
+
+def test_harness_runs_example_c_s_kernel(tmp_path):
+    """Example (c)'s task code (HistogramWork) through the harness, as the H200 runs it: each task
+    compiles the histogram kernel once per executor (its twin here), launches it on its stream and
+    checks the bins against the CPU's; a failed first attempt is retried."""
+    proc, s, _ = run_harness(tmp_path, "--work", "histogram", "--tasks", "24", "--threads", "4", "--elements", "5000",
+                             "--fail-first-attempt", "2", "--no-leak")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert s["checks"] == "ok" and s["tasks_run"] == 24 and s["verify_failures"] == 0, s
+    assert s["statistics"]["bridge_launches"] == 24, s["statistics"]

@@ -121,11 +121,9 @@ def test_example_c_in_two_executor_jvms(tmp_path, work_dir_cleanup):
     """Example (c) in local-cluster: each executor JVM compiles the kernel in its own service (the
     module cache is per executor) and its tasks run it on their streams."""
     sh.build()
-    twins = str(Path(__file__).resolve().parents[1] / "spark-examples" / "python")
     run = sh.spark_submit(tmp_path, "local-cluster[2,1,1024]",
                           [sh.examples_jar(), "--partitions", "8", "--elements", "20000", "--summary-json", "summary.json"],
-                          {**CLUSTER, "spark.cudabridge.emulatedKernels": "example_kernels",
-                           "spark.cudabridge.pythonPath": twins},
+                          CLUSTER,   # the examples' host twins: spark_harness.EXAMPLE_TWINS
                           main_class="org.cudabridge.examples.GpuHistogramJob", timeout=180)
     assert run.returncode == 0, run.explain()
     s = run.summary()

@@ -103,6 +103,7 @@ class JavaHotPath:
         self._ids = itertools.count(1)
         self._kernels: dict[int, Any] = {}          # kernel id -> kernel (register_kernel)
         self._kernel_ids = itertools.count(1)
+        self._kernel_id_of: dict[Any, int] = {}     # kernel -> its id (modules keep one object per kernel)
         self._refuse_unusable: Any = None   # after a sticky error: call -> DeviceUnusable
         self._core = self._native_core(fast_path)
         service.on_unusable(self._device_unusable)
@@ -387,8 +388,12 @@ class JavaHotPath:
         """An id for Java to launch ``kernel`` by (the control plane's ``kernel`` call). A CUDA
         kernel is also handed to the C twin, which then launches it without the Python path (the
         emulated device's host twins always run the Python path)."""
+        kid = self._kernel_id_of.get(kernel)
+        if kid is not None:    # each task asks again: one id per kernel, not per ask
+            return kid
         kid = next(self._kernel_ids)
         self._kernels[kid] = kernel
+        self._kernel_id_of[kernel] = kid
         function = getattr(kernel, "function", None)
         if self._core is not None and function is not None:
             d, k = self._backend.device_limits(kernel.gpu), kernel.limits

@@ -10,18 +10,12 @@ import java.util.Set;
 import org.apache.spark.TaskContext;
 import org.apache.spark.api.java.JavaSparkContext;
 import org.apache.spark.sql.SparkSession;
-import org.cudabridge.CudaBridge;
-import org.cudabridge.CudaKernel;
-import org.cudabridge.DeviceBuffer;
-import org.cudabridge.LaunchConfig;
-import org.cudabridge.ModuleSource;
 import org.cudabridge.executor.GpuTask;
 
 /**
- * Example (c): every partition's task runs a CUDA kernel of its own. It compiles the histogram
- * kernel below (once per executor: the bridge caches the module), copies its partition's values
- * to the GPU, launches the kernel on its stream, copies the 16 bins back and checks them against
- * the same histogram computed on the CPU. On the emulated device the kernel's host twin runs
+ * Example (c): every partition's task runs a CUDA kernel of its own ({@link HistogramWork}: a
+ * histogram with atomics, compiled once per executor, launched on the task's stream, checked
+ * against the CPU's). On the emulated device the kernel's host twin runs
  * ({@code spark-examples/python/example_kernels.py}).
  *
  * <pre>
@@ -30,13 +24,6 @@ import org.cudabridge.executor.GpuTask;
  * </pre>
  */
 public final class GpuHistogramJob {
-    static final String SOURCE = """
-            extern "C" __global__ void histogram(const unsigned* data, int n, unsigned* bins) {
-                int i = blockIdx.x * blockDim.x + threadIdx.x;
-                if (i < n) atomicAdd(&bins[data[i] % 16], 1u);
-            }
-            """;
-
     private GpuHistogramJob() {}
 
     public static void main(String[] args) throws Exception {
@@ -84,36 +71,13 @@ public final class GpuHistogramJob {
 
     /** One task: {verified (1 or 0), values counted}. */
     static Iterator<int[]> partition(int index, int n, Set<Integer> failFirst) {
-        int[] values = new int[n];
-        long seed = 0x9E3779B97F4A7C15L * (index + 1);
-        int[] want = new int[16];
-        for (int i = 0; i < n; i++) {
-            seed ^= seed << 13;
-            seed ^= seed >>> 7;
-            seed ^= seed << 17;
-            values[i] = (int) seed;
-            want[Integer.remainderUnsigned(values[i], 16)]++;
-        }
-        CudaBridge bridge = GpuTask.bridge();
-        CudaKernel histogram = bridge.loadModule(ModuleSource.cuda(SOURCE)).kernel("histogram");
-        int[] bins = new int[16];
-        try (DeviceBuffer data = bridge.allocate(4L * n); DeviceBuffer d = bridge.allocate(64)) {
-            data.copyFrom(values);
-            d.memset(0);
-            histogram.launch(LaunchConfig.grid((n + 255) / 256).block(256), data, n, d);
+        PartitionWork.Result r = HistogramWork.run(GpuTask.bridge(), index, n, () -> {
             TaskContext tc = TaskContext.get();
             if (tc != null && tc.attemptNumber() == 0 && failFirst.contains(index)) {
                 throw new IllegalStateException("planned failure of the first attempt of partition " + index
                         + " with its kernel queued");
             }
-            d.copyTo(bins);
-        }
-        int counted = 0;
-        boolean ok = true;
-        for (int b = 0; b < 16; b++) {
-            counted += bins[b];
-            ok &= bins[b] == want[b];
-        }
-        return Collections.singletonList(new int[] {ok ? 1 : 0, counted}).iterator();
+        });
+        return Collections.singletonList(new int[] {r.ok() ? 1 : 0, (int) r.checksum}).iterator();
     }
 }

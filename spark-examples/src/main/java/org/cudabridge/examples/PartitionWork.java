@@ -5,7 +5,10 @@ import java.util.ArrayList;
 import java.util.List;
 
 import org.cudabridge.CudaBridge;
+import org.cudabridge.CudaKernel;
 import org.cudabridge.DeviceBuffer;
+import org.cudabridge.LaunchConfig;
+import org.cudabridge.ModuleSource;
 
 /**
  * The per-partition GPU work of example (a), with no Spark class in it: the Spark job
@@ -13,12 +16,22 @@ import org.cudabridge.DeviceBuffer;
  * it on threads bound exactly as the plugin binds them.
  *
  * <p>On the task's own stream: copy the partition's {@code int}s to the device, copy them
- * device-to-device into the first half of a result buffer, run the service's {@code fill_u32}
- * kernel over the second half (a tag derived from the partition), copy the whole result back
- * and check every element. Optionally leak one small buffer on purpose (the plugin reclaims it
- * at task end and counts it).
+ * device-to-device into the first half of a result buffer, launch the example's own CUDA kernel
+ * {@code fill_tag} over the second half (a tag derived from the partition; the module is compiled
+ * once per executor, every later task gets it from the bridge's cache), copy the whole result
+ * back and check every element. Optionally leak one small buffer on purpose (the plugin reclaims
+ * it at task end and counts it). On the emulated device the kernel's host twin runs
+ * ({@code spark-examples/python/example_kernels.py}, named by {@code spark.cudabridge.emulatedKernels}).
  */
 public final class PartitionWork {
+    /** The example's kernel: p[i] = tag for i < n, over a grid-stride loop. */
+    static final String SOURCE = """
+            extern "C" __global__ void fill_tag(unsigned* p, int n, unsigned tag) {
+                for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+                    p[i] = tag;
+            }
+            """;
+
     private PartitionWork() {}
 
     /** What one partition's task did. */
@@ -143,8 +156,9 @@ public final class PartitionWork {
             out = bridge.allocate(2 * bytes);
             in.copyFrom(data);                                   // host -> device, on the task's stream
             out.copyFrom(in, 0, 0, bytes);                       // device -> device, same stream
-            bridge.callTool("fill_u32", "{\"handle\":" + out.handle() + ",\"value\":" + tag(partition)
-                    + ",\"offset\":" + bytes + "}");              // the service's kernel, same stream
+            CudaKernel fill = bridge.loadModule(ModuleSource.cuda(SOURCE)).kernel("fill_tag");   // cached per executor
+            fill.launch(LaunchConfig.grid(Math.min(1024, (elements + 255) / 256)).block(256),
+                    out.at(bytes), elements, tag(partition));   // the second half, same stream
             int[] back = new int[2 * elements];
             out.copyTo(back);                                    // device -> host: after the kernel (stream order)
             r.bytesMoved = bytes + bytes + 2 * bytes;

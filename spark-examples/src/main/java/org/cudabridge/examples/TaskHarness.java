@@ -33,6 +33,8 @@ import org.cudabridge.executor.TaskBinder;
  *   the executor's only GPU)
  *   [--check-snapshots] (a thread takes statistics snapshots all through the task phase, as the
  *   executor's reports to the driver do, and checks that each is consistent: see SnapshotWatch)
+ *   [--work partition|histogram] (each task's work: example (a)'s PartitionWork, the default, or
+ *   example (c)'s HistogramWork)
  * </pre>
  * Prints the same summary as the Spark job and exits 1 if any check fails (verify failures,
  * leaks not reclaimed as planned, memory still in use, a task not released).
@@ -49,6 +51,7 @@ public final class TaskHarness {
         String summaryJson = null;
         String gpuAddress = null;
         boolean checkSnapshots = false;
+        boolean histogramWork = false;
         Set<Integer> failFirst = new HashSet<>();
         for (int i = 0; i < args.length; i++) {
             switch (args[i]) {
@@ -61,6 +64,11 @@ public final class TaskHarness {
                 case "--gpu-address": gpuAddress = args[++i]; break;
                 case "--check-snapshots": checkSnapshots = true; break;
                 case "--fail-first-attempt": failFirst.addAll(PartitionWork.partitions(args[++i])); break;
+                case "--work": histogramWork = switch (args[++i]) {
+                    case "partition" -> false;
+                    case "histogram" -> true;
+                    default -> throw new IllegalArgumentException("--work takes partition or histogram, got " + args[i]);
+                }; break;
                 default:
                     throw new IllegalArgumentException("unknown argument " + args[i] + "; see the class comment");
             }
@@ -84,6 +92,7 @@ public final class TaskHarness {
         final int total = tasks;
         final boolean onlyBind = bindOnly;
         final String address = gpuAddress;
+        final boolean histogram = histogramWork;
         AtomicInteger next = new AtomicInteger();
         AtomicLong attemptIds = new AtomicLong(1);
         AtomicInteger plannedFailures = new AtomicInteger();
@@ -113,7 +122,8 @@ public final class TaskHarness {
                             if (attempt == 0 && failFirst.contains(p)) {
                                 PartitionWork.failAfterAllocating(b, p, n);
                             }
-                            PartitionWork.Result r = PartitionWork.run(b, p, n, leakIt);
+                            PartitionWork.Result r = histogram ? HistogramWork.run(b, p, n, () -> { })
+                                    : PartitionWork.run(b, p, n, leakIt);
                             r.attempt = attempt;
                             r.executorId = "harness";
                             results.add(r);
@@ -156,7 +166,7 @@ public final class TaskHarness {
         Summary s = Summary.of(done);
         Map<String, Long> st = binder.refresh();
         long attempts = (long) tasks + failFirst.size();
-        long expectedLeaks = (leak ? tasks : 0) + failFirst.size();
+        long expectedLeaks = (leak && !histogram ? tasks : 0) + failFirst.size();
         s.put("backend", describeBackend(bridge.describe()));
         s.put("threads", threads).put("elements_per_partition", elements);
         s.put("task_attempts", st.getOrDefault("plugin_tasks_started", 0L));
