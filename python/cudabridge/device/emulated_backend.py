@@ -1098,7 +1098,8 @@ class EmulatedBackend(DeviceBackend):
         """Queue a user kernel's host twin (kernels/host_kernels.py) on ``stream``: checked now
         (argument count and kinds, every pointer inside an allocation), run in stream order on
         the stream's worker. The race detector counts it as reading and writing each pointer's
-        buffer: a ``DevicePointer``'s extent, a plain address's allocation from there on."""
+        buffer: a ``DevicePointer``'s extent, a plain address's allocation from there on; and as
+        reading each module global bound to it (``twin.bound``), writing the non-constant ones."""
         from ..kernels.launch_config import DeviceLimits, KernelLimits, check_launch
         from ..kernels.params import DevicePointer, check_args   # kernels imports the backends' errors
         call = f"cuLaunchKernel({twin.name})"
@@ -1121,17 +1122,27 @@ class EmulatedBackend(DeviceBackend):
                 touched.append((ptr, n))
             else:
                 views.append(None)
+        # the module globals the twin reads (its module's copies): after the arguments, read-only
+        # for a __constant__; a __device__ variable kernels write counts as written too
+        global_views = [(s.device.view(call, g.address, g.nbytes), g.constant) for g in twin.bound]
+        global_reads = tuple((g.address, g.nbytes) for g in twin.bound)
+        global_writes = tuple((g.address, g.nbytes) for g in twin.bound if not g.constant)
         fn = twin.fn
 
         def kernel() -> None:
             import numpy as np
-            fn(grid, block, *[v if view is None else np.frombuffer(view, dtype=np.uint8)
-                              for v, view in zip(values, views)])
+            arrays = [v if view is None else np.frombuffer(view, dtype=np.uint8) for v, view in zip(values, views)]
+            for view, constant in global_views:
+                array = np.frombuffer(view, dtype=np.uint8)
+                if constant:
+                    array.flags.writeable = False
+                arrays.append(array)
+            fn(grid, block, *arrays)
         if self._race is None:
             s.enqueue(kernel)
         else:
             accesses = tuple(touched)
-            self._race.enqueue(s, kernel, call, reads=accesses, writes=accesses)
+            self._race.enqueue(s, kernel, call, reads=accesses + global_reads, writes=accesses + global_writes)
 
     def spin_async(self, stream: int, seconds: float) -> None:
         s = self._stream("cudaLaunchKernel(spin)", stream)
@@ -1139,6 +1150,11 @@ class EmulatedBackend(DeviceBackend):
             s.enqueue(lambda: time.sleep(seconds))
         else:  # touches no memory; queued through the detector so that positions stay exact
             self._race.enqueue(s, lambda: time.sleep(seconds), "cudaLaunchKernel(spin)")
+
+    @property
+    def race_check(self) -> bool:
+        """Whether the race detector is on (``races`` stays empty when it is off)."""
+        return self._race is not None
 
     def launch_host_func(self, stream: int, fn: Callable[[], None]) -> None:
         s = self._stream("cudaLaunchHostFunc", stream)

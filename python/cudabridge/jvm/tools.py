@@ -67,6 +67,13 @@ def raise_error(c: "BridgeControl", kind: str = "ValueError", message: str = "ra
     raise exc(message)
 
 
+def emulated_races(c: "BridgeControl") -> int:
+    """Unordered accesses the emulated device's race detector has seen (-1: no detector: another
+    backend, or spark.cudabridge.emulatedRaceCheck off)."""
+    backend = c.service.backend
+    return len(backend.races) if getattr(backend, "race_check", False) else -1
+
+
 def _percentiles(samples: list[int]) -> dict[str, float]:
     samples.sort()
     n = len(samples)
@@ -246,5 +253,5 @@ def launch_bench(c: "BridgeControl", task: int, how: str, n: int, batch: int, pt
 
 TOOLS: dict[str, Callable[..., Any]] = {
     f.__name__: f for f in (fill_u32, spin, pool_statistics, interpreter, raise_error, python_bench,
-                                          python_threads, launch_bench)
+                                          python_threads, launch_bench, emulated_races)
 }
