@@ -19,7 +19,8 @@ from .errors import CudaError, DeviceUnusable, InvalidArgument, PoolClosed
 from .gpu_addresses import parse_address_map, resolve_gpu_addresses
 from .kernels import LaunchConfig
 from .kernels.host_kernels import HostKernels
-from .kernels.modules import EmulatedModule, ModuleCache, ModuleSource
+from .kernels.module_loader import ModuleLoader
+from .kernels.modules import ModuleCache, ModuleSource
 from .memory import Allocation, PoolStatistics, StreamOrderedMemoryPool
 from .stream_pool import StreamPool, ensure_hardware_queues
 from .task_registry import GpuResources, ReleaseReport, TaskBinding, TaskRegistry
@@ -107,7 +108,8 @@ class CudaBridgeService:
         self.backend = backend
         # The emulated device runs user kernels as their host twins (kernels/host_kernels.py).
         self.host_kernels = HostKernels((config.emulated_kernels or "").split(",") if backend.name == "emulated" else ())
-        self.modules = ModuleCache(self._load_module, self._module_target)
+        self.module_loader = ModuleLoader(backend, self.host_kernels, config)
+        self.modules = ModuleCache(self.module_loader.load, self.module_loader.target)
         addresses = config.gpu_addresses.split(",") if config.gpu_addresses else None
         mapping = resolve_gpu_addresses(addresses, backend,
                                         address_map=parse_address_map(config.gpu_address_map or ""))
@@ -272,17 +274,6 @@ class CudaBridgeService:
         self._check_open("load_module")
         self.registry.gpu(gpu)   # refuses a GPU this executor does not own, naming the ones it does
         return self.modules.load(source, gpu)
-
-    def _load_module(self, source: ModuleSource, gpu: int):
-        if self.backend.name == "emulated":
-            return EmulatedModule(source, self.host_kernels)
-        from .kernels.cuda_module import CudaModule
-        return CudaModule(self.backend, source, gpu)
-
-    def _module_target(self, gpu: int) -> str:
-        if self.backend.name == "emulated":
-            return "emulated"
-        return f"{self.backend.compute_arch(gpu)}/nvrtc{self.backend.nvrtc.nvrtcVersion()[1:]}"
 
     def memory_pool(self, ordinal: int = 0) -> StreamOrderedMemoryPool:
         return self.registry.gpu(ordinal).memory

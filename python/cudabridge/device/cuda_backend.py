@@ -377,6 +377,23 @@ class CudaBackend(DeviceBackend):
             raise InvalidArgument(f"the module has no kernel {name!r} ({err.name})")
         return fn
 
+    def module_global(self, module: Any, symbol: str, name: str, ordinal: int) -> tuple[int, int]:
+        """(device address, size in bytes) of the module's global ``symbol`` (``cuModuleGetGlobal``),
+        with GPU ``ordinal``'s primary context current: the module belongs to it."""
+        prev = self.get_device()
+        if prev != ordinal:
+            self.set_device(ordinal)
+        try:
+            err, address, size = self.drv.cuModuleGetGlobal(module, symbol.encode())
+        finally:
+            if prev != ordinal:
+                self.set_device(prev)
+        if err == self.drv.CUresult.CUDA_ERROR_NOT_FOUND:
+            raise InvalidArgument(f"the module has no global {name!r} ({err.name})")
+        if err != self.drv.CUresult.CUDA_SUCCESS:
+            raise self._error("cuModuleGetGlobal", err)
+        return int(address), int(size)
+
     def device_limits(self, ordinal: int) -> Any:
         """What GPU ``ordinal`` allows a launch (cached: a device's limits never change)."""
         from ..kernels.launch_config import DeviceLimits

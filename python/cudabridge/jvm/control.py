@@ -98,11 +98,40 @@ class BridgeControl:
     def kernel(self, module_id: int, name: str) -> str:
         """``"<kernel id>;<kind>,<kind>,..."``: the kernel Java launches by id, and its signature."""
         self.check_open("kernel")
+        k = self._module("kernel", module_id).kernel(name)
+        return f"{self.hot.register_kernel(k)};{','.join(k.signature)}"
+
+    def _module(self, call: str, module_id: int) -> Any:
         module = self._modules.get(module_id)
         if module is None:
-            raise InvalidArgument(f"kernel: no module {module_id!r} was loaded through this bridge")
-        k = module.kernel(name)
-        return f"{self.hot.register_kernel(k)};{','.join(k.signature)}"
+            raise InvalidArgument(f"{call}: no module {module_id!r} was loaded through this bridge")
+        return module
+
+    def global_(self, module_id: int, name: str) -> tuple[int, int]:
+        """(address, size) of a module's ``__constant__`` / ``__device__`` variable."""
+        self.check_open("global")
+        g = self._module("global", module_id).global_(name)
+        return g.address, g.size
+
+    def copy_to_global(self, task: int, module_id: int, name: str, offset: int, data: bytes) -> None:
+        """Java's ``DeviceGlobal.copyFrom``: the bytes into the global, on the task's stream."""
+        from ..kernels.module_globals import copy_to_global
+
+        self.check_open("copyToGlobal")
+        g = self._module("copyToGlobal", module_id).global_(name)
+        copy_to_global(self.service.registry, task, g, data, offset)
+
+    def copy_from_global(self, task: int, module_id: int, name: str, offset: int, length: int) -> bytes:
+        """Java's ``DeviceGlobal.copyTo``: ``length`` bytes of the global, after the task's queued work."""
+        from ..kernels.module_globals import copy_from_global
+
+        self.check_open("copyFromGlobal")
+        g = self._module("copyFromGlobal", module_id).global_(name)
+        if not 0 <= length <= g.size:
+            raise InvalidArgument(f"copyFromGlobal: {length} bytes of global {name!r} of {g.size} bytes")
+        out = bytearray(length)
+        copy_from_global(self.service.registry, task, g, out, offset)
+        return bytes(out)
 
     def lookup_task(self, task: int) -> tuple[int, int]:
         return self.hot.stream(task)
@@ -188,7 +217,7 @@ class BridgeControl:
 
 def make_proxy(control: BridgeControl) -> Any:
     """The ``org.cudabridge.ControlPlane`` implementation (the JVM must be bound already)."""
-    from jpype import JClass, JImplements, JOverride
+    from jpype import JArray, JByte, JClass, JImplements, JLong, JOverride
 
     from .errors import java_exception
 
@@ -238,6 +267,15 @@ def make_proxy(control: BridgeControl) -> Any:
     def j_kernel(module_id: Any, name: Any) -> Any:
         return c.kernel(int(module_id), str(name))
 
+    def j_global(module_id: Any, name: Any) -> Any:
+        return JArray(JLong)(c.global_(int(module_id), str(name)))
+
+    def j_copy_to_global(task: Any, module_id: Any, name: Any, offset: Any, data: Any) -> Any:
+        c.copy_to_global(int(task), int(module_id), str(name), int(offset), bytes(data))
+
+    def j_copy_from_global(task: Any, module_id: Any, name: Any, offset: Any, length: Any) -> Any:
+        return JArray(JByte)(c.copy_from_global(int(task), int(module_id), str(name), int(offset), int(length)))
+
     @JImplements("org.cudabridge.ControlPlane")
     class ControlProxy:
         lookupTask = JOverride(guarded(j_lookup_task))
@@ -248,5 +286,8 @@ def make_proxy(control: BridgeControl) -> Any:
         shutdown = JOverride(guarded(j_shutdown))
         loadModule = JOverride(guarded(j_load_module))
         kernel = JOverride(guarded(j_kernel))
+        globalVariable = JOverride(guarded(j_global))
+        copyToGlobal = JOverride(guarded(j_copy_to_global))
+        copyFromGlobal = JOverride(guarded(j_copy_from_global))
 
     return ControlProxy()

@@ -16,7 +16,8 @@ from typing import Any
 
 from ..errors import InvalidArgument
 from .launch_config import LaunchConfig, check_launch
-from .modules import ModuleLoadError, ModuleSource, ptx_entries
+from .module_globals import ModuleGlobal
+from .modules import ModuleLoadError, ModuleSource, ptx_entries, ptx_globals
 from .params import DevicePointer, check_args
 
 
@@ -91,10 +92,33 @@ class CudaModule:
         else:
             ptx, self.lowered, image = "", {}, source.code
         self.entries = ptx_entries(ptx) if ptx else {}
+        self.globals = ptx_globals(ptx) if ptx else None   # None: a cubin's cannot be listed here
         self.handle = backend.module_load(image, gpu)
         self.gpu = gpu
         self._backend = backend
         self._kernels: dict[str, CudaKernel] = {}
+        self._global_vars: dict[str, ModuleGlobal] = {}
+        self._lock = threading.Lock()
+
+    def global_(self, name: str) -> ModuleGlobal:
+        """The module's ``__constant__`` or ``__device__`` variable ``name``: its device address and
+        size (``cuModuleGetGlobal``). A C++ name (not ``extern "C"``, or in a namespace) is found
+        through its name expression, given at load as ``&name`` (NVRTC takes a variable's address)."""
+        g = self._global_vars.get(name)
+        if g is not None:
+            return g
+        if not isinstance(name, str) or not name:
+            raise InvalidArgument(f"a global's name is a non-empty str, got {name!r}")
+        symbol = self.lowered.get(name) or self.lowered.get("&" + name) or name
+        if self.globals is not None and symbol not in self.globals:
+            named = {low: expr.lstrip("&") for expr, low in self.lowered.items()}   # as the user wrote them
+            raise InvalidArgument(f"the module defines no global {name!r} (it defines: "
+                                  f"{', '.join(sorted(named.get(s, s) for s in self.globals)) or 'none'}; a C++ "
+                                  f"name is found through its name expression &name, given at load)")
+        address, size = self._backend.module_global(self.handle, symbol, name, self.gpu)
+        with self._lock:
+            g = self._global_vars.setdefault(name, ModuleGlobal(name, address, size, self.gpu))
+        return g
 
     def kernel(self, name: str) -> CudaKernel:
         k = self._kernels.get(name)

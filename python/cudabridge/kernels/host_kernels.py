@@ -16,19 +16,38 @@ memory as the kernel would. It must do what the kernel does for the whole grid a
         xs, ys = x.view("float32")[:n], y.view("float32")[:n]
         ys += a * xs
 
+A kernel's module globals (``__constant__`` and ``__device__`` variables) are declared for the
+emulated device next to the twins, with their size in bytes, and a twin that reads one names it;
+it is passed, after the kernel's arguments, as a numpy ``uint8`` array over the global's device
+memory (read-only for a ``__constant__``)::
+
+    from cudabridge.kernels import host_global
+
+    scale = host_global("scale", 4)                  # __constant__ float scale;
+
+    @host_kernel("scale_by", "ptr, i32", globals=["scale"])
+    def scale_by(grid, block, y, n, scale):
+        y.view("float32")[:n] *= scale.view("float32")[0]
+
+Each module loaded on the emulated device that defines such a global gets its own copy of it in
+the device's memory (zero-filled, or ``initial``), as each loaded CUDA module has its own; host
+code writes and reads it on a task's stream (``kernels/module_globals.py``).
+
 A kernel launched on the emulated device with no twin fails with an error that names it and the
 setting. The race detector (``emulatedRaceCheck``) counts a twin as reading and writing every
 ``ptr`` argument's allocation from that address on: a launch not ordered after a conflicting
-access on another stream is reported, as for any copy.
+access on another stream is reported, as for any copy; it counts a twin as reading each global it
+names, and as writing it too where the global is not constant (a ``__device__`` variable that
+kernels write).
 """
 
 from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Iterable, NamedTuple, Protocol
 
-from ..errors import InvalidArgument
+from ..errors import InvalidArgument, index_int
 from .params import signature as parse_signature
 
 if TYPE_CHECKING:
@@ -47,11 +66,57 @@ class Launchable(Protocol):
 
 
 @dataclass(frozen=True)
+class HostGlobal:
+    """A module global (``__constant__`` or ``__device__`` variable) as the emulated device has it:
+    its name as host code asks for it, its size, whether kernels only read it (``constant``), and
+    the bytes it starts with (the rest zero)."""
+
+    name: str
+    nbytes: int
+    constant: bool = True
+    initial: bytes = b""
+    origin: str = ""     # the module that declared it, for messages
+
+
+def host_global(name: str, nbytes: int, *, constant: bool = True, initial: Any = b"") -> HostGlobal:
+    """Declare the global ``name`` of ``nbytes`` bytes for the emulated device (assign the result to
+    a module-level name of a module that ``emulatedKernels`` names). ``constant``: a
+    ``__constant__`` (kernels only read it; False for a ``__device__`` variable kernels write);
+    ``initial``: its first bytes (its initializer in the CUDA source), the rest zero."""
+    if not isinstance(name, str) or not name.strip():
+        raise InvalidArgument(f"host_global: a global's name is a non-empty str, got {name!r}")
+    nbytes = index_int(nbytes, f"host_global({name!r}) size")
+    if nbytes <= 0:
+        raise InvalidArgument(f"host_global({name!r}): size must be positive, got {nbytes}")
+    if not isinstance(constant, bool):
+        raise InvalidArgument(f"host_global({name!r}): constant must be a bool, got {constant!r}")
+    try:
+        first = bytes(memoryview(initial).cast("B"))
+    except TypeError:
+        raise InvalidArgument(f"host_global({name!r}): initial must be bytes-like, got "
+                              f"{type(initial).__name__}") from None
+    if len(first) > nbytes:
+        raise InvalidArgument(f"host_global({name!r}): initial has {len(first)} bytes, the global {nbytes}")
+    return HostGlobal(name, nbytes, constant, first)
+
+
+class BoundGlobal(NamedTuple):
+    """A global a twin reads, as one loaded module has it on the emulated device."""
+
+    name: str
+    address: int
+    nbytes: int
+    constant: bool
+
+
+@dataclass(frozen=True)
 class HostKernel:
     name: str
     signature: tuple[str, ...]
     fn: Callable[..., None]
     origin: str     # module.function, for messages
+    globals: tuple[str, ...] = ()        # the globals it reads, passed after the arguments in this order
+    bound: tuple[BoundGlobal, ...] = ()  # ... as one module has them (EmulatedModule.kernel binds them)
 
     def launch(self, backend: "DeviceBackend", stream: int, config: "LaunchConfig", args: list[Any]) -> None:
         """Queue this twin on ``stream`` of the emulated device (checked there, run in stream order)."""
@@ -61,15 +126,22 @@ class HostKernel:
         launch(stream, self, config, args)
 
 
-def host_kernel(name: str | None = None, signature: str | Iterable[str] = ()) -> Callable[[Callable], Callable]:
+def host_kernel(name: str | None = None, signature: str | Iterable[str] = (),
+                globals: Iterable[str | HostGlobal] = ()) -> Callable[[Callable], Callable]:
     """Mark ``fn`` as the host twin of the CUDA kernel ``name`` (default: the function's name) with
-    the parameter kinds ``signature`` (see params.py)."""
+    the parameter kinds ``signature`` (see params.py). ``globals``: the module globals it reads
+    (names, or what :func:`host_global` returned), passed to it after the arguments, in order."""
     kinds = parse_signature(signature)
+    if isinstance(globals, (str, HostGlobal)):
+        globals = (globals,)
+    reads = tuple(g.name if isinstance(g, HostGlobal) else g for g in globals)
+    if not all(isinstance(g, str) and g for g in reads) or len(set(reads)) != len(reads):
+        raise InvalidArgument(f"host_kernel({name!r}): globals are distinct non-empty names, got {reads!r}")
 
     def mark(fn: Callable) -> Callable:
         if not callable(fn):
             raise InvalidArgument(f"host_kernel marks a function, got {fn!r}")
-        setattr(fn, _MARK, (name or fn.__name__, kinds))
+        setattr(fn, _MARK, (name or fn.__name__, kinds, reads))
         return fn
     return mark
 
@@ -81,28 +153,55 @@ class HostKernels:
         self.setting = setting
         self.modules = tuple(m.strip() for m in modules if m.strip())
         self._by_name: dict[str, HostKernel] = {}
+        self._globals: dict[str, HostGlobal] = {}
         for module_name in self.modules:
             try:
                 module = importlib.import_module(module_name)
             except Exception as exc:   # the message names the setting: a typo is found at start
                 raise InvalidArgument(f"{setting}: cannot import {module_name!r}: {type(exc).__name__}: {exc}") from exc
-            for attr in vars(module).values():
+            for attr_name, attr in vars(module).items():
+                if isinstance(attr, HostGlobal):
+                    self._add_global(attr, f"{module_name}.{attr_name}")
+                    continue
                 mark = getattr(attr, _MARK, None)
                 if mark is None or not callable(attr):
                     continue
-                kname, kinds = mark
+                kname, kinds, reads = mark
                 origin = f"{module_name}.{getattr(attr, '__name__', kname)}"
-                twin = HostKernel(kname, kinds, attr, origin)
+                twin = HostKernel(kname, kinds, attr, origin, reads)
                 known = self._by_name.get(kname)
                 if known is not None and known.fn is not attr:
                     raise InvalidArgument(f"{setting}: two host twins for kernel {kname!r}: {known.origin} and {origin}")
                 self._by_name[kname] = twin
+
+    def _add_global(self, decl: HostGlobal, origin: str) -> None:
+        known = self._globals.get(decl.name)
+        if known is not None and (known.nbytes, known.constant, known.initial) != (decl.nbytes, decl.constant,
+                                                                                   decl.initial):
+            raise InvalidArgument(f"{self.setting}: two different declarations of global {decl.name!r}: "
+                                  f"{known.origin} and {origin}")
+        if known is None:
+            self._globals[decl.name] = HostGlobal(decl.name, decl.nbytes, decl.constant, decl.initial, origin)
 
     def __contains__(self, name: str) -> bool:
         return name in self._by_name
 
     def names(self) -> list[str]:
         return sorted(self._by_name)
+
+    def global_names(self) -> list[str]:
+        return sorted(self._globals)
+
+    def global_decl(self, name: str) -> HostGlobal | None:
+        """The declaration of global ``name`` (:func:`host_global`), or None."""
+        return self._globals.get(name)
+
+    def missing_global(self, name: str) -> InvalidArgument:
+        """The error for a global the emulated device has no declaration of."""
+        where = ", ".join(self.modules) if self.modules else "none: the setting is empty"
+        return InvalidArgument(f"global {name!r} has no declaration for the emulated device: declare it with "
+                               f"host_global({name!r}, <bytes>) in a module named by {self.setting} "
+                               f"(modules: {where})")
 
     def get(self, name: str) -> HostKernel:
         twin = self._by_name.get(name)

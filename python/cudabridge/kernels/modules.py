@@ -107,6 +107,46 @@ def ptx_entries(ptx: str) -> dict[str, tuple[str, ...] | None]:
     return out
 
 
+# A module-scope ".global" or ".const" declaration of PTX text (not ".extern": defined elsewhere),
+# e.g. ".visible .const .align 4 .f32 scale;" or ".global .align 4 .b8 table[64] = {...};". PTX
+# instructions (ld.global...) never start a line with a dot.
+_PTX_GLOBAL = re.compile(r"^[ \t]*(?:\.(?:visible|weak|common)[ \t]+)*\.(?:global|const)\b[^;=\n]*?"
+                         r"([A-Za-z_$%][\w$]*)[ \t]*(?:\[[^\]]*\][ \t]*)*[;=]", re.M)
+
+
+def ptx_globals(ptx: str) -> set[str]:
+    """The names of the module globals (``__constant__`` / ``__device__`` variables) PTX defines,
+    as the driver's ``cuModuleGetGlobal`` finds them (C++ names lowered)."""
+    return set(_PTX_GLOBAL.findall(ptx))
+
+
+# "__constant__ float scale;", "__device__ unsigned table[16] = {...};": the variables a CUDA source
+# defines, read well enough for the emulated device (which has no compiler): after each
+# __constant__ / __device__ / __managed__, the text up to the first "(", "{" or ";" is a variable's
+# declaration when no "(" ends it before an initializer (a "(" with no "=" before it is a function).
+_SPACE_QUALIFIER = re.compile(r"\b__(?:constant|device|managed)__\b")
+_COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
+_IDENT = re.compile(r"[A-Za-z_]\w*")
+
+
+def source_globals(code: str) -> set[str]:
+    text = _COMMENT.sub(" ", code)
+    names: set[str] = set()
+    for m in _SPACE_QUALIFIER.finditer(text):
+        end = m.end()
+        stop = min((i for i in (text.find(c, end) for c in "({;") if i >= 0), default=len(text))
+        decl = text[end:stop]
+        if stop < len(text) and text[stop] == "(" and "=" not in decl:
+            continue                      # a function
+        decl = decl.split("=", 1)[0]
+        parts = decl.split(",") if "<" not in decl else [decl]   # int a, b; (not inside a template's <>)
+        for part in parts:
+            idents = _IDENT.findall(re.sub(r"\[[^\]]*\]", " ", part))
+            if idents and not idents[-1].startswith("__"):
+                names.add(idents[-1])
+    return names
+
+
 # "__global__ void name(" in CUDA source: the kernels a source defines (extern "C" ones keep
 # their names; others are reached through name expressions).
 _GLOBAL = re.compile(r"__global__\s+(?:__launch_bounds__\s*\([^)]*\)\s*)?void\s+(\w+)\s*\(")
@@ -172,19 +212,74 @@ class ModuleCache:
 
 class EmulatedModule:
     """A module on the emulated device: its kernels are the host twins of the names it defines
-    (found in CUDA source or PTX; any twin for a cubin, whose names cannot be read here)."""
+    (found in CUDA source or PTX; any twin for a cubin, whose names cannot be read here), and its
+    globals are those it defines that the twins' modules declare (``host_global``), each given
+    its own bytes of the device's memory at load (all of them in one allocation: one module, one
+    ``malloc``), zero-filled or holding the declaration's ``initial`` bytes."""
 
-    def __init__(self, source: ModuleSource, twins: Any) -> None:
+    # each global's offset in the module's allocation is a multiple of this (CUDA aligns globals
+    # to their type, at most 16 bytes for the built-in vector types)
+    GLOBAL_ALIGN = 256
+
+    def __init__(self, source: ModuleSource, twins: Any, backend: Any = None, gpu: int = 0) -> None:
         self.source = source
+        self.gpu = gpu
         self._twins = twins
+        self._kernels: dict[str, Any] = {}
         if source.kind == "cuda":
             self.names: set[str] | None = source_kernels(source.code) | set(source.name_expressions)
+            defined: set[str] | None = source_globals(source.code) | {e.lstrip("&").strip()
+                                                                      for e in source.name_expressions}
         elif source.kind == "ptx":
             self.names = set(ptx_entries(source.code))
+            defined = ptx_globals(source.code)
         else:
-            self.names = None
+            self.names = defined = None
+        self.global_names = defined       # what the module defines (None: a cubin, not readable)
+        self._globals: dict[str, Any] = {}
+        decls = [twins.global_decl(n) for n in (twins.global_names() if defined is None else sorted(defined))]
+        decls = [d for d in decls if d is not None]
+        if decls:
+            if backend is None:
+                raise InvalidArgument("an emulated module with globals needs the device backend to hold them")
+            self._globals = self._place(decls, backend, gpu)
+
+    def _place(self, decls: list[Any], backend: Any, gpu: int) -> dict[str, Any]:
+        from ..device.backend import LEGACY_STREAM
+        from .module_globals import ModuleGlobal
+        offsets, end = [], 0
+        for d in decls:
+            offsets.append(end)
+            end += -(-d.nbytes // self.GLOBAL_ALIGN) * self.GLOBAL_ALIGN
+        prev = backend.get_device()
+        backend.set_device(gpu)
+        try:
+            base = backend.malloc(end)    # freed with the device: a loaded module lives as long
+            if any(d.initial for d in decls):
+                for d, off in zip(decls, offsets):
+                    if d.initial:
+                        backend.copy_to_device_async(base + off, d.initial, LEGACY_STREAM)
+                backend.stream_synchronize(LEGACY_STREAM)   # in place before any task can use it
+        finally:
+            backend.set_device(prev)
+        return {d.name: (ModuleGlobal(d.name, base + off, d.nbytes, gpu), d.constant) for d, off in zip(decls, offsets)}
+
+    def global_(self, name: str) -> Any:
+        """The module's global ``name`` (a ``ModuleGlobal``: its address and size)."""
+        placed = self._globals.get(name)
+        if placed is not None:
+            return placed[0]
+        if not isinstance(name, str) or not name:
+            raise InvalidArgument(f"a global's name is a non-empty str, got {name!r}")
+        if self.global_names is not None and name not in self.global_names:
+            raise InvalidArgument(f"the module defines no global {name!r} (it defines: "
+                                  f"{', '.join(sorted(self.global_names)) or 'none'})")
+        raise self._twins.missing_global(name)
 
     def kernel(self, name: str) -> Any:
+        k = self._kernels.get(name)
+        if k is not None:
+            return k
         if self.names is not None and name not in self.names:
             raise InvalidArgument(f"the module defines no kernel {name!r} (it defines: "
                                   f"{', '.join(sorted(self.names)) or 'none'})")
@@ -193,4 +288,18 @@ class EmulatedModule:
         if declared is not None and declared != twin.signature:
             raise InvalidArgument(f"kernel {name!r}: the signature declared at load ({', '.join(declared)}) is not "
                                   f"its host twin's ({', '.join(twin.signature)}, {twin.origin})")
+        if twin.globals:               # the twin reads this module's copies of its globals
+            from dataclasses import replace
+
+            from .host_kernels import BoundGlobal
+            bound = []
+            for g in twin.globals:
+                try:
+                    glob = self.global_(g)
+                except InvalidArgument as exc:
+                    raise InvalidArgument(f"kernel {name!r}: its host twin ({twin.origin}) reads global {g!r}: "
+                                          f"{exc}") from None
+                bound.append(BoundGlobal(g, glob.address, glob.size, self._globals[g][1]))
+            twin = replace(twin, bound=tuple(bound))
+        self._kernels[name] = twin
         return twin

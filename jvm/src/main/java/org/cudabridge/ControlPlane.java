@@ -36,6 +36,17 @@ public interface ControlPlane {
     /** {@code "<kernel id>;<kind>,<kind>,..."}: a module's kernel, registered for launches from Java. */
     String kernel(long moduleId, String name);
 
+    /** {@code {address, size}} of a module's {@code __constant__} or {@code __device__} variable. */
+    long[] globalVariable(long moduleId, String name);
+
+    /** Copies {@code data} into a module's global from byte {@code offset}, on the task's stream
+     *  (staged before it returns). */
+    void copyToGlobal(long taskAttemptId, long moduleId, String name, long offset, byte[] data);
+
+    /** {@code length} bytes of a module's global from byte {@code offset}, copied on the task's
+     *  stream after its queued work; complete on return. */
+    byte[] copyFromGlobal(long taskAttemptId, long moduleId, String name, long offset, int length);
+
     /** Closes the service (Python stays up); returns the tasks it released. */
     long shutdown();
 }

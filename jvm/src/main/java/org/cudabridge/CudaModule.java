@@ -19,6 +19,19 @@ public final class CudaModule {
         return gpu;
     }
 
+    /** A {@code __constant__} or {@code __device__} variable of the module by name (one call into
+     *  Python); a C++ name (not {@code extern "C"}, or in a namespace) needs the name expression
+     *  {@code "&name"} at load ({@link ModuleSource#nameExpression}). */
+    public DeviceGlobal global(String name) {
+        Objects.requireNonNull(name, "global: name");
+        if (name.isEmpty()) {
+            throw new IllegalArgumentException("global: the name is empty");
+        }
+        bridge.checkRunning("global");
+        long[] reply = bridge.control().globalVariable(id, name);
+        return new DeviceGlobal(bridge, id, name, reply[0], reply[1], gpu);
+    }
+
     /** A kernel of the module by name (a C++ name expression for a template); one call into Python. */
     public CudaKernel kernel(String name) {
         Objects.requireNonNull(name, "kernel: name");
