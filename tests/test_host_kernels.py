@@ -286,3 +286,31 @@ def test_no_kernel_of_a_task_is_queued_once_its_release_began():
         assert not unexpected, unexpected[:3]
         assert not service.backend.races
         assert ran > 0 and refused > 0 and ran + refused == 30 * 80
+
+
+def test_a_kernel_of_another_gpus_module_is_refused_before_anything_runs():
+    """A kernel belongs to the GPU its module was loaded on (a CUDA kernel's ``gpu``); a task on
+    another GPU launching it is refused, naming both, and nothing is queued."""
+    from dataclasses import dataclass
+
+    @dataclass
+    class OnGpu1:   # a Launchable (kernels/host_kernels.py) loaded on GPU 1
+        name: str = "on_gpu1"
+        gpu: int = 1
+        launched: int = 0
+
+        def launch(self, backend, stream, config, args):
+            self.launched += 1
+
+    with CudaBridgeService(ServiceConfig(backend="emulated", emulated_devices=2, emulated_memory="64m",
+                                         streams_per_gpu=2, high_priority_streams=0)) as service:
+        service.registry.bind(1, gpu=0)
+        k = OnGpu1()
+        with pytest.raises(InvalidArgument, match="loaded on GPU 1; task 1 runs on GPU 0"):
+            service.launch(1, k, LaunchConfig(1, 1), [])
+        assert k.launched == 0 and service.registry.launch_log.recent == {}
+        service.registry.bind(2, gpu=1)
+        service.launch(2, k, LaunchConfig(1, 1), [])
+        assert k.launched == 1
+        service.release_task(1)
+        service.release_task(2)

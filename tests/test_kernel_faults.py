@@ -107,3 +107,4 @@ def test_the_java_hot_path_fails_fast_too_after_a_fault(fast_path):
             service.close()
         except CudaError:
             pass
+

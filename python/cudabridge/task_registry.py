@@ -326,6 +326,10 @@ class TaskRegistry:
         lease = self._leases.enter(task_id)
         try:
             b = lease.binding
+            gpu = getattr(kernel, "gpu", None)   # a loaded module's kernel belongs to one GPU
+            if gpu is not None and gpu != b.gpu:
+                raise InvalidArgument(f"kernel {kernel.name!r} is loaded on GPU {gpu}; task {b.task_id} runs on "
+                                      f"GPU {b.gpu}: load the module on the task's GPU")
             pool = self._gpus[b.gpu].memory
             values = [self._kernel_arg(pool, b, i, a, kernel) for i, a in enumerate(args)]
             kernel.launch(pool.backend, b.stream, config, values)
