@@ -2,27 +2,38 @@
 loaded with the driver; kernels launched with ``cuLaunchKernel`` from Python.
 
 Source is compiled for the GPU's own architecture (``compute_XY``, unless the options name one)
-with ``-std=c++17``; the driver turns the PTX into machine code at load. The PTX's ``.entry``
-declarations give each kernel's parameter kinds (a ``.u64`` is taken as a pointer), unless a
-signature was declared at load. This is the Python launch path; the Java launch path (one JNI
-call, the arguments marshalled in C) is still to come.
+with ``-std=c++17`` and the CUDA toolkit's include directories (``cuda_headers.py``, unless the
+options name include paths); the driver turns the PTX into machine code at load. The PTX's
+``.entry`` declarations give each kernel's parameter kinds (a ``.u64`` is taken as a pointer),
+unless a signature was declared at load; its ``.global`` / ``.const`` declarations name the
+module's globals. This is the Python launch path; Java launches go through the hot path's C twin
+(``jvm/_hotcore.c``), which takes the kernel's function from here.
 """
 
 from __future__ import annotations
 
+import re
 import threading
 from dataclasses import replace
 from typing import Any
 
 from ..errors import InvalidArgument
+from .cuda_headers import CudaHeaders, cuda_headers, names_include_path, nvrtc_major
 from .launch_config import LaunchConfig, check_launch
 from .module_globals import ModuleGlobal
 from .modules import ModuleLoadError, ModuleSource, ptx_entries, ptx_globals
 from .params import DevicePointer, check_args
 
 
-def compile_to_ptx(nvrtc: Any, source: ModuleSource, arch: str) -> tuple[str, dict[str, str]]:
-    """(PTX, {name expression: lowered name}); ModuleLoadError with NVRTC's log on failure."""
+# NVRTC's words for an #include it could not find ("could not open source file" when it has no
+# include path at all)
+_MISSING_INCLUDE = re.compile(r'(?:cannot|could not) open source file "([^"]+)"')
+
+
+def compile_to_ptx(nvrtc: Any, source: ModuleSource, arch: str,
+                   headers: CudaHeaders | None = None) -> tuple[str, dict[str, str]]:
+    """(PTX, {name expression: lowered name}); ModuleLoadError with NVRTC's log on failure.
+    ``headers``: the CUDA include directories, passed unless the options give include paths."""
     def ok(call: str, result: Any) -> Any:
         if result[0] != nvrtc.nvrtcResult.NVRTC_SUCCESS:
             raise ModuleLoadError(f"{call} failed: {result[0].name}")
@@ -39,13 +50,19 @@ def compile_to_ptx(nvrtc: Any, source: ModuleSource, arch: str) -> tuple[str, di
             opts.insert(0, f"--gpu-architecture={arch}")
         if not any(o.startswith(("-std", "--std")) for o in opts):
             opts.append("-std=c++17")
+        if headers is not None and not names_include_path(source.options):
+            opts += headers.options()
         err = nvrtc.nvrtcCompileProgram(prog, len(opts), [o.encode() for o in opts])[0]
         size = ok("nvrtcGetProgramLogSize", nvrtc.nvrtcGetProgramLogSize(prog))
         log = b" " * size
         nvrtc.nvrtcGetProgramLog(prog, log)
         text = log.decode(errors="replace").rstrip("\x00 \n")
         if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
-            raise ModuleLoadError(f"the module did not compile ({err.name}, options {opts})", text)
+            summary = f"the module did not compile ({err.name}, options {opts})"
+            missing = _MISSING_INCLUDE.search(text)
+            if missing and headers is not None and not names_include_path(source.options):
+                summary += "; " + headers.hint(missing.group(1))
+            raise ModuleLoadError(summary, text)
         size = ok("nvrtcGetPTXSize", nvrtc.nvrtcGetPTXSize(prog))
         ptx = b" " * size
         ok("nvrtcGetPTX", nvrtc.nvrtcGetPTX(prog, ptx))
@@ -81,10 +98,16 @@ class CudaKernel:
 
 
 class CudaModule:
-    def __init__(self, backend: Any, source: ModuleSource, gpu: int) -> None:
+    def __init__(self, backend: Any, source: ModuleSource, gpu: int,
+                 compiled: tuple[str, dict[str, str]] | None = None) -> None:
+        """Load ``source`` on GPU ``gpu``; CUDA source is compiled here unless ``compiled`` holds
+        its (PTX, lowered names) already (the module loader's disk store)."""
         self.source = source
         if source.kind == "cuda":
-            ptx, self.lowered = compile_to_ptx(backend.nvrtc, source, backend.compute_arch(gpu))
+            if compiled is None:
+                compiled = compile_to_ptx(backend.nvrtc, source, backend.compute_arch(gpu),
+                                          cuda_headers(nvrtc_major(backend.nvrtc)))
+            ptx, self.lowered = compiled
             image: bytes = ptx.encode() + b"\0"
         elif source.kind == "ptx":
             ptx, self.lowered = source.code, {}
