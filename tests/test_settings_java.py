@@ -172,6 +172,7 @@ CASES = [
     (P + "logLevel", "critical", True), (P + "logLevel", "TRACE", False), (P + "logLevel", " INFO", False),
     (P + "testStreamArena", "naive_arena:NaiveArena", True),
     (P + "emulatedKernels", "host_twins_for_tests,more_twins", True), (P + "emulatedKernels", "", True),
+    (P + "moduleCacheDir", "/var/cache/cudabridge", True), (P + "moduleCacheDir", "", True),
     (P + "taskPriority", "normal", True), (P + "taskPriority", "high", True), (P + "taskPriority", "HIGH", False),
     (P + "taskPriority", "urgent", False),
     (P + "taskBind", "lazy", True), (P + "taskBind", "ahead", True), (P + "taskBind", "eager", True),
