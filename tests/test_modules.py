@@ -208,3 +208,39 @@ def test_on_a_gpu_nvrtc_compiles_once_and_the_kernel_runs_through_the_guard():
                 service.load_module(bad)
             assert "q" in info.value.log and "undefined" in info.value.log
         assert service.modules.failures == 1
+
+
+def test_ptx_for_a_newer_architecture_is_said_plainly():
+    """The driver's refusal of PTX whose .target is newer than the GPU's names both (the GPU test
+    in test_module_binaries.py runs the real load)."""
+    from cudabridge.kernels.cuda_module import _load_refusal
+    refused = ModuleLoadError("cuModuleLoadData failed: CUDA_ERROR_INVALID_PTX")
+    newer = _load_refusal(refused, ".version 8.8\n.target sm_100\n.address_size 64\n", "compute_90", 0)
+    assert "targets sm_100, newer than GPU 0's sm_90" in str(newer) and "CUDA_ERROR_INVALID_PTX" in str(newer)
+    assert _load_refusal(refused, ".target sm_80\n", "compute_90", 0) is refused       # not newer: as it was
+    assert _load_refusal(refused, "", "compute_90", 0) is refused                       # a cubin: no PTX
+
+
+def test_a_template_instantiation_is_a_weak_entry_and_is_found():
+    """NVRTC emits a template's instantiation as ``.weak .entry`` (found missing on the H200: a
+    template kernel was 'not defined')."""
+    from cudabridge.kernels.modules import ptx_entries
+    ptx = (".weak .entry _Z5scaleIfEvPT_iS0_(\n .param .u64 p0,\n .param .u32 p1,\n .param .f32 p2\n)\n"
+           ".visible .entry plain(.param .u64 a)\n")
+    assert ptx_entries(ptx) == {"_Z5scaleIfEvPT_iS0_": ("ptr", "i32", "f32"), "plain": ("ptr",)}
+
+
+def test_a_compile_leaves_the_interpreters_shared_bytes_alone():
+    """NVRTC writes the compile log into the buffer it is given. An empty log is one NUL byte, and
+    ``b" " * 1`` is the interpreter's shared one-byte object: writing into it made every b" " in
+    the process b"\\0" (on the H200 a later ``import torch`` failed parsing "annotate(strtag)").
+    Needs NVRTC, not a GPU."""
+    try:
+        from cuda.bindings import nvrtc
+        nvrtc.nvrtcVersion()
+    except Exception as exc:   # no libnvrtc here: the GPU machines have it
+        pytest.skip(f"needs NVRTC (libnvrtc): {type(exc).__name__}")
+    from cudabridge.kernels.cuda_module import compile_to_ptx
+    ptx, _ = compile_to_ptx(nvrtc, ModuleSource.of('extern "C" __global__ void k() {}'), "compute_90")
+    assert ".entry k" in ptx
+    assert b" " == bytes([32]) and b" ".join([b"a", b"b"]) == b"a b"

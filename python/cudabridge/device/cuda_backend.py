@@ -329,16 +329,16 @@ class CudaBackend(DeviceBackend):
             err = nv.nvrtcCompileProgram(prog, len(opts), opts)[0]
             if err != nv.nvrtcResult.NVRTC_SUCCESS:
                 size = nvcheck("nvrtcGetProgramLogSize", nv.nvrtcGetProgramLogSize(prog))
-                buf = b" " * size
+                buf = bytearray(size)   # written by NVRTC: never a (possibly shared) bytes object
                 nv.nvrtcGetProgramLog(prog, buf)
                 raise CudaError("nvrtcCompileProgram", int(err), err.name, buf.decode(errors="replace"))
             size = nvcheck("nvrtcGetCUBINSize", nv.nvrtcGetCUBINSize(prog))
-            cubin = b" " * size
+            cubin = bytearray(size)
             nvcheck("nvrtcGetCUBIN", nv.nvrtcGetCUBIN(prog, cubin))
         finally:
             nv.nvrtcDestroyProgram(prog)
         self._check("cudaFree", rt.cudaFree(0))  # make the primary context current on this thread
-        module = self._check("cuModuleLoadData", drv.cuModuleLoadData(cubin))
+        module = self._check("cuModuleLoadData", drv.cuModuleLoadData(bytes(cubin)))
         fill = self._check("cuModuleGetFunction", drv.cuModuleGetFunction(module, b"cb_fill_u32"))
         spin = self._check("cuModuleGetFunction", drv.cuModuleGetFunction(module, b"cb_spin"))
         return module, fill, spin

@@ -54,7 +54,9 @@ def compile_to_ptx(nvrtc: Any, source: ModuleSource, arch: str,
             opts += headers.options()
         err = nvrtc.nvrtcCompileProgram(prog, len(opts), [o.encode() for o in opts])[0]
         size = ok("nvrtcGetProgramLogSize", nvrtc.nvrtcGetProgramLogSize(prog))
-        log = b" " * size
+        # NVRTC writes into the buffer: a bytearray, never bytes (b" " * 1 is the interpreter's shared
+        # one-byte object, and writing a NUL into it turns every b" " in the process into b"\0")
+        log = bytearray(size)
         nvrtc.nvrtcGetProgramLog(prog, log)
         text = log.decode(errors="replace").rstrip("\x00 \n")
         if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
@@ -64,7 +66,7 @@ def compile_to_ptx(nvrtc: Any, source: ModuleSource, arch: str,
                 summary += "; " + headers.hint(missing.group(1))
             raise ModuleLoadError(summary, text)
         size = ok("nvrtcGetPTXSize", nvrtc.nvrtcGetPTXSize(prog))
-        ptx = b" " * size
+        ptx = bytearray(size)
         ok("nvrtcGetPTX", nvrtc.nvrtcGetPTX(prog, ptx))
         lowered = {expr: ok("nvrtcGetLoweredName", nvrtc.nvrtcGetLoweredName(prog, expr.encode())).decode()
                    for expr in source.name_expressions}
@@ -97,6 +99,21 @@ class CudaKernel:
         backend.launch_kernel(self.function, config, stream, self.signature, values, self.gpu)
 
 
+_PTX_TARGET = re.compile(r"^\s*\.target\s+sm_(\d+)", re.M)
+
+
+def _load_refusal(exc: "ModuleLoadError", ptx: str, arch: str, gpu: int) -> "ModuleLoadError":
+    """The driver's refusal, said plainly where the PTX targets a newer architecture than the GPU's
+    (``arch`` is ``compute_XY``): a driver cannot run code for a GPU generation after its device's."""
+    m = _PTX_TARGET.search(ptx) if ptx else None
+    have = int(arch.removeprefix("compute_"))
+    if m is not None and int(m.group(1)) > have:
+        return ModuleLoadError(f"the module's PTX targets sm_{m.group(1)}, newer than GPU {gpu}'s sm_{have}: compile "
+                               f"it for sm_{have} or older (the default for CUDA source is the GPU's own "
+                               f"architecture), or load a binary with code for sm_{have} ({exc.summary})")
+    return exc
+
+
 class CudaModule:
     def __init__(self, backend: Any, source: ModuleSource, gpu: int,
                  compiled: tuple[str, dict[str, str]] | None = None) -> None:
@@ -116,7 +133,10 @@ class CudaModule:
             ptx, self.lowered, image = "", {}, source.code
         self.entries = ptx_entries(ptx) if ptx else {}
         self.globals = ptx_globals(ptx) if ptx else None   # None: a cubin's cannot be listed here
-        self.handle = backend.module_load(image, gpu)
+        try:
+            self.handle = backend.module_load(image, gpu)
+        except ModuleLoadError as exc:
+            raise _load_refusal(exc, ptx, backend.compute_arch(gpu), gpu) from exc
         self.gpu = gpu
         self._backend = backend
         self._kernels: dict[str, CudaKernel] = {}

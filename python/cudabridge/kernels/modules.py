@@ -84,7 +84,8 @@ class ModuleSource:
 
 
 # PTX ".entry name(.param .u64 name_param_0, ...)": the kernel's parameter kinds.
-_ENTRY = re.compile(r"\.(?:visible\s+)?\.entry\s+([\w$]+)\s*\(([^)]*)\)", re.S)
+# (a template's instantiation is ".weak .entry": several translation units may each emit it)
+_ENTRY = re.compile(r"\.(?:(?:visible|weak)\s+\.)?entry\s+([\w$]+)\s*\(([^)]*)\)", re.S)
 _PARAM = re.compile(r"\.param\s+(?:\.align\s+\d+\s+)?\.(\w+)\s+[\w$]+(\[\d+\])?")
 _PTX_KIND = {"u64": "ptr", "s64": "i64", "u32": "i32", "s32": "i32", "b32": "i32", "f32": "f32", "f64": "f64",
              "u16": "i16", "s16": "i16", "u8": "i8", "s8": "i8", "b8": "i8", "b64": "i64"}
