@@ -136,9 +136,12 @@ class DeviceGlobalTest {
             assertThrows(IllegalArgumentException.class, () -> m.global(""));
             CudaBridgeException unknown = assertThrows(CudaBridgeException.class, () -> m.global("scal"));
             assertTrue(unknown.getMessage().contains("defines no global 'scal'"), unknown.getMessage());
-            CudaBridgeException undeclared = assertThrows(CudaBridgeException.class,
-                    () -> bridge.loadModule(ModuleSource.cuda(SOURCE + "__constant__ float bias;\n")).global("bias"));
-            assertTrue(undeclared.getMessage().contains("host_global('bias', <bytes>)"), undeclared.getMessage());
+            if (System.getProperty("spark.cudabridge.backend", "emulated").equals("emulated")) {
+                // a global the source defines but no host twin module declares (the emulated device only)
+                CudaBridgeException undeclared = assertThrows(CudaBridgeException.class,
+                        () -> bridge.loadModule(ModuleSource.cuda(SOURCE + "__constant__ float bias;\n")).global("bias"));
+                assertTrue(undeclared.getMessage().contains("host_global('bias', <bytes>)"), undeclared.getMessage());
+            }
             assertThrows(IndexOutOfBoundsException.class, () -> scale.copyFrom(new float[] {1f, 2f}), "8 bytes into 4");
             assertThrows(IndexOutOfBoundsException.class, () -> scale.copyFrom(new float[] {1f}, 0, 1, 1), "at offset 1");
             assertThrows(IndexOutOfBoundsException.class, () -> scale.copyFrom(new float[] {1f}, 0, -4, 1));
