@@ -337,6 +337,48 @@ static void leave_lease(PyObject *inside, unsigned long ident) {
     PyErr_Restore(et, ev, etb);
 }
 
+/* The lease protocol's enter (TaskLeases.enter), the guard every operation that queues work for
+ * a task passes: look the lease up, append this thread's ident to lease.inside, then read
+ * lease.open. Returns 0 inside, with new references in *lease and *inside (leave with
+ * leave_lease(*inside, *ident), then drop both); -1 with the error raised and nothing held: not
+ * bound (leases.refusal(task, None)), its release begun (leases.refusal(task, lease)), or the
+ * protocol's objects not as documented. */
+static int enter_lease(HotCore *self, PyObject *task, PyObject **lease, PyObject **inside, unsigned long *ident) {
+    PyObject *l = lookup_lease(self, task);
+    if (l == NULL) return -1;
+    PyObject *in = PyObject_GetAttr(l, s_inside);
+    if (in == NULL || !PyList_CheckExact(in)) {
+        if (in != NULL)
+            PyErr_Format(PyExc_TypeError, "the lease protocol: lease.inside must be a list, got %R", in);
+        Py_XDECREF(in);
+        Py_DECREF(l);
+        return -1;
+    }
+    unsigned long me_id = PyThread_get_thread_ident();
+    PyObject *me = PyLong_FromUnsignedLong(me_id);
+    if (me == NULL || PyList_Append(in, me) < 0) {
+        Py_XDECREF(me);
+        Py_DECREF(in);
+        Py_DECREF(l);
+        return -1;
+    }
+    Py_DECREF(me);
+    PyObject *open = PyObject_GetAttr(l, s_open);
+    int is_open = open ? PyObject_IsTrue(open) : -1;
+    Py_XDECREF(open);
+    if (is_open <= 0) {   /* an error, or the release has begun (the task may be bound again since) */
+        leave_lease(in, me_id);
+        if (is_open == 0) refuse_task(self, task, l);
+        Py_DECREF(in);
+        Py_DECREF(l);
+        return -1;
+    }
+    *lease = l;
+    *inside = in;
+    *ident = me_id;
+    return 0;
+}
+
 /* raise refuse_unusable(call): the GPU is unusable after a sticky error. NULL always. */
 static PyObject *refuse_unusable(HotCore *self, const char *call) {
     PyObject *c = PyUnicode_FromString(call);
@@ -353,38 +395,12 @@ static PyObject *hc_allocate(HotCore *self, PyObject *const *args, size_t nargsf
         return PyObject_Vectorcall(self->ref_allocate, args, nargs, kwnames);
     if (self->refuse_unusable != NULL) return refuse_unusable(self, "allocate");
     PyObject *task = args[0], *size = args[1];
-    /* enter: look up, append this thread's ident to inside, then read open */
-    PyObject *lease = lookup_lease(self, task);
-    if (lease == NULL) return NULL;
-    PyObject *inside = PyObject_GetAttr(lease, s_inside);
-    if (inside == NULL || !PyList_CheckExact(inside)) {
-        if (inside != NULL)
-            PyErr_Format(PyExc_TypeError, "the lease protocol: lease.inside must be a list, got %R", inside);
-        Py_XDECREF(inside);
-        Py_DECREF(lease);
-        return NULL;
-    }
-    unsigned long ident = PyThread_get_thread_ident();
-    PyObject *me = PyLong_FromUnsignedLong(ident);
-    if (me == NULL || PyList_Append(inside, me) < 0) {
-        Py_XDECREF(me);
-        Py_DECREF(inside);
-        Py_DECREF(lease);
-        return NULL;
-    }
-    Py_DECREF(me);
+    PyObject *lease, *inside;
+    unsigned long ident;
+    if (enter_lease(self, task, &lease, &inside, &ident) < 0) return NULL;
     PyObject *b = NULL, *gpu_obj = NULL, *stream = NULL, *owner = NULL, *a = NULL, *id = NULL, *ptr = NULL,
              *handle = NULL, *out = NULL;
     long gpu = -1;
-    PyObject *open = PyObject_GetAttr(lease, s_open);
-    int is_open = open ? PyObject_IsTrue(open) : -1;
-    Py_XDECREF(open);
-    if (is_open < 0) goto done;
-    if (!is_open) {   /* the release has begun (the task may be bound again since: a new lease) */
-        leave_lease(inside, ident);
-        refuse_task(self, task, lease);
-        goto out_left;
-    }
     /* the operation, inside the lease */
     b = PyObject_GetAttr(lease, s_binding);
     if (b == NULL) goto done;
@@ -432,7 +448,6 @@ done:
         self->allocations++;
         out = PyTuple_Pack(2, handle, ptr);
     }
-out_left:
     Py_XDECREF(handle); Py_XDECREF(id); Py_XDECREF(ptr); Py_XDECREF(a); Py_XDECREF(owner); Py_XDECREF(stream);
     Py_XDECREF(gpu_obj); Py_XDECREF(b); Py_DECREF(inside); Py_DECREF(lease);
     return out;
@@ -751,39 +766,15 @@ static int launch_raw(void *core, long long task, long long kid, const int dims[
         return refer_launch(self, k, task, kid, dims, shared, values, kinds, offsets, n);
     PyObject *task_obj = PyLong_FromLongLong(task);
     if (task_obj == NULL) return -1;
-    PyObject *lease = lookup_lease(self, task_obj);
-    if (lease == NULL) {
+    PyObject *lease, *inside;
+    unsigned long ident;
+    if (enter_lease(self, task_obj, &lease, &inside, &ident) < 0) {
         Py_DECREF(task_obj);
         return -1;
     }
     int result = -1, refer = 0;
     cb_CUresult rc = CB_CUDA_SUCCESS;
     PyObject *b = NULL, *stream_obj = NULL;
-    PyObject *inside = PyObject_GetAttr(lease, s_inside);
-    if (inside == NULL || !PyList_CheckExact(inside)) {
-        if (inside != NULL)
-            PyErr_Format(PyExc_TypeError, "the lease protocol: lease.inside must be a list, got %R", inside);
-        Py_XDECREF(inside);
-        Py_DECREF(lease);
-        Py_DECREF(task_obj);
-        return -1;
-    }
-    unsigned long ident = PyThread_get_thread_ident();
-    PyObject *me = PyLong_FromUnsignedLong(ident);
-    if (me == NULL || PyList_Append(inside, me) < 0) {
-        Py_XDECREF(me);
-        goto out;
-    }
-    Py_DECREF(me);
-    PyObject *open = PyObject_GetAttr(lease, s_open);
-    int is_open = open ? PyObject_IsTrue(open) : -1;
-    Py_XDECREF(open);
-    if (is_open < 0) goto left;
-    if (!is_open) {   /* the release has begun */
-        leave_lease(inside, ident);
-        refuse_task(self, task_obj, lease);
-        goto out;
-    }
     b = PyObject_GetAttr(lease, s_binding);
     if (b == NULL) goto left;
     int ok = 1;
@@ -867,7 +858,6 @@ static int launch_raw(void *core, long long task, long long kid, const int dims[
     }
 left:
     leave_lease(inside, ident);
-out:
     Py_XDECREF(stream_obj);
     Py_XDECREF(b);
     Py_DECREF(inside);
