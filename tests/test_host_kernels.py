@@ -314,3 +314,10 @@ def test_a_kernel_of_another_gpus_module_is_refused_before_anything_runs():
         assert k.launched == 1
         service.release_task(1)
         service.release_task(2)
+
+
+def test_the_parameter_layout_is_the_compilers():
+    from cudabridge.kernels.params import param_layout
+    assert param_layout(("ptr", "i32", "f32")) == [(0, 8), (8, 4), (12, 4)]
+    assert param_layout(("i8", "i64", "bool", "i16", "f64")) == [(0, 1), (8, 8), (16, 1), (18, 2), (24, 8)]
+    assert param_layout(()) == []

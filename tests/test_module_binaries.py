@@ -118,3 +118,19 @@ def test_a_compile_does_not_hold_the_gil(service):
     # the longest the main thread went without a tick would be the whole compile under the GIL;
     # here it ticks all along: at least one tick per 10 us of compile on any machine
     assert ticks > spans[0] * 1e5, (ticks, spans)
+
+
+def test_a_declared_signature_the_compiled_kernel_does_not_have_is_refused(service):
+    """cuFuncGetParamInfo gives the compiled kernel's parameter offsets and sizes: a declared
+    signature that lays them out otherwise is refused when the kernel is asked for (a launch
+    would put the arguments at the wrong places). Sizes cannot tell i32 from f32, so only the
+    layout is checked."""
+    from cudabridge.errors import InvalidArgument
+    wrong = ModuleSource.of(SCALE, signatures={"scale": "ptr, i64, f32"})
+    with pytest.raises(InvalidArgument, match=r"\(offset, size\) \[\(0, 8\), \(8, 8\), \(16, 4\)\], the compiled "
+                                              r"kernel's are \[\(0, 8\), \(8, 4\), \(12, 4\)\]"):
+        service.load_module(wrong).kernel("scale")
+    short = ModuleSource.of(SCALE, signatures={"scale": "ptr, i32"})
+    with pytest.raises(InvalidArgument, match="cuFuncGetParamInfo"):
+        service.load_module(short).kernel("scale")
+    assert service.load_module(ModuleSource.of(SCALE, signatures={"scale": "ptr, i32, f32"})).kernel("scale")

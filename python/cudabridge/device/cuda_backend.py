@@ -377,6 +377,25 @@ class CudaBackend(DeviceBackend):
             raise InvalidArgument(f"the module has no kernel {name!r} ({err.name})")
         return fn
 
+    def param_layout(self, function: Any) -> list[tuple[int, int]] | None:
+        """Each parameter's (offset, size) in the kernel's parameter buffer, as the compiled kernel
+        has them (``cuFuncGetParamInfo``, asked for index 0, 1, ... until CUDA_ERROR_INVALID_VALUE:
+        the driver has no parameter count call); None where the driver has no such call."""
+        get = getattr(self.drv, "cuFuncGetParamInfo", None)
+        if get is None:
+            return None
+        R = self.drv.CUresult
+        out: list[tuple[int, int]] = []
+        while True:
+            err, offset, size = get(function, len(out))
+            if err == R.CUDA_ERROR_INVALID_VALUE:
+                return out
+            if err in (R.CUDA_ERROR_NOT_SUPPORTED, R.CUDA_ERROR_NOT_FOUND):
+                return None
+            if err != R.CUDA_SUCCESS:
+                raise self._error("cuFuncGetParamInfo", err)
+            out.append((int(offset), int(size)))
+
     def module_global(self, module: Any, symbol: str, name: str, ordinal: int) -> tuple[int, int]:
         """(device address, size in bytes) of the module's global ``symbol`` (``cuModuleGetGlobal``),
         with GPU ``ordinal``'s primary context current: the module belongs to it."""

@@ -22,7 +22,7 @@ from .cuda_headers import CudaHeaders, cuda_headers, names_include_path, nvrtc_m
 from .launch_config import LaunchConfig, check_launch
 from .module_globals import ModuleGlobal
 from .modules import ModuleLoadError, ModuleSource, ptx_entries, ptx_globals
-from .params import DevicePointer, check_args
+from .params import DevicePointer, check_args, param_layout
 
 
 # NVRTC's words for an #include it could not find ("could not open source file" when it has no
@@ -178,5 +178,16 @@ class CudaModule:
                 raise InvalidArgument(f"kernel {name!r}: declare its signature at load (its parameters are not "
                                       f"all plain scalars and pointers in the PTX, or the module is a cubin)")
         function = self._backend.module_function(self.handle, symbol, name)
-        k = self._kernels[name] = CudaKernel(name, sig, function, self.gpu, self._backend.kernel_limits(function))
+        # the signature (the PTX's or one declared) against the compiled kernel's own parameters:
+        # a declared signature that does not match would pass arguments at the wrong places
+        theirs = self._backend.param_layout(function)
+        if theirs is not None and theirs != param_layout(sig):
+            raise InvalidArgument(f"kernel {name!r}: the signature ({', '.join(sig)}) places parameters at "
+                                  f"(offset, size) {param_layout(sig)}, the compiled kernel's are {theirs} "
+                                  f"(cuFuncGetParamInfo): declare the signature that matches")
+        with self._lock:   # one kernel object per name: Java registers it once
+            k = self._kernels.get(name)
+            if k is None:
+                k = self._kernels[name] = CudaKernel(name, sig, function, self.gpu,
+                                                     self._backend.kernel_limits(function))
         return k

@@ -83,6 +83,18 @@ def check_args(kinds: Sequence[str], values: Sequence[Any], kernel: str) -> list
     return [check_value(kind, value, i, kernel) for i, (kind, value) in enumerate(zip(kinds, values))]
 
 
+def param_layout(kinds: Sequence[str]) -> list[tuple[int, int]]:
+    """Each parameter's (offset, size) in CUDA's parameter buffer: each at its natural alignment,
+    as the compiler lays them out (``(float*, int, float)``: (0, 8), (8, 4), (12, 4))."""
+    out, at = [], 0
+    for kind in kinds:
+        size = PARAM_KINDS[kind][1]
+        at += -at % size
+        out.append((at, size))
+        at += size
+    return out
+
+
 def pack_params(kinds: Sequence[str], values: Sequence[Any], kernel: str) -> bytes:
     """The arguments laid out as a CUDA kernel's parameter buffer: each at its natural alignment."""
     out = bytearray()
