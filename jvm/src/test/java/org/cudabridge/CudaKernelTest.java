@@ -131,4 +131,31 @@ class CudaKernelTest {
             }
         }
     }
+
+    @Test
+    void aLaunchWithNoBoundTaskIsRefusedAndTheExecutorGoesOn() throws Exception {
+        CudaKernel saxpy;
+        DeviceBuffer x;
+        try (TaskScope t = bridge.bindTask(5)) {
+            saxpy = bridge.loadModule(ModuleSource.cuda(SOURCE)).kernel("saxpy");
+            x = bridge.allocate(4096);
+            Throwable[] seen = {null};
+            Thread unbound = new Thread(() -> {
+                try {
+                    saxpy.launch(LaunchConfig.grid(1).block(32), x, x, 8, 1f);
+                } catch (Throwable e) {
+                    seen[0] = e;
+                }
+            });
+            unbound.start();
+            unbound.join();
+            assertTrue(seen[0] instanceof IllegalStateException && seen[0].getMessage().contains("no task is bound"),
+                    String.valueOf(seen[0]));
+            saxpy.launch(LaunchConfig.grid(1).block(32), x, x, 8, 1f);   // this thread's task still launches
+            bridge.synchronize();
+            assertEquals(5, t.taskAttemptId());
+        }
+        assertThrows(IllegalStateException.class, () -> saxpy.launch(LaunchConfig.grid(1).block(32), x, x, 8, 1f),
+                "after the task's release");
+    }
 }

@@ -1,6 +1,7 @@
 package org.cudabridge;
 
 import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import java.nio.file.Path;
@@ -44,6 +45,8 @@ class LaunchReleaseRaceTest {
         AtomicInteger ran = new AtomicInteger();
         AtomicInteger refused = new AtomicInteger();
         List<Throwable> unexpected = new ArrayList<>();
+        CudaKernel[] last = {null};
+        DeviceBuffer[] lastBuffer = {null};
         try {
             for (int round = 0; round < 20; round++) {
                 long task = 100 + round;
@@ -101,8 +104,16 @@ class LaunchReleaseRaceTest {
             assertEquals("0", bridge.callTool("emulated_races", "{}"), "a launch was queued after its task's release");
             assertTrue(ran.get() > 0, "ran " + ran);
             assertEquals(20 * 4, refused.get(), "every launcher ends refused");
+            // a task still bound when the bridge shuts down: its launches are refused after
+            bridge.bindTask(9999);
+            last[0] = bridge.loadModule(ModuleSource.cuda(SOURCE)).kernel("saxpy");
+            lastBuffer[0] = bridge.allocate(4096);
         } finally {
             bridge.shutdown();
         }
+        IllegalStateException down = assertThrows(IllegalStateException.class,
+                () -> last[0].launch(LaunchConfig.grid(1).block(32), lastBuffer[0], lastBuffer[0], 8, 1f));
+        assertTrue(down.getMessage().contains("shut down") || down.getMessage().contains("released"), down.getMessage());
+        assertThrows(IllegalStateException.class, () -> bridge.bindTask(1));
     }
 }
