@@ -38,6 +38,7 @@
 
 #include "hot_gate.h"
 #include "native_api.h"   /* python/cudabridge/jvm: the hot path C twin's entry points */
+#include "staging_ring.h"
 
 #ifndef CB_LIBPYTHON
 #error "CB_LIBPYTHON (the path of the libpython this library is linked to) must be defined by the build"
@@ -135,6 +136,7 @@ typedef struct {
     char *stage;
     size_t stage_cap;
     int keyed;           /* the pthread key points at this slot */
+    struct cb_ring *ring; /* pinned staging for heap-array copies on a GPU (staging_ring.h) */
 } thread_slot;
 
 static __thread thread_slot t_slot;
@@ -361,6 +363,8 @@ static void slot_destructor(void *arg) {
     free(slot->stage);
     slot->stage = NULL;
     slot->stage_cap = 0;
+    ring_give(slot->ring);   /* for the next thread that copies: pinned memory stays bounded */
+    slot->ring = NULL;
     slot->keyed = 0;
 }
 
@@ -1467,6 +1471,55 @@ static void call_with_view(PyObject *fn, jlong handle, jlong devOffset, char *me
 }
 
 /* static native void copyIn(long handle, long devOffset, Object array, long byteOffset, long nbytes, int elemSize) */
+/* A heap-array copy through this thread's pinned staging ring (staging_ring.h), on a GPU: the
+ * buffer's task lease entered with the GIL held (one Python call), the chunks and DMAs run
+ * without it, the lease left (and any driver error raised) with it again. Not gated: it waits. */
+static void staged_copy(JNIEnv *env, jlong handle, jlong devOffset, jobject array, jlong byteOffset, jlong nbytes,
+                        int to_device) {
+    const cb_driver *d = g_api->driver;
+    gil_section g;
+    captured_error err = {0};
+    if (gil_enter(env, &g) != 0) return;
+    cb_copy_lease lease = {0};
+    int entered = g_api->enter_copy(g_api->core, handle, devOffset, nbytes, to_device, &lease) == 0;
+    if (!entered) capture_python_error(&err);
+    gil_exit(&g);
+    if (!entered) {
+        throw_captured(env, &err);
+        return;
+    }
+    const char *call = NULL;
+    int rc = CB_CUDA_SUCCESS;
+    cb_CUcontext prev = NULL;
+    if ((rc = d->cuCtxGetCurrent(&prev)) != CB_CUDA_SUCCESS) call = "cuCtxGetCurrent";
+    else if (prev != lease.context && (rc = d->cuCtxSetCurrent(lease.context)) != CB_CUDA_SUCCESS) call = "cuCtxSetCurrent";
+    if (rc == CB_CUDA_SUCCESS) {
+        size_t slot_bytes = (size_t)g_api->staging_slot_bytes;
+        cb_ring *r = t_slot.ring;
+        if (r != NULL && (r->context != lease.context || r->n != g_api->staging_slots || r->slot_bytes != slot_bytes)) {
+            ring_give(r);
+            r = t_slot.ring = NULL;
+        }
+        if (r == NULL) r = t_slot.ring = ring_take(d, lease.context, g_api->staging_slots, slot_bytes, &rc, &call);
+        if (r != NULL) {
+            rc = to_device ? ring_to_device(env, d, r, (jarray)array, byteOffset, nbytes, lease.address, lease.stream, &call)
+                           : ring_from_device(env, d, r, (jarray)array, byteOffset, nbytes, lease.address, lease.stream,
+                                              &call);
+            if (rc > 0) t_slot.ring = NULL;   /* a driver call failed: the slots' state is unknown, drop it */
+        }
+    }
+    if (prev != NULL && prev != lease.context) d->cuCtxSetCurrent(prev);
+    if (gil_enter(env, &g) != 0) return;   /* cannot happen: this thread has its Python state */
+    g_api->leave_copy(g_api->core, &lease);
+    if (rc > 0) {
+        g_api->driver_failed(g_api->core, call, rc);
+        capture_python_error(&err);
+    }
+    gil_exit(&g);
+    if (rc > 0) throw_captured(env, &err);
+    /* rc -1: the array could not be pinned; its Java exception is pending */
+}
+
 JNIEXPORT void JNICALL Java_org_cudabridge_NativeBridge_copyIn(JNIEnv *env, jclass cls, jlong handle, jlong devOffset,
                                                                jobject array, jlong byteOffset, jlong nbytes,
                                                                jint elemSize) {
@@ -1474,6 +1527,10 @@ JNIEXPORT void JNICALL Java_org_cudabridge_NativeBridge_copyIn(JNIEnv *env, jcla
     if (!check_array(env, array, byteOffset, nbytes, elemSize)) return;
     if (!atomic_load_explicit(&g_ready, memory_order_acquire)) {
         throw_state(env, "cudabridge: the bridge is not started in this JVM");
+        return;
+    }
+    if (g_api != NULL && g_api->driver != NULL && nbytes > 0) {   /* a GPU: pinned staging, pipelined */
+        staged_copy(env, handle, devOffset, array, byteOffset, nbytes, 1);
         return;
     }
     jlong done = 0;
@@ -1511,6 +1568,10 @@ JNIEXPORT void JNICALL Java_org_cudabridge_NativeBridge_copyOut(JNIEnv *env, jcl
     if (!check_array(env, array, byteOffset, nbytes, elemSize)) return;
     if (!atomic_load_explicit(&g_ready, memory_order_acquire)) {
         throw_state(env, "cudabridge: the bridge is not started in this JVM");
+        return;
+    }
+    if (g_api != NULL && g_api->driver != NULL && nbytes > 0) {   /* a GPU: pinned staging, pipelined */
+        staged_copy(env, handle, devOffset, array, byteOffset, nbytes, 0);
         return;
     }
     jlong done = 0;

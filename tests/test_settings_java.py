@@ -173,6 +173,8 @@ CASES = [
     (P + "testStreamArena", "naive_arena:NaiveArena", True),
     (P + "emulatedKernels", "host_twins_for_tests,more_twins", True), (P + "emulatedKernels", "", True),
     (P + "moduleCacheDir", "/var/cache/cudabridge", True), (P + "moduleCacheDir", "", True),
+    (P + "stagingSlots", "4", True), (P + "stagingSlots", "0", False), (P + "stagingSlots", "17", False),
+    (P + "stagingSlotBytes", "4m", True), (P + "stagingSlotBytes", "1k", False),
     (P + "taskPriority", "normal", True), (P + "taskPriority", "high", True), (P + "taskPriority", "HIGH", False),
     (P + "taskPriority", "urgent", False),
     (P + "taskBind", "lazy", True), (P + "taskBind", "ahead", True), (P + "taskBind", "eager", True),

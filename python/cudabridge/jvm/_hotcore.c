@@ -65,6 +65,10 @@ typedef struct {
     PyObject *launch_failed;            /* launch_failed(kernel id, CUresult) -> the exception to raise */
     PyObject *log_recent, *log_record;  /* the LaunchLog's dict (stream -> names) and its record */
     PyObject *refuse_unusable;          /* set_unusable: call name -> DeviceUnusable; NULL while usable */
+    PyObject *enter_buffer;             /* enable_copies: JavaHotPath._enter_buffer; NULL: no staged copies */
+    PyObject *copy_failed;              /* enable_copies: (call, CUresult) -> the exception to raise */
+    int staging_slots;
+    long long staging_slot_bytes, copies_in, copies_out;
     struct native_kernel **kernels;     /* by kernel id (add_kernel); NULL: launched by the reference */
     Py_ssize_t nkernels;
     cb_CUcontext contexts[MAX_GPUS];    /* each GPU's primary context, retained at its first kernel */
@@ -91,7 +95,8 @@ typedef struct native_kernel {
 
 #define HC_FIELDS(X) X(lease_get); X(lease_refusal); X(h_insert); X(h_pop); X(h_get); X(h_refusal); \
     X(h_refusal_many); X(set_device); X(ref_stream); X(ref_allocate); X(ref_free); X(ref_free_many); \
-    X(ref_launch); X(launch_failed); X(log_recent); X(log_record); X(refuse_unusable)
+    X(ref_launch); X(launch_failed); X(log_recent); X(log_record); X(refuse_unusable); X(enter_buffer); \
+    X(copy_failed)
 
 static int hc_traverse(HotCore *self, visitproc visit, void *arg) {
 #define V(f) Py_VISIT(self->f)
@@ -579,6 +584,28 @@ out:
 /* bytes of each kind code (KIND_CODES: ptr i8 i16 i32 i64 f32 f64 bool) */
 static const int kind_size[8] = {8, 1, 2, 4, 8, 4, 8, 1};
 
+/* GPU gpu's primary context, retained once (released at dealloc); the driver loaded. 0, or -1
+ * with RuntimeError raised. */
+static int retain_context(HotCore *self, int gpu) {
+    if (self->contexts[gpu] != NULL) return 0;
+    if (cb_driver_load(&g_driver) < 0) {
+        PyErr_Format(PyExc_RuntimeError, "the CUDA driver's entry points: %s", g_driver.failure);
+        return -1;
+    }
+    cb_CUdevice dev;
+    cb_CUcontext ctx = NULL;
+    cb_CUresult rc = g_driver.cuDeviceGet(&dev, gpu);
+    if (rc == CB_CUDA_SUCCESS) rc = g_driver.cuDevicePrimaryCtxRetain(&ctx, dev);
+    if (rc != CB_CUDA_SUCCESS) {
+        char buf[32];
+        PyErr_Format(PyExc_RuntimeError, "retaining GPU %d's primary context failed: %s", gpu,
+                     cb_driver_error_name(&g_driver, rc, buf, sizeof buf));
+        return -1;
+    }
+    self->contexts[gpu] = ctx;
+    return 0;
+}
+
 /* add_kernel(kernel_id, kernel, name, function, gpu, kinds, device_limits, kernel_max_threads,
  *            static_shared, dynamic_shared)
  * device_limits: (max threads per block, max block x, y, z, max grid x, y, z, shared per block
@@ -619,24 +646,9 @@ static PyObject *hc_add_kernel(HotCore *self, PyObject *args) {
         k->offsets[i] = (unsigned short)at;
         at += size;
     }
-    if (cb_driver_load(&g_driver) < 0) {
+    if (retain_context(self, gpu) < 0) {
         PyMem_Free(k);
-        PyErr_Format(PyExc_RuntimeError, "the CUDA driver's entry points: %s", g_driver.failure);
         return NULL;
-    }
-    if (self->contexts[gpu] == NULL) {
-        cb_CUdevice dev;
-        cb_CUcontext ctx = NULL;
-        cb_CUresult rc = g_driver.cuDeviceGet(&dev, gpu);
-        if (rc == CB_CUDA_SUCCESS) rc = g_driver.cuDevicePrimaryCtxRetain(&ctx, dev);
-        if (rc != CB_CUDA_SUCCESS) {
-            PyMem_Free(k);
-            char buf[32];
-            PyErr_Format(PyExc_RuntimeError, "retaining GPU %d's primary context failed: %s", gpu,
-                         cb_driver_error_name(&g_driver, rc, buf, sizeof buf));
-            return NULL;
-        }
-        self->contexts[gpu] = ctx;
     }
     if (kid >= self->nkernels) {
         Py_ssize_t cap = self->nkernels ? self->nkernels : 16;
@@ -921,6 +933,108 @@ static PyObject *hc_launch(HotCore *self, PyObject *const *args, size_t nargsf, 
     Py_RETURN_NONE;
 }
 
+/* copies ----------------------------------------------------------------------------------------
+ * What the JNI library's staged copies (bridge/staging_ring.h) need from here: the buffer, its
+ * task's lease entered the way every queued operation enters it (the reference's own
+ * _enter_buffer: one Python call per copy, none per chunk), and the service's words for a driver
+ * error. */
+
+static int enter_copy(void *core, long long handle, long long offset, long long nbytes, int to_device,
+                      cb_copy_lease *out) {
+    HotCore *self = (HotCore *)core;
+    if (self->refuse_unusable != NULL) {
+        refuse_unusable(self, to_device ? "copy_in" : "copy_out");
+        return -1;
+    }
+    long gpu = (long)((unsigned long long)handle & GPU_MASK);
+    if (retain_context(self, (int)gpu) < 0) return -1;
+    PyObject *a[4] = {PyLong_FromLongLong(handle), PyUnicode_FromString(to_device ? "copy_in" : "copy_out"),
+                      PyLong_FromLongLong(offset), PyLong_FromLongLong(nbytes)};
+    PyObject *r = NULL;
+    if (a[0] && a[1] && a[2] && a[3]) r = PyObject_Vectorcall(self->enter_buffer, a, 4, NULL);
+    for (int i = 0; i < 4; i++) Py_XDECREF(a[i]);
+    if (r == NULL) return -1;
+    /* (allocation, lease), the lease entered on this thread: left on every way out from here */
+    PyObject *alloc = PyTuple_CheckExact(r) && PyTuple_GET_SIZE(r) == 2 ? PyTuple_GET_ITEM(r, 0) : NULL;
+    PyObject *lease = alloc ? PyTuple_GET_ITEM(r, 1) : NULL;
+    PyObject *inside = lease ? PyObject_GetAttr(lease, s_inside) : NULL;
+    if (inside == NULL || !PyList_CheckExact(inside)) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "enter_copy: _enter_buffer's result is not as documented");
+        Py_XDECREF(inside);
+        Py_DECREF(r);
+        return -1;
+    }
+    int ok = 1;
+    long long ptr = int_attr(alloc, s_ptr, &ok);
+    long long stream = ok ? int_attr(alloc, s_stream, &ok) : 0;
+    unsigned long ident = PyThread_get_thread_ident();
+    if (!ok) {
+        leave_lease(inside, ident);
+        Py_DECREF(inside);
+        Py_DECREF(r);
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "enter_copy: an allocation's ptr and stream are ints");
+        return -1;
+    }
+    Py_INCREF(lease);
+    out->lease = lease;
+    out->inside = inside;
+    out->ident = ident;
+    out->address = (unsigned long long)ptr + (unsigned long long)offset;
+    out->stream = (cb_CUstream)(uintptr_t)(unsigned long long)stream;
+    out->context = self->contexts[gpu];
+    if (to_device) self->copies_in++;
+    else self->copies_out++;
+    Py_DECREF(r);
+    return 0;
+}
+
+static void leave_copy(void *core, cb_copy_lease *l) {
+    (void)core;
+    if (l->inside == NULL) return;
+    leave_lease((PyObject *)l->inside, l->ident);
+    Py_DECREF((PyObject *)l->inside);
+    Py_DECREF((PyObject *)l->lease);
+    l->inside = l->lease = NULL;
+}
+
+static int driver_failed(void *core, const char *call, int rc) {
+    HotCore *self = (HotCore *)core;
+    PyObject *a[2] = {PyUnicode_FromString(call), PyLong_FromLong(rc)};
+    if (a[0] && a[1]) raise_exc(PyObject_Vectorcall(self->copy_failed, a, 2, NULL));
+    Py_XDECREF(a[0]);
+    Py_XDECREF(a[1]);
+    return -1;
+}
+
+/* enable_copies(enter_buffer, copy_failed, slots, slot_bytes): the JNI library's heap-array
+ * copies go through pinned staging from now on (a CUDA device: the driver loads here). */
+static PyObject *hc_enable_copies(HotCore *self, PyObject *args) {
+    PyObject *enter, *failed;
+    int slots;
+    long long slot_bytes;
+    if (!PyArg_ParseTuple(args, "OOiL:enable_copies", &enter, &failed, &slots, &slot_bytes)) return NULL;
+    if (!PyCallable_Check(enter) || !PyCallable_Check(failed)) {
+        PyErr_SetString(PyExc_TypeError, "enable_copies: enter_buffer and copy_failed must be callable");
+        return NULL;
+    }
+    if (slots < 1 || slots > CB_STAGING_MAX_SLOTS || slot_bytes < 4096 || slot_bytes > (1LL << 30)) {
+        PyErr_Format(PyExc_ValueError, "enable_copies: 1 to %d slots of 4 KiB to 1 GiB, got %d of %lld bytes",
+                     CB_STAGING_MAX_SLOTS, slots, slot_bytes);
+        return NULL;
+    }
+    if (cb_driver_load(&g_driver) < 0) {
+        PyErr_Format(PyExc_RuntimeError, "the CUDA driver's entry points: %s", g_driver.failure);
+        return NULL;
+    }
+    Py_INCREF(enter);
+    Py_XSETREF(self->enter_buffer, enter);
+    Py_INCREF(failed);
+    Py_XSETREF(self->copy_failed, failed);
+    self->staging_slots = slots;
+    self->staging_slot_bytes = slot_bytes;
+    Py_RETURN_NONE;
+}
+
 static void api_capsule_free(PyObject *capsule) {
     Py_XDECREF((PyObject *)PyCapsule_GetContext(capsule));
 }
@@ -931,6 +1045,12 @@ static PyObject *hc_native_api(HotCore *self, PyObject *unused) {
     self->api.version = CB_NATIVE_API_VERSION;
     self->api.core = self;
     self->api.launch = launch_raw;
+    self->api.driver = self->enter_buffer != NULL ? &g_driver : NULL;
+    self->api.staging_slots = self->staging_slots;
+    self->api.staging_slot_bytes = self->staging_slot_bytes;
+    self->api.enter_copy = enter_copy;
+    self->api.leave_copy = leave_copy;
+    self->api.driver_failed = driver_failed;
     PyObject *c = PyCapsule_New(&self->api, CB_NATIVE_API_CAPSULE, api_capsule_free);
     if (c == NULL) return NULL;
     Py_INCREF(self);
@@ -954,9 +1074,10 @@ static PyObject *hc_set_unusable(HotCore *self, PyObject *refusal) {
 }
 
 static PyObject *hc_counts(HotCore *self, PyObject *unused) {
-    return Py_BuildValue("{sLsLsLsLsLsL}", "allocations", self->allocations, "frees", self->frees_count,
+    return Py_BuildValue("{sLsLsLsLsLsLsLsL}", "allocations", self->allocations, "frees", self->frees_count,
                          "batched_frees", self->batched_frees, "batches", self->batches, "launches", self->launches,
-                         "launches_referred", self->launches_referred);
+                         "launches_referred", self->launches_referred, "copies_in", self->copies_in,
+                         "copies_out", self->copies_out);
 }
 
 #define FASTCALL_KW(f) (PyCFunction)(void (*)(void))(f), METH_FASTCALL | METH_KEYWORDS
@@ -970,6 +1091,8 @@ static PyMethodDef hc_methods[] = {
     {"add_kernel", (PyCFunction)hc_add_kernel, METH_VARARGS, "add_kernel(kernel_id, kernel, name, function, gpu, "
      "kinds, device_limits, kernel_max_threads, static_shared, dynamic_shared): launch it here."},
     {"native_api", (PyCFunction)hc_native_api, METH_NOARGS, "the cb_native_api capsule (native_api.h), or None."},
+    {"enable_copies", (PyCFunction)hc_enable_copies, METH_VARARGS, "enable_copies(enter_buffer, copy_failed, "
+     "slots, slot_bytes): heap-array copies from Java through pinned staging."},
     {"set_unusable", (PyCFunction)hc_set_unusable, METH_O, "set_unusable(refusal): allocate and launch raise "
      "refusal(call) from now on."},
     {"counts", (PyCFunction)hc_counts, METH_NOARGS, "the calls counted here, by kind."},

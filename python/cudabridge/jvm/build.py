@@ -42,8 +42,9 @@ LIBRARY_NAME = "libcudabridge_jni.so"
 JAR_NAME = "cudabridge.jar"
 PROPERTIES_NAME = "cudabridge-native.properties"
 SOURCE_NAME = "cudabridge_jni.c"
-HEADER_NAMES = ("hot_gate.h",)      # included by the source; shipped beside it
+HEADER_NAMES = ("hot_gate.h", "staging_ring.h")   # included by the source; shipped beside it
 API_HEADER = PACKAGE_DIR / "jvm" / "native_api.h"   # the hot path C twin's entry points, also included
+DRIVER_HEADER = PACKAGE_DIR / "jvm" / "cuda_driver.h"   # the driver table native_api.h includes
 SETTINGS_TABLE = PACKAGE_DIR / "settings.json"                # every setting, defined once
 SETTINGS_RESOURCE = "org/cudabridge/settings.json"           # its copy in the jar (org.cudabridge.Settings)
 STATISTICS_RESOURCE = "org/cudabridge/statistics.txt"        # BridgeControl.statistics_names(), one a line
@@ -266,7 +267,7 @@ def build_native(force: bool = False) -> Path:
     headers = [src.with_name(h) for h in HEADER_NAMES]
     hotcore = build_hot_core(force)
     log.debug("Java hot path's C twin: %s", hotcore)
-    if not force and not _stale(out, [src, *headers, API_HEADER]) and _recorded_build_current(out):
+    if not force and not _stale(out, [src, *headers, API_HEADER, DRIVER_HEADER]) and _recorded_build_current(out):
         return out
     home = java_home()
     jni_inc = home / "include"

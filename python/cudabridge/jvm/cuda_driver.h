@@ -30,6 +30,7 @@ typedef int cb_CUdevice;
 typedef void *cb_CUcontext;
 typedef void *cb_CUfunction;
 typedef void *cb_CUstream;
+typedef void *cb_CUevent;
 
 #define CB_CUDA_SUCCESS 0
 #define CB_CUDA_ERROR_NOT_FOUND 500
@@ -46,11 +47,23 @@ typedef struct {
     cb_CUresult (*cuLaunchKernel)(cb_CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                                   unsigned, cb_CUstream, void **, void **);
     cb_CUresult (*cuGetErrorName)(cb_CUresult, const char **);
+    /* copies through pinned staging (bridge/staging_ring.h) */
+    cb_CUresult (*cuMemHostAlloc)(void **, size_t, unsigned int);
+    cb_CUresult (*cuMemFreeHost)(void *);
+    cb_CUresult (*cuMemcpyHtoDAsync)(unsigned long long, const void *, size_t, cb_CUstream);
+    cb_CUresult (*cuMemcpyDtoHAsync)(void *, unsigned long long, size_t, cb_CUstream);
+    cb_CUresult (*cuEventCreate)(cb_CUevent *, unsigned int);
+    cb_CUresult (*cuEventDestroy)(cb_CUevent);
+    cb_CUresult (*cuEventRecord)(cb_CUevent, cb_CUstream);
+    cb_CUresult (*cuEventSynchronize)(cb_CUevent);
 } cb_driver;
+
+#define CB_MEMHOSTALLOC_PORTABLE 0x01   /* pinned for every context, not only the allocating one */
+#define CB_EVENT_DISABLE_TIMING 0x02
 
 /* Resolves every entry point into *d (once; the caller serializes calls, here the GIL). Returns
  * 0, or -1 with d->failure saying why (no libcuda, a driver older than the API version). */
-static int cb_driver_load(cb_driver *d) {
+static inline int cb_driver_load(cb_driver *d) {
     if (d->ready) return 0;
     void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
     if (lib == NULL) {
@@ -75,6 +88,14 @@ static int cb_driver_load(cb_driver *d) {
         {"cuCtxSetCurrent", (void **)&d->cuCtxSetCurrent},
         {"cuLaunchKernel", (void **)&d->cuLaunchKernel},
         {"cuGetErrorName", (void **)&d->cuGetErrorName},
+        {"cuMemHostAlloc", (void **)&d->cuMemHostAlloc},
+        {"cuMemFreeHost", (void **)&d->cuMemFreeHost},
+        {"cuMemcpyHtoDAsync", (void **)&d->cuMemcpyHtoDAsync},
+        {"cuMemcpyDtoHAsync", (void **)&d->cuMemcpyDtoHAsync},
+        {"cuEventCreate", (void **)&d->cuEventCreate},
+        {"cuEventDestroy", (void **)&d->cuEventDestroy},
+        {"cuEventRecord", (void **)&d->cuEventRecord},
+        {"cuEventSynchronize", (void **)&d->cuEventSynchronize},
     };
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
         void *fn = NULL;
@@ -100,7 +121,7 @@ static int cb_driver_load(cb_driver *d) {
 }
 
 /* The driver's name for an error code ("CUDA_ERROR_ILLEGAL_ADDRESS"), or "CUresult <n>". */
-static const char *cb_driver_error_name(const cb_driver *d, cb_CUresult rc, char *buf, size_t n) {
+static inline const char *cb_driver_error_name(const cb_driver *d, cb_CUresult rc, char *buf, size_t n) {
     const char *name = NULL;
     if (d->cuGetErrorName != NULL && d->cuGetErrorName(rc, &name) == CB_CUDA_SUCCESS && name != NULL) return name;
     snprintf(buf, n, "CUresult %d", rc);

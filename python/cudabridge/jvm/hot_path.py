@@ -40,6 +40,7 @@ import threading
 from threading import get_ident
 from typing import TYPE_CHECKING, Any, Iterable
 
+from ..config import parse_bytes
 from ..errors import InvalidArgument, UnknownTask
 from ..kernels import LaunchConfig
 from ..memory import FastPath
@@ -128,6 +129,13 @@ class JavaHotPath:
             launch_log=self._registry.launch_log, launch_failed=self._launch_failed)
         for name in TWINNED:
             setattr(self, name, getattr(core, name))
+        if self._backend.name == "cuda":   # heap-array copies from Java through pinned staging (C)
+            cfg = self._service.config
+            try:
+                core.enable_copies(self._enter_buffer, self._copy_failed, cfg.staging_slots,
+                                   parse_bytes(cfg.staging_slot_bytes))
+            except RuntimeError as exc:   # no driver entry points: copies take the Python path
+                log.warning("heap-array copies from Java are staged through Python: %s", exc)
         return core
 
     def _device_unusable(self, refusal: Any) -> None:
@@ -411,6 +419,10 @@ class JavaHotPath:
     def native_api(self) -> Any:
         """The C twin's entry points for the JNI library (a capsule, jvm/native_api.h), or None."""
         return self._core.native_api() if self._core is not None else None
+
+    def _copy_failed(self, call: str, code: int) -> BaseException:
+        """What a staged copy raises when a driver call of it fails (a raw CUresult)."""
+        return self._service.cuda_failure(self._backend.driver_error(call, code), "copy")
 
     def _launch_failed(self, kernel_id: int, code: int) -> BaseException:
         """What the C twin raises when the driver refuses a launch (a raw CUresult)."""

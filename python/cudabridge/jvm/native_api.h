@@ -5,14 +5,28 @@
  * reference to its HotCore.
  *
  * Every function is called with the GIL held (the JNI side takes it, behind its gate) and returns
- * 0, or -1 with a Python exception set, which the caller describes to Java.
+ * 0, or -1 with a Python exception set, which the caller describes to Java. The driver table is
+ * used without it.
  */
 #ifndef CB_NATIVE_API_H
 #define CB_NATIVE_API_H
 
 #define CB_NATIVE_API_CAPSULE "cudabridge.jvm._hotcore.native_api"
-#define CB_NATIVE_API_VERSION 1
-#define CB_LAUNCH_MAX_ARGS 512   /* a kernel's parameters take at most 4 KiB: 512 of 8 bytes */
+#define CB_NATIVE_API_VERSION 2
+#define CB_LAUNCH_MAX_ARGS 512
+#define CB_STAGING_MAX_SLOTS 16  /* slots in one thread's staging ring */   /* a kernel's parameters take at most 4 KiB: 512 of 8 bytes */
+
+#include "cuda_driver.h"
+
+/* A copy's hold on its buffer: entered by enter_copy (the buffer's task lease entered, as every
+ * operation that queues work for a task), left by leave_copy once the copy's work is queued. */
+typedef struct {
+    void *lease, *inside;        /* the TaskLease and its inside list (owned references) */
+    unsigned long ident;         /* this thread's ident, in inside while the copy runs */
+    unsigned long long address;  /* the device address at the copy's offset */
+    cb_CUstream stream;          /* the buffer's stream (its task's) */
+    cb_CUcontext context;        /* its GPU's primary context */
+} cb_copy_lease;
 
 typedef struct {
     int version;                 /* CB_NATIVE_API_VERSION */
@@ -21,6 +35,19 @@ typedef struct {
      * y, z then block x, y, z; values, kinds and offsets hold n entries (n <= CB_LAUNCH_MAX_ARGS). */
     int (*launch)(void *core, long long task, long long kernel, const int dims[6], long long shared,
                   const long long *values, const signed char *kinds, const long long *offsets, int n);
+    /* Copies through pinned staging (bridge/staging_ring.h); driver is NULL where they do not
+     * apply (the emulated device): copies then take the Python path. */
+    const cb_driver *driver;
+    int staging_slots;           /* slots per thread's ring */
+    long long staging_slot_bytes;
+    /* The buffer behind handle, live, with [offset, offset + nbytes) inside it, its task's lease
+     * entered (JavaHotPath._enter_buffer); to_device says the direction (counted). */
+    int (*enter_copy)(void *core, long long handle, long long offset, long long nbytes, int to_device,
+                      cb_copy_lease *out);
+    void (*leave_copy)(void *core, cb_copy_lease *lease);
+    /* Raises the service's error for a driver call's failure (a sticky one marks the GPU
+     * unusable); returns -1. */
+    int (*driver_failed)(void *core, const char *call, int rc);
 } cb_native_api;
 
 #endif

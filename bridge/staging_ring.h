@@ -1,0 +1,197 @@
+/*
+ * staging_ring.h: heap-array copies through pinned staging, pipelined, in C. Included by
+ * cudabridge_jni.c only; the driver's entry points come from the hot path's C twin
+ * (native_api.h's driver table, resolved with cuGetProcAddress: python/cudabridge/jvm/cuda_driver.h).
+ *
+ * Why: a Java heap array has no stable address, so it must be copied somewhere first. Copied into
+ * pageable memory, the driver copies it again into its own pinned buffer before the DMA, and
+ * nothing overlaps: a heap copy ran at a tenth of the link's speed on the H200. Here each Java
+ * thread has a ring of pinned slots: host->device copies chunk k of the array into a free slot
+ * while the DMA of chunk k-1 runs from its own; device->host DMAs chunks into slots ahead and
+ * copies each out of its slot behind its DMA.
+ *
+ * Invariants:
+ *  - a slot is written by the host (a chunk copied in) or by a DMA only once the event recorded
+ *    after its last DMA has completed (busy[i] says such an event is pending): never while a DMA
+ *    still reads or writes it, whatever stream that DMA was on;
+ *  - every DMA of a copy is queued on the buffer's stream, inside its task's lease (the caller
+ *    enters it before and leaves it after), so device work queued after on that stream sees the
+ *    data, and nothing of a task is queued once its release has begun;
+ *  - a ring belongs to one context (its events do); a thread whose copy is for another GPU's
+ *    buffer gives its ring back and takes one for that context;
+ *  - rings outlive threads: a thread that ends gives its ring back to a free list, where the next
+ *    thread takes it, so the pinned memory held is bounded by the threads that copy at once, not
+ *    by the threads that ever did. A ring whose driver call failed is dropped, never reused (its
+ *    slots' state is unknown; a failure there is the GPU's sticky error in practice).
+ * The GIL is not held here: the caller holds the copy's lease, which a release waits for.
+ */
+#ifndef CB_STAGING_RING_H
+#define CB_STAGING_RING_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <string.h>
+
+#include "native_api.h"
+
+typedef struct cb_ring {
+    struct cb_ring *next;                      /* in the free list */
+    cb_CUcontext context;
+    int n;
+    size_t slot_bytes;
+    char *host[CB_STAGING_MAX_SLOTS];          /* pinned, portable */
+    cb_CUevent event[CB_STAGING_MAX_SLOTS];
+    int busy[CB_STAGING_MAX_SLOTS];            /* an event after a DMA of this slot is pending */
+    int cursor;                                /* the slot a host->device copy starts at: the one after
+                                                  the last used, so back-to-back small copies do not
+                                                  wait for each other's DMA */
+} cb_ring;
+
+static pthread_mutex_t g_rings_lock = PTHREAD_MUTEX_INITIALIZER;
+static cb_ring *g_free_rings;
+static atomic_long g_rings_created, g_staged_chunks;
+
+/* A ring for context ctx (current on this thread) with n slots of slot_bytes: one from the free
+ * list, else a new one. NULL with *rc and *call set when the driver refuses. */
+static cb_ring *ring_take(const cb_driver *d, cb_CUcontext ctx, int n, size_t slot_bytes, int *rc,
+                          const char **call) {
+    pthread_mutex_lock(&g_rings_lock);
+    for (cb_ring **p = &g_free_rings; *p != NULL; p = &(*p)->next) {
+        cb_ring *r = *p;
+        if (r->context == ctx && r->n == n && r->slot_bytes == slot_bytes) {
+            *p = r->next;
+            pthread_mutex_unlock(&g_rings_lock);
+            r->next = NULL;
+            return r;
+        }
+    }
+    pthread_mutex_unlock(&g_rings_lock);
+    cb_ring *r = calloc(1, sizeof *r);
+    if (r == NULL) {
+        *rc = 2; /* CUDA_ERROR_OUT_OF_MEMORY */
+        *call = "calloc(staging ring)";
+        return NULL;
+    }
+    r->context = ctx;
+    r->n = n;
+    r->slot_bytes = slot_bytes;
+    for (int i = 0; i < n; i++) {
+        *rc = d->cuMemHostAlloc((void **)&r->host[i], slot_bytes, CB_MEMHOSTALLOC_PORTABLE);
+        if (*rc != CB_CUDA_SUCCESS) {
+            *call = "cuMemHostAlloc(staging slot)";
+            break;
+        }
+        *rc = d->cuEventCreate(&r->event[i], CB_EVENT_DISABLE_TIMING);
+        if (*rc != CB_CUDA_SUCCESS) {
+            *call = "cuEventCreate(staging slot)";
+            break;
+        }
+    }
+    if (*rc != CB_CUDA_SUCCESS) {   /* nothing was queued with them: free what was made */
+        for (int i = 0; i < n; i++) {
+            if (r->host[i] != NULL) d->cuMemFreeHost(r->host[i]);
+            if (r->event[i] != NULL) d->cuEventDestroy(r->event[i]);
+        }
+        free(r);
+        return NULL;
+    }
+    atomic_fetch_add(&g_rings_created, 1);
+    return r;
+}
+
+/* Back to the free list (a thread that ends, or changes context). No driver call: safe at exit. */
+static void ring_give(cb_ring *r) {
+    if (r == NULL) return;
+    pthread_mutex_lock(&g_rings_lock);
+    r->next = g_free_rings;
+    g_free_rings = r;
+    pthread_mutex_unlock(&g_rings_lock);
+}
+
+/* Waits until slot i may be touched (its last DMA done). */
+static int ring_slot_free(const cb_driver *d, cb_ring *r, int i, const char **call) {
+    if (!r->busy[i]) return CB_CUDA_SUCCESS;
+    int rc = d->cuEventSynchronize(r->event[i]);
+    if (rc != CB_CUDA_SUCCESS) {
+        *call = "cuEventSynchronize(staging slot)";
+        return rc;
+    }
+    r->busy[i] = 0;
+    return CB_CUDA_SUCCESS;
+}
+
+/* Queues a DMA of slot i on stream, then the slot's event after it. */
+static int ring_dma(const cb_driver *d, cb_ring *r, int i, int to_device, unsigned long long dev, size_t n,
+                    cb_CUstream stream, const char **call) {
+    int rc = to_device ? d->cuMemcpyHtoDAsync(dev, r->host[i], n, stream) : d->cuMemcpyDtoHAsync(r->host[i], dev, n, stream);
+    if (rc != CB_CUDA_SUCCESS) {
+        *call = to_device ? "cuMemcpyHtoDAsync(staged)" : "cuMemcpyDtoHAsync(staged)";
+        return rc;
+    }
+    r->busy[i] = 1;   /* from here the slot waits for the event, even if recording it fails */
+    rc = d->cuEventRecord(r->event[i], stream);
+    if (rc != CB_CUDA_SUCCESS) *call = "cuEventRecord(staging slot)";
+    atomic_fetch_add(&g_staged_chunks, 1);
+    return rc;
+}
+
+/* Host -> device: bytes [off, off + nbytes) of the Java array to device address dst, chunk by
+ * chunk through the ring. Returns once every chunk is copied into a slot and its DMA queued: the
+ * array may change from then on; work queued on stream later sees the data. 0, a CUresult (*call
+ * says which call), or -1 with a Java exception pending (the array could not be pinned). */
+static int ring_to_device(JNIEnv *env, const cb_driver *d, cb_ring *r, jarray array, jlong off, jlong nbytes,
+                          unsigned long long dst, cb_CUstream stream, const char **call) {
+    jlong done = 0;
+    for (int k = r->cursor; done < nbytes; k = (k + 1) % r->n) {
+        r->cursor = (k + 1) % r->n;
+        size_t n = (size_t)(nbytes - done) < r->slot_bytes ? (size_t)(nbytes - done) : r->slot_bytes;
+        int rc = ring_slot_free(d, r, k, call);
+        if (rc != CB_CUDA_SUCCESS) return rc;
+        /* a short critical region: one memcpy, no JNI call, no wait inside it */
+        char *src = (*env)->GetPrimitiveArrayCritical(env, array, NULL);
+        if (src == NULL) return -1;
+        memcpy(r->host[k], src + off + done, n);
+        (*env)->ReleasePrimitiveArrayCritical(env, array, src, JNI_ABORT);
+        rc = ring_dma(d, r, k, 1, dst + (unsigned long long)done, n, stream, call);
+        if (rc != CB_CUDA_SUCCESS) return rc;
+        done += (jlong)n;
+    }
+    return CB_CUDA_SUCCESS;
+}
+
+/* Device -> host: nbytes from device address src into the Java array from byte off. DMAs run up
+ * to a ring ahead; each chunk is copied out of its slot once its event completes. Returns once
+ * every byte is in the array. 0, a CUresult, or -1 with a Java exception pending. */
+static int ring_from_device(JNIEnv *env, const cb_driver *d, cb_ring *r, jarray array, jlong off, jlong nbytes,
+                            unsigned long long src, cb_CUstream stream, const char **call) {
+    jlong chunks = (nbytes + (jlong)r->slot_bytes - 1) / (jlong)r->slot_bytes;
+    jlong issued = 0;
+    int rc;
+    for (; issued < chunks && issued < r->n; issued++) {   /* a ring's worth of DMAs ahead */
+        jlong at = issued * (jlong)r->slot_bytes;
+        size_t n = (size_t)(nbytes - at) < r->slot_bytes ? (size_t)(nbytes - at) : r->slot_bytes;
+        int i = (int)(issued % r->n);
+        if ((rc = ring_slot_free(d, r, i, call)) != CB_CUDA_SUCCESS) return rc;
+        if ((rc = ring_dma(d, r, i, 0, src + (unsigned long long)at, n, stream, call)) != CB_CUDA_SUCCESS) return rc;
+    }
+    for (jlong k = 0; k < chunks; k++) {
+        int i = (int)(k % r->n);
+        jlong at = k * (jlong)r->slot_bytes;
+        size_t n = (size_t)(nbytes - at) < r->slot_bytes ? (size_t)(nbytes - at) : r->slot_bytes;
+        if ((rc = ring_slot_free(d, r, i, call)) != CB_CUDA_SUCCESS) return rc;
+        char *dst = (*env)->GetPrimitiveArrayCritical(env, array, NULL);
+        if (dst == NULL) return -1;
+        memcpy(dst + off + at, r->host[i], n);
+        (*env)->ReleasePrimitiveArrayCritical(env, array, dst, 0);
+        if (issued < chunks) {   /* the slot is free again: the next DMA into it */
+            jlong nat = issued * (jlong)r->slot_bytes;
+            size_t nn = (size_t)(nbytes - nat) < r->slot_bytes ? (size_t)(nbytes - nat) : r->slot_bytes;
+            if ((rc = ring_dma(d, r, i, 0, src + (unsigned long long)nat, nn, stream, call)) != CB_CUDA_SUCCESS)
+                return rc;
+            issued++;
+        }
+    }
+    return CB_CUDA_SUCCESS;
+}
+
+#endif
