@@ -68,7 +68,8 @@ static atomic_long g_states_created, g_states_deleted;
 /* Cached bound methods of the JavaHotPath, and helpers; owned references, never released. */
 static PyObject *m_stream, *m_allocate, *m_free, *m_free_many, *m_copy_in, *m_copy_out,
     *m_copy_in_direct, *m_copy_out_direct, *m_copy_device, *m_memset, *m_sync, *m_alloc_pinned,
-    *m_free_pinned, *m_ping, *m_thread_exit, *m_bind, *m_release, *m_release_many, *m_launch, *f_error_info;
+    *m_free_pinned, *m_ping, *m_thread_exit, *m_bind, *m_release, *m_release_many, *m_launch, *m_copy_in_address,
+    *m_copy_out_address, *f_error_info;
 /* The C twin's entry points (JavaHotPath.native_api), or NULL: launches then call m_launch. The
  * capsule is kept (never released) so the HotCore it holds outlives every call. */
 static const cb_native_api *g_api;
@@ -827,7 +828,9 @@ static char *run_bootstrap(JNIEnv *env, jobjectArray pythonpath, const char *lib
              cache_method(hot, "copy_device", &m_copy_device) || cache_method(hot, "memset", &m_memset) ||
              cache_method(hot, "synchronize", &m_sync) || cache_method(hot, "alloc_pinned", &m_alloc_pinned) ||
              cache_method(hot, "free_pinned", &m_free_pinned) || cache_method(hot, "ping", &m_ping) ||
-             cache_method(hot, "thread_exit", &m_thread_exit) || cache_method(hot, "launch", &m_launch);
+             cache_method(hot, "thread_exit", &m_thread_exit) || cache_method(hot, "launch", &m_launch) ||
+             cache_method(hot, "copy_in_address", &m_copy_in_address) ||
+             cache_method(hot, "copy_out_address", &m_copy_out_address);
     if (rc == 0) {
         PyObject *api = PyObject_GetAttrString(hot, "native_api");
         if (api == NULL) {
@@ -1644,6 +1647,34 @@ JNIEXPORT void JNICALL Java_org_cudabridge_NativeBridge_copyOutDirect(JNIEnv *en
                                                                       jlong nbytes) {
     (void)cls;
     direct_copy(env, m_copy_out_direct, handle, devOffset, buf, bufOffset, nbytes);
+}
+
+/* static native void copyInAddress(long handle, long devOffset, long address, long nbytes) and
+ * copyOutAddress: memory Java code owns outside the heap (an Arrow buffer's memoryAddress(), an
+ * off-heap column vector, Unsafe). The address cannot be checked: a wrong one crashes the JVM, as
+ * any native copy would. Asynchronous from and into a registered region (registerHost). */
+static void address_copy(JNIEnv *env, PyObject *fn, jlong handle, jlong devOffset, jlong address, jlong nbytes) {
+    if (address == 0 || nbytes < 0) {
+        throw_plain(env, c_iae, "java/lang/IllegalArgumentException",
+                    "cudabridge copy: the host address must not be 0 and the size not negative");
+        return;
+    }
+    HOT_ENTER(, 0)
+    call_with_view(fn, handle, devOffset, (char *)(intptr_t)address, (size_t)nbytes, 1, address, &err);
+    HOT_LEAVE()
+    throw_captured(env, &err);
+}
+
+JNIEXPORT void JNICALL Java_org_cudabridge_NativeBridge_copyInAddress(JNIEnv *env, jclass cls, jlong handle,
+                                                                      jlong devOffset, jlong address, jlong nbytes) {
+    (void)cls;
+    address_copy(env, m_copy_in_address, handle, devOffset, address, nbytes);
+}
+
+JNIEXPORT void JNICALL Java_org_cudabridge_NativeBridge_copyOutAddress(JNIEnv *env, jclass cls, jlong handle,
+                                                                       jlong devOffset, jlong address, jlong nbytes) {
+    (void)cls;
+    address_copy(env, m_copy_out_address, handle, devOffset, address, nbytes);
 }
 
 /* static native ByteBuffer allocPinned(long nbytes): page-locked host memory as a direct buffer. */

@@ -153,6 +153,15 @@ class DeviceBackend(abc.ABC):
     def free_pinned(self, buffer: Any) -> None: ...
 
     @abc.abstractmethod
+    def host_register(self, address: int, nbytes: int) -> Any:
+        """Page-lock memory the caller owns (``cudaHostRegister``): copies to and from it become
+        asynchronous, as from :meth:`alloc_pinned` memory. Returns a ctypes char array over it,
+        the handle for :meth:`host_unregister`. A range overlapping a registered one fails."""
+
+    @abc.abstractmethod
+    def host_unregister(self, region: Any) -> None: ...
+
+    @abc.abstractmethod
     def copy_to_device_async(self, dst: int, host: Any, stream: int) -> None:
         """Copy a host buffer (buffer protocol, contiguous) to ``dst``. From pinned memory the
         copy is asynchronous (keep the buffer unchanged until the stream passes it); from pageable

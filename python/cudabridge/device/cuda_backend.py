@@ -274,6 +274,14 @@ class CudaBackend(DeviceBackend):
     def free_pinned(self, buffer: Any) -> None:
         self._check("cudaFreeHost", self.rt.cudaFreeHost(ctypes.addressof(buffer)))
 
+    def host_register(self, address: int, nbytes: int) -> Any:
+        # portable: page-locked for every context, as alloc_pinned's memory is
+        self._check("cudaHostRegister", self.rt.cudaHostRegister(address, nbytes, self.rt.cudaHostRegisterPortable))
+        return (ctypes.c_char * nbytes).from_address(address)
+
+    def host_unregister(self, region: Any) -> None:
+        self._check("cudaHostUnregister", self.rt.cudaHostUnregister(ctypes.addressof(region)))
+
     def copy_to_device_async(self, dst: int, host: Any, stream: int) -> None:
         view = host_view(host, writable=False)
         if view.readonly and not (isinstance(view.obj, bytes) and len(view) == len(view.obj)):

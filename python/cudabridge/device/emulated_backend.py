@@ -71,6 +71,8 @@ from .backend import (
 log = logging.getLogger(__name__)
 
 _ERR_INVALID_VALUE = (1, "cudaErrorInvalidValue")
+_ERR_HOST_ALREADY_REGISTERED = (712, "cudaErrorHostMemoryAlreadyRegistered")
+_ERR_HOST_NOT_REGISTERED = (713, "cudaErrorHostMemoryNotRegistered")
 _ERR_INVALID_DEVICE = (101, "cudaErrorInvalidDevice")
 _ERR_INVALID_HANDLE = (400, "cudaErrorInvalidResourceHandle")
 _ERR_ILLEGAL_ADDRESS = (700, "cudaErrorIllegalAddress")
@@ -1015,6 +1017,27 @@ class EmulatedBackend(DeviceBackend):
         if self._pinned.get(id(buffer)) is not buffer:
             raise _fail("cudaFreeHost", _ERR_INVALID_VALUE, "not a pinned buffer of this backend")
         del self._pinned[id(buffer)]
+
+    def host_register(self, address: int, nbytes: int) -> Any:
+        import ctypes
+
+        if address == 0 or nbytes <= 0:
+            raise _fail("cudaHostRegister", _ERR_INVALID_VALUE, f"address {address:#x}, {nbytes} bytes")
+        with self._lock:
+            for buf in self._pinned.values():
+                base = ctypes.addressof(buf)
+                if address < base + len(buf) and base < address + nbytes:
+                    raise _fail("cudaHostRegister", _ERR_HOST_ALREADY_REGISTERED,
+                                f"[{address:#x}, +{nbytes}) overlaps page-locked [{base:#x}, +{len(buf)})")
+            buf = (ctypes.c_char * nbytes).from_address(address)
+            self._pinned[id(buf)] = buf
+        return buf
+
+    def host_unregister(self, region: Any) -> None:
+        with self._lock:
+            if self._pinned.get(id(region)) is not region:
+                raise _fail("cudaHostUnregister", _ERR_HOST_NOT_REGISTERED, "not a registered region of this backend")
+            del self._pinned[id(region)]
 
     def _is_pinned(self, view: memoryview) -> bool:
         obj = view.obj

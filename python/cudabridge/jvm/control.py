@@ -276,6 +276,14 @@ def make_proxy(control: BridgeControl) -> Any:
     def j_copy_from_global(task: Any, module_id: Any, name: Any, offset: Any, length: Any) -> Any:
         return JArray(JByte)(c.copy_from_global(int(task), int(module_id), str(name), int(offset), int(length)))
 
+    def j_register_host(address: Any, nbytes: Any) -> Any:
+        c.check_open("registerHost")
+        c.hot.register_host(int(address), int(nbytes))
+
+    def j_unregister_host(address: Any) -> Any:
+        c.check_open("unregisterHost")
+        c.hot.unregister_host(int(address))
+
     @JImplements("org.cudabridge.ControlPlane")
     class ControlProxy:
         lookupTask = JOverride(guarded(j_lookup_task))
@@ -289,5 +297,7 @@ def make_proxy(control: BridgeControl) -> Any:
         globalVariable = JOverride(guarded(j_global))
         copyToGlobal = JOverride(guarded(j_copy_to_global))
         copyFromGlobal = JOverride(guarded(j_copy_from_global))
+        registerHost = JOverride(guarded(j_register_host))
+        unregisterHost = JOverride(guarded(j_unregister_host))
 
     return ControlProxy()

@@ -71,7 +71,7 @@ class JavaHotPath:
 
     # Calls counted per kind (statistics ``bridge_<kind>``); the C twin counts the first four.
     COUNTERS = ("allocations", "frees", "batched_frees", "batches", "copies_in", "copies_out", "copies_direct",
-                "memsets", "synchronizes", "launches", "launches_referred")
+                "memsets", "synchronizes", "launches", "launches_referred", "copies_address")
 
     def __init__(self, service: "CudaBridgeService", fast_path: str = "auto") -> None:
         fast_path = FastPath.parse(fast_path, "fast_path")
@@ -97,6 +97,8 @@ class JavaHotPath:
         self._pinned: dict[int, Any] = {}          # base address -> pinned host buffer
         self._pinned_bases: list[int] = []          # sorted, for direct buffers that are slices
         self._pinned_lock = threading.Lock()
+        self._registered: set[int] = set()          # bases in _pinned that register_host added
+        self._unregistered: dict[int, int] = {}     # base -> size of recently unregistered regions
         self._dummy_threads = 0
         # Calls counted per kind; plain ints, incremented under the GIL (atomic enough for
         # statistics: a lost increment under a free-threaded build would only skew a gauge).
@@ -349,11 +351,81 @@ class JavaHotPath:
 
     def free_pinned(self, address: int) -> None:
         with self._pinned_lock:
-            buf = self._pinned.pop(address, None)
+            buf = self._pinned.get(address) if address not in self._registered else None
             if buf is None:
                 raise InvalidArgument(f"free_pinned: {address:#x} is not a pinned buffer of this bridge")
+            del self._pinned[address]
             del self._pinned_bases[bisect.bisect_left(self._pinned_bases, address)]
         self._backend.free_pinned(buf)
+
+    # off-heap memory Java code owns (Arrow buffers, Unsafe, off-heap column vectors) -------------
+    def register_host(self, address: int, nbytes: int) -> None:
+        """Page-lock [address, address + nbytes) for the executor's life or until
+        :meth:`unregister_host` (``cudaHostRegister``): copies from and to it run asynchronously
+        at the link's speed. Meant for long-lived regions: register once per buffer, never per
+        batch. A range overlapping a registered one (or a pinned buffer of this bridge) is refused."""
+        if address.__class__ is not int or nbytes.__class__ is not int or address <= 0 or nbytes <= 0:
+            raise InvalidArgument(f"register_host: a non-zero address and a positive size, got {address!r}, {nbytes!r}")
+        with self._pinned_lock:
+            i = bisect.bisect_right(self._pinned_bases, address + nbytes - 1) - 1
+            if i >= 0:
+                base = self._pinned_bases[i]
+                if base + len(self._pinned[base]) > address:
+                    raise InvalidArgument(f"register_host: [{address:#x}, +{nbytes}) overlaps the page-locked "
+                                          f"[{base:#x}, +{len(self._pinned[base])}) (registered or pinned already)")
+            region = self._backend.host_register(address, nbytes)
+            self._pinned[address] = region
+            self._registered.add(address)
+            bisect.insort(self._pinned_bases, address)
+            self._unregistered.pop(address, None)
+
+    def unregister_host(self, address: int) -> None:
+        """Undo :meth:`register_host` of the region starting at ``address``. Copies into the range
+        afterwards are refused (the bridge remembers the most recent unregistered ranges)."""
+        with self._pinned_lock:
+            if address not in self._registered:
+                raise InvalidArgument(f"unregister_host: {address!r} is not the start of a registered region")
+            region = self._pinned.pop(address)
+            self._registered.discard(address)
+            del self._pinned_bases[bisect.bisect_left(self._pinned_bases, address)]
+            self._unregistered[address] = len(region)
+            while len(self._unregistered) > self.UNREGISTERED_KEPT:
+                self._unregistered.pop(next(iter(self._unregistered)))
+        self._backend.host_unregister(region)
+
+    UNREGISTERED_KEPT = 1024   # unregistered ranges remembered, to refuse copies into them
+
+    def copy_in_address(self, hid: int, offset: int, address: int, view: memoryview) -> None:
+        """Off-heap memory at ``address`` to device: asynchronous on the buffer's stream from a
+        registered region (keep the memory unchanged until a synchronize), staged by the driver
+        before returning from pageable memory."""
+        self._check_address("copy_in", address, len(view))
+        a, lease = self._enter_buffer(hid, "copy_in", offset, len(view))
+        try:
+            self._counts["copies_address"] += 1
+            self._backend.copy_to_device_async(a.ptr + offset, self._host(address, view), a.stream)
+        finally:
+            lease.inside.remove(get_ident())
+
+    def copy_out_address(self, hid: int, offset: int, address: int, view: memoryview) -> None:
+        """Device to off-heap memory at ``address``: asynchronous into a registered region (read it
+        after a synchronize), complete on return into pageable memory."""
+        self._check_address("copy_out", address, len(view))
+        a, lease = self._enter_buffer(hid, "copy_out", offset, len(view))
+        try:
+            self._counts["copies_address"] += 1
+            self._backend.copy_from_device_async(self._host(address, view), a.ptr + offset, a.stream)
+        finally:
+            lease.inside.remove(get_ident())
+
+    def _check_address(self, call: str, address: int, nbytes: int) -> None:
+        """A copy into a range the bridge saw unregistered is refused: its memory may be freed."""
+        if not self._unregistered:
+            return
+        for base, size in self._unregistered.items():
+            if address < base + size and base < address + max(nbytes, 1):
+                raise InvalidArgument(f"{call}: [{address:#x}, +{nbytes}) is in [{base:#x}, +{size}), unregistered "
+                                      f"(unregister_host): its memory may have been freed")
 
     def _host(self, address: int, view: memoryview) -> Any:
         """The pinned buffer behind ``address`` (sliced to the view's size) when there is one,

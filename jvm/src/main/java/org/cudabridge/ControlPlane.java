@@ -23,6 +23,13 @@ public interface ControlPlane {
      *  with a cheap call until one is found). */
     String deviceError();
 
+    /** Page-locks off-heap memory Java owns ({@code cudaHostRegister}); refused when it overlaps a
+     *  registered or pinned range. */
+    void registerHost(long address, long bytes);
+
+    /** Undoes {@link #registerHost} of the region starting at {@code address}. */
+    void unregisterHost(long address);
+
     /** JSON: the Python, its prefix, the backend and the GPUs. */
     String describe();
 

@@ -204,6 +204,20 @@ public final class CudaBridge {
     }
 
     /** Page-locked host memory (a direct ByteBuffer in native order) for asynchronous copies. */
+    /** Page-locks {@code bytes} of off-heap memory Java owns at {@code address} ({@code cudaHostRegister})
+     *  until the registration is closed: copies from and to it become asynchronous. The address is
+     *  not checked (a wrong one crashes the JVM); a range overlapping a registered or pinned one is
+     *  refused. */
+    public HostRegistration registerHost(long address, long bytes) {
+        if (address == 0 || bytes <= 0) {
+            throw new IllegalArgumentException("registerHost: a non-zero address and a positive size, got "
+                    + address + ", " + bytes);
+        }
+        checkRunning("registerHost");
+        control().registerHost(address, bytes);
+        return new HostRegistration(this, address, bytes);
+    }
+
     public PinnedBuffer allocatePinned(long bytes) {
         return memory.allocatePinned(bytes);
     }

@@ -258,6 +258,43 @@ public final class DeviceBuffer implements AutoCloseable {
         NativeBridge.copyOutDirect(handle, srcOffset, dst, dst.position(), bytes);
     }
 
+    // --- off-heap memory by address -------------------------------------------------------------
+
+    /** Copies {@code bytes} from off-heap memory at {@code hostAddress} (an Arrow buffer's
+     *  {@code memoryAddress()}, an off-heap column vector's, Unsafe's) to byte {@code dstOffset}.
+     *  The address cannot be checked: a wrong one crashes the JVM, as any native copy would.
+     *  From a region registered with {@link CudaBridge#registerHost} the copy is asynchronous on
+     *  the buffer's stream (keep the memory unchanged until a synchronize); from any other memory
+     *  it returns once the bytes are staged. */
+    public void copyFromAddress(long hostAddress, long bytes, long dstOffset) {
+        checkAddress("copyFromAddress", hostAddress, bytes);
+        checkRange("copyFromAddress", dstOffset, bytes);
+        check("copyFromAddress");
+        memory.checkRunning("copyFromAddress");
+        NativeBridge.copyInAddress(handle, dstOffset, hostAddress, bytes);
+    }
+
+    /** Copies {@code bytes} from byte {@code srcOffset} to off-heap memory at {@code hostAddress}
+     *  (not checked: see {@link #copyFromAddress}). Into a registered region the copy is
+     *  asynchronous (read the memory after a synchronize); into other memory the bytes are there
+     *  on return. */
+    public void copyToAddress(long hostAddress, long bytes, long srcOffset) {
+        checkAddress("copyToAddress", hostAddress, bytes);
+        checkRange("copyToAddress", srcOffset, bytes);
+        check("copyToAddress");
+        memory.checkRunning("copyToAddress");
+        NativeBridge.copyOutAddress(handle, srcOffset, hostAddress, bytes);
+    }
+
+    private static void checkAddress(String call, long address, long bytes) {
+        if (address == 0) {
+            throw new IllegalArgumentException(call + ": the host address is 0");
+        }
+        if (bytes < 0) {
+            throw new IllegalArgumentException(call + ": negative size " + bytes);
+        }
+    }
+
     // --- device to device, memset -----------------------------------------------------------------
 
     /** Copies {@code bytes} from {@code src} at {@code srcOffset} to this buffer at {@code dstOffset},

@@ -171,6 +171,12 @@ public final class NativeBridge {
 
     public static native void copyOutDirect(long handle, long devOffset, ByteBuffer buffer, long bufOffset, long bytes);
 
+    /** Off-heap memory at {@code address} (not checked: a wrong address crashes the JVM) to the buffer. */
+    public static native void copyInAddress(long handle, long devOffset, long address, long bytes);
+
+    /** The buffer to off-heap memory at {@code address} (not checked). */
+    public static native void copyOutAddress(long handle, long devOffset, long address, long bytes);
+
     static native ByteBuffer allocPinned(long bytes);
 
     static native void freePinned(ByteBuffer buffer);

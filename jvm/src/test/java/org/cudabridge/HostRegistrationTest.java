@@ -1,0 +1,103 @@
+package org.cudabridge;
+
+import static org.junit.jupiter.api.Assertions.assertArrayEquals;
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertThrows;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import java.lang.reflect.Field;
+import java.lang.reflect.Method;
+
+import org.junit.jupiter.api.AfterEach;
+import org.junit.jupiter.api.BeforeAll;
+import org.junit.jupiter.api.Tag;
+import org.junit.jupiter.api.Test;
+
+/**
+ * Off-heap memory by address (issue 16 item 3): copies from and to memory Java code owns outside
+ * the heap (here Unsafe's, as Arrow's and Spark's off-heap vectors are), pageable and registered
+ * with {@link CudaBridge#registerHost}; every bad input refused before it reaches the GPU.
+ */
+@Tag("own-jvm")
+class HostRegistrationTest extends RunningBridge {
+    static Object unsafe;
+    static Method allocate, free, putByte, getByte;
+
+    @BeforeAll
+    static void start() throws Exception {
+        Class<?> c = Class.forName("sun.misc.Unsafe");   // by reflection: no compile-time use of it
+        Field f = c.getDeclaredField("theUnsafe");
+        f.setAccessible(true);
+        unsafe = f.get(null);
+        allocate = c.getMethod("allocateMemory", long.class);
+        free = c.getMethod("freeMemory", long.class);
+        putByte = c.getMethod("putByte", long.class, byte.class);
+        getByte = c.getMethod("getByte", long.class);
+    }
+
+    @AfterEach
+    void released() {
+        assertEquals(0, bridge.tasksBound());
+    }
+
+    static long offHeap(int n) throws Exception {
+        return (long) allocate.invoke(unsafe, (long) n);
+    }
+
+    @Test
+    void offHeapBytesRoundTripPageableAndRegistered() throws Exception {
+        int n = 1 << 16;
+        long src = offHeap(n);
+        long dst = offHeap(n);
+        try (TaskScope t = bridge.bindTask(7701); DeviceBuffer buf = bridge.allocate(n)) {
+            for (int i = 0; i < n; i++) putByte.invoke(unsafe, src + i, (byte) (i * 7));
+            buf.copyFromAddress(src, n, 0);                     // pageable: staged before returning
+            buf.copyToAddress(dst, n, 0);
+            assertArrayEquals(read(src, n), read(dst, n));
+            try (HostRegistration in = bridge.registerHost(src, n); HostRegistration out = bridge.registerHost(dst, n)) {
+                putByte.invoke(unsafe, src, (byte) 99);
+                buf.copyFromAddress(src, 1024, 0);              // registered: asynchronous
+                buf.copyToAddress(dst + 16, 512, 0);            // an interior range
+                bridge.synchronize();
+                byte[] want = new byte[512];
+                System.arraycopy(read(src, 1024), 0, want, 0, 512);
+                assertArrayEquals(want, read(dst + 16, 512));
+                assertEquals(n, in.bytes());
+                assertTrue(out.address() == dst);
+            }
+            assertEquals(7701, t.taskAttemptId());
+        } finally {
+            free.invoke(unsafe, src);
+            free.invoke(unsafe, dst);
+        }
+    }
+
+    @Test
+    void badAddressesRegistrationsAndRangesAreRefused() throws Exception {
+        long mem = offHeap(8192);
+        try (TaskScope t = bridge.bindTask(7702); DeviceBuffer buf = bridge.allocate(4096)) {
+            assertThrows(IllegalArgumentException.class, () -> buf.copyFromAddress(0, 16, 0));
+            assertThrows(IllegalArgumentException.class, () -> buf.copyToAddress(mem, -1, 0));
+            assertThrows(IndexOutOfBoundsException.class, () -> buf.copyFromAddress(mem, 4097, 0));
+            assertThrows(IllegalArgumentException.class, () -> bridge.registerHost(0, 16));
+            assertThrows(IllegalArgumentException.class, () -> bridge.registerHost(mem, 0));
+            HostRegistration r = bridge.registerHost(mem, 4096);
+            CudaBridgeException overlap = assertThrows(CudaBridgeException.class, () -> bridge.registerHost(mem + 8, 16));
+            assertTrue(overlap.getMessage().contains("overlaps"), overlap.getMessage());
+            r.close();
+            r.close();                                          // again: a no-op
+            CudaBridgeException gone = assertThrows(CudaBridgeException.class, () -> buf.copyFromAddress(mem, 64, 0));
+            assertTrue(gone.getMessage().contains("unregistered"), gone.getMessage());
+            buf.copyFromAddress(mem + 4096, 64, 0);             // outside the unregistered range: fine
+            assertEquals(7702, t.taskAttemptId());
+        } finally {
+            free.invoke(unsafe, mem);
+        }
+    }
+
+    static byte[] read(long address, int n) throws Exception {
+        byte[] out = new byte[n];
+        for (int i = 0; i < n; i++) out[i] = (byte) getByte.invoke(unsafe, address + i);
+        return out;
+    }
+}

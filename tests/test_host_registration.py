@@ -1,0 +1,113 @@
+"""Off-heap memory from Java by address, and host registration (issue 16 item 3), through the Java
+hot path on the emulated device: a registered region's copies are asynchronous (as from pinned
+memory), other memory's are staged; overlapping registrations, unknown unregistrations, address 0
+and copies into an unregistered range are refused and change nothing."""
+
+from __future__ import annotations
+
+import ctypes
+
+import pytest
+
+from cudabridge.config import ServiceConfig
+from cudabridge.errors import InvalidArgument
+from cudabridge.jvm.hot_path import JavaHotPath
+from cudabridge.service import CudaBridgeService
+
+
+@pytest.fixture(params=["python", "native"])
+def hot(request):
+    service = CudaBridgeService(ServiceConfig(backend="emulated", emulated_memory="64m", streams_per_gpu=2,
+                                              high_priority_streams=0))
+    yield JavaHotPath(service, fast_path=request.param), service
+    service.close()
+
+
+def raw(address: int, n: int) -> memoryview:
+    """What the JNI library hands over: a view of n bytes at a raw address."""
+    return memoryview((ctypes.c_char * n).from_address(address)).cast("B")
+
+
+def test_copies_by_address_round_trip_registered_or_not(hot):
+    hp, service = hot
+    service.bind_task(1)
+    h, _ = hp.allocate(1, 1 << 16)
+    src = (ctypes.c_char * 4096)(*b"abcd" * 1024)
+    dst = (ctypes.c_char * 4096)()
+    a_src, a_dst = ctypes.addressof(src), ctypes.addressof(dst)
+    hp.copy_in_address(h, 100, a_src, raw(a_src, 4096))        # pageable: staged
+    hp.copy_out_address(h, 100, a_dst, raw(a_dst, 4096))
+    assert dst.raw == src.raw
+    hp.register_host(a_src, 4096)
+    hp.register_host(a_dst, 4096)
+    src[0:4] = b"WXYZ"
+    hp.copy_in_address(h, 0, a_src, raw(a_src, 4096))          # registered: asynchronous
+    hp.copy_out_address(h, 0, a_dst + 8, raw(a_dst + 8, 64))   # an interior range of a registered region
+    hp.synchronize(1)
+    assert dst.raw[8:72] == src.raw[:64]
+    assert hp.counters["copies_address"] == 4
+    hp.unregister_host(a_src)
+    hp.unregister_host(a_dst)
+    hp.free(h)
+    service.release_task(1)
+
+
+def test_bad_registrations_and_copies_are_refused_and_change_nothing(hot):
+    hp, service = hot
+    service.bind_task(1)
+    h, _ = hp.allocate(1, 4096)
+    mem = (ctypes.c_char * 8192)()
+    base = ctypes.addressof(mem)
+    hp.register_host(base, 4096)
+    for address, n, message in [(base + 100, 10, "overlaps"), (base - 10, 20, "overlaps"), (0, 10, "non-zero"),
+                                (base + 5000, 0, "positive"), (base + 5000, -1, "positive")]:
+        with pytest.raises(InvalidArgument, match=message):
+            hp.register_host(address, n)
+    pinned = hp.alloc_pinned(4096)
+    with pytest.raises(InvalidArgument, match="overlaps"):
+        hp.register_host(pinned, 16)
+    with pytest.raises(InvalidArgument, match="not a pinned buffer"):
+        hp.free_pinned(base)                                   # a registration is not a pinned buffer
+    with pytest.raises(InvalidArgument, match="not the start of a registered region"):
+        hp.unregister_host(base + 8)
+    hp.register_host(base + 4096, 4096)                        # adjacent: fine
+    hp.unregister_host(base)
+    with pytest.raises(InvalidArgument, match="unregistered"):
+        hp.copy_in_address(h, 0, base + 16, raw(base + 16, 32))
+    with pytest.raises(InvalidArgument, match="unregistered"):
+        hp.copy_out_address(h, 0, base, raw(base, 32))
+    hp.register_host(base, 4096)                               # registered again: copies are fine again
+    hp.copy_in_address(h, 0, base, raw(base, 32))
+    hp.unregister_host(base)
+    hp.unregister_host(base + 4096)
+    hp.free_pinned(pinned)
+    hp.free(h)
+    service.release_task(1)
+    assert hp.live_handles == 0
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_registered_memory_copies_asynchronously():
+    from cudabridge.device import gpu_visible
+    ok, why = gpu_visible()
+    if not ok:
+        pytest.skip(f"needs a CUDA GPU: {why}")
+    with CudaBridgeService(ServiceConfig(backend="cuda", streams_per_gpu=2, high_priority_streams=0)) as service:
+        hp = JavaHotPath(service)
+        service.bind_task(1)
+        n = 1 << 20
+        h, _ = hp.allocate(1, n)
+        src, dst = (ctypes.c_char * n)(*(bytes(range(256)) * (n // 256))), (ctypes.c_char * n)()
+        a_src, a_dst = ctypes.addressof(src), ctypes.addressof(dst)
+        hp.register_host(a_src, n)
+        hp.register_host(a_dst, n)
+        with pytest.raises(InvalidArgument, match="overlaps"):
+            hp.register_host(a_src + 4096, 16)
+        hp.copy_in_address(h, 0, a_src, raw(a_src, n))
+        hp.copy_out_address(h, 0, a_dst, raw(a_dst, n))
+        hp.synchronize(1)
+        assert dst.raw == src.raw
+        hp.unregister_host(a_src)
+        hp.unregister_host(a_dst)
+        hp.free(h)
+        service.release_task(1)
