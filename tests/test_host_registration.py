@@ -111,3 +111,20 @@ def test_on_a_gpu_registered_memory_copies_asynchronously():
         hp.unregister_host(a_dst)
         hp.free(h)
         service.release_task(1)
+
+
+def test_a_new_registration_over_an_unregistered_range_makes_it_copyable_again(hot):
+    """An allocator reuses freed memory: a region registered inside one unregistered before (another
+    base, another size) is copyable (a task retry with a new Arrow vector at a reused address)."""
+    hp, service = hot
+    service.bind_task(1)
+    h, _ = hp.allocate(1, 4096)
+    mem = (ctypes.c_char * 8192)()
+    base = ctypes.addressof(mem)
+    hp.register_host(base, 8192)
+    hp.unregister_host(base)
+    hp.register_host(base + 1024, 2048)
+    hp.copy_in_address(h, 0, base + 1024, raw(base + 1024, 2048))
+    hp.unregister_host(base + 1024)
+    hp.free(h)
+    service.release_task(1)

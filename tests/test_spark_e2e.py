@@ -137,3 +137,19 @@ def test_example_c_tasks_run_their_own_kernel(tmp_path):
     assert s["tasks_run"] == 12 and s["verify_failures"] == 0, s
     assert s["values_counted"] == s["values_expected"] == 12 * 20000
     assert "planned failure of the first attempt of partition 3" in run.stderr
+
+
+def test_example_e_arrow_batches_are_summed_on_the_gpu(tmp_path):
+    """Example (e) in local[4,2]: each task fills an off-heap Arrow vector from its rows in batches,
+    registers the vector's buffer once, copies each batch to the GPU by address and adds it up with
+    its own kernel (its host twin here); the GPU's sum must equal Spark's. Partition 3's first
+    attempt fails with its memory registered; the retry succeeds."""
+    sh.build()
+    run = sh.spark_submit(tmp_path, "local[4,2]",
+                          [sh.examples_jar(), "--rows", "300000", "--partitions", "6", "--batch", "8192",
+                           "--fail-first-attempt", "3", "--summary-json", "summary.json"],
+                          {}, main_class="org.cudabridge.examples.GpuArrowSumJob", timeout=240)
+    assert run.returncode == 0, run.explain()
+    s = run.summary()
+    assert s["tasks_run"] == 6 and s["verify_failures"] == 0, s
+    assert s["gpu_sum"] == s["spark_sum"] and s["rows_counted"] == s["rows_expected"] == 300000, s

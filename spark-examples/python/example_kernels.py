@@ -20,3 +20,11 @@ def histogram(grid, block, data, n, bins):
 def fill_tag(grid, block, p, n, tag):
     """p[i] = tag for i < n: example (a)'s kernel (PartitionWork.SOURCE)."""
     p.view(np.uint32)[:n] = tag & 0xFFFFFFFF
+
+
+@host_kernel("sum_i64", "ptr, i32, ptr")
+def sum_i64(grid, block, v, n, total):
+    """total += the sum of the n int64 values (atomics on the device; two's complement wraps the
+    same way): example (e)'s kernel (GpuArrowSumJob.SOURCE)."""
+    t = total.view(np.uint64)
+    t[0] = (int(t[0]) + int(v.view(np.int64)[:n].sum())) & 0xFFFFFFFFFFFFFFFF

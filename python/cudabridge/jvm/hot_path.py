@@ -377,7 +377,8 @@ class JavaHotPath:
             self._pinned[address] = region
             self._registered.add(address)
             bisect.insort(self._pinned_bases, address)
-            self._unregistered.pop(address, None)
+            for old in [b for b, size in self._unregistered.items() if b < address + nbytes and address < b + size]:
+                del self._unregistered[old]   # registered again (an allocator reused the memory): copies are fine
 
     def unregister_host(self, address: int) -> None:
         """Undo :meth:`register_host` of the region starting at ``address``. Copies into the range
