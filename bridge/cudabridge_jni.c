@@ -1677,6 +1677,16 @@ JNIEXPORT void JNICALL Java_org_cudabridge_NativeBridge_copyOutAddress(JNIEnv *e
     address_copy(env, m_copy_out_address, handle, devOffset, address, nbytes);
 }
 
+/* static native long address(ByteBuffer buffer): a direct buffer's address, 0 otherwise. */
+JNIEXPORT jlong JNICALL Java_org_cudabridge_NativeBridge_address(JNIEnv *env, jclass cls, jobject buf) {
+    (void)cls;
+    if (buf == NULL) {
+        throw_plain(env, c_npe, "java/lang/NullPointerException", "address: ByteBuffer is null");
+        return 0;
+    }
+    return (jlong)(intptr_t)(*env)->GetDirectBufferAddress(env, buf);
+}
+
 /* static native ByteBuffer allocPinned(long nbytes): page-locked host memory as a direct buffer. */
 JNIEXPORT jobject JNICALL Java_org_cudabridge_NativeBridge_allocPinned(JNIEnv *env, jclass cls, jlong nbytes) {
     (void)cls;

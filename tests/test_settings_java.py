@@ -175,6 +175,7 @@ CASES = [
     (P + "moduleCacheDir", "/var/cache/cudabridge", True), (P + "moduleCacheDir", "", True),
     (P + "stagingSlots", "4", True), (P + "stagingSlots", "0", False), (P + "stagingSlots", "17", False),
     (P + "stagingSlotBytes", "4m", True), (P + "stagingSlotBytes", "1k", False),
+    (P + "pinnedPool", "64m", True), (P + "pinnedPool", "0", True), (P + "pinnedPool", "-1", False),
     (P + "taskPriority", "normal", True), (P + "taskPriority", "high", True), (P + "taskPriority", "HIGH", False),
     (P + "taskPriority", "urgent", False),
     (P + "taskBind", "lazy", True), (P + "taskBind", "ahead", True), (P + "taskBind", "eager", True),

@@ -146,7 +146,8 @@ class BridgeControl:
 
     # What statistics() holds besides the service's totals, each a count or a gauge.
     BRIDGE_STATISTICS = ("bridge_calls_total", "bridge_live_handles", "bridge_pinned_buffers", "bridge_releases",
-                         "device_unusable")
+                         "device_unusable", "pinned_in_use_bytes", "pinned_reserved_bytes",
+                         "pinned_fallbacks_host_alloc", "pinned_fallbacks_pageable")
 
     @classmethod
     def statistics_names(cls) -> tuple[str, ...]:
@@ -167,9 +168,14 @@ class BridgeControl:
         # calls into Python on the hot path (a batch of frees is one call)
         out["bridge_calls_total"] = sum(int(v) for k, v in self.hot.counters.items() if k != "batched_frees")
         out["bridge_live_handles"] = self.hot.live_handles
-        out["bridge_pinned_buffers"] = len(self.hot._pinned)
+        out["bridge_pinned_buffers"] = len(self.hot._pinned_blocks)
         out["bridge_releases"] = self.releases
         out["device_unusable"] = int(self.service._unusable is not None)
+        pool = self.hot.pinned_pool
+        out["pinned_in_use_bytes"] = pool.in_use_bytes
+        out["pinned_reserved_bytes"] = pool.reserved_bytes
+        out["pinned_fallbacks_host_alloc"] = pool.fallbacks_host_alloc
+        out["pinned_fallbacks_pageable"] = pool.fallbacks_pageable
         return out
 
     def device_error(self) -> str | None:
@@ -208,6 +214,10 @@ class BridgeControl:
             self.closed = True
         reports = self.service.close()
         self.hot._live.clear()
+        try:   # the streams are drained: the reserved pinned memory can go
+            self.hot.pinned_pool.close()
+        except Exception:   # a sticky error: the process is on its way out anyway
+            log.warning("pinned pool: releasing its memory failed", exc_info=True)
         return len(reports)
 
     def check_open(self, call: str) -> None:
@@ -276,6 +286,10 @@ def make_proxy(control: BridgeControl) -> Any:
     def j_copy_from_global(task: Any, module_id: Any, name: Any, offset: Any, length: Any) -> Any:
         return JArray(JByte)(c.copy_from_global(int(task), int(module_id), str(name), int(offset), int(length)))
 
+    def j_is_pinned(address: Any) -> Any:
+        c.check_open("isPinned")
+        return c.hot.pinned(int(address))
+
     def j_register_host(address: Any, nbytes: Any) -> Any:
         c.check_open("registerHost")
         c.hot.register_host(int(address), int(nbytes))
@@ -298,6 +312,7 @@ def make_proxy(control: BridgeControl) -> Any:
         copyToGlobal = JOverride(guarded(j_copy_to_global))
         copyFromGlobal = JOverride(guarded(j_copy_from_global))
         registerHost = JOverride(guarded(j_register_host))
+        isPinned = JOverride(guarded(j_is_pinned))
         unregisterHost = JOverride(guarded(j_unregister_host))
 
     return ControlProxy()

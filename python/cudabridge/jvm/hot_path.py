@@ -44,6 +44,7 @@ from ..config import parse_bytes
 from ..errors import InvalidArgument, UnknownTask
 from ..kernels import LaunchConfig
 from ..memory import FastPath
+from ..memory.pinned_pool import PinnedBlock, PinnedHostPool
 from ..memory.native import load as load_native
 from ..memory.native import supported as native_supported
 from ..task_registry import TaskLeases
@@ -98,6 +99,8 @@ class JavaHotPath:
         self._pinned_bases: list[int] = []          # sorted, for direct buffers that are slices
         self._pinned_lock = threading.Lock()
         self._registered: set[int] = set()          # bases in _pinned that register_host added
+        self._pinned_blocks: dict[int, PinnedBlock] = {}   # address -> block of alloc_pinned
+        self.pinned_pool = PinnedHostPool(service.backend, parse_bytes(service.config.pinned_pool))
         self._unregistered: dict[int, int] = {}     # base -> size of recently unregistered regions
         self._dummy_threads = 0
         # Calls counted per kind; plain ints, incremented under the GIL (atomic enough for
@@ -283,7 +286,7 @@ class JavaHotPath:
         a, lease = self._enter_buffer(hid, "copy_in", offset, len(view))
         try:
             self._counts["copies_direct"] += 1
-            self._backend.copy_to_device_async(a.ptr + offset, self._host(address, view), a.stream)
+            self._backend.copy_to_device_async(a.ptr + offset, self._host(address, view, a.stream), a.stream)
         finally:
             lease.inside.remove(get_ident())
 
@@ -291,7 +294,7 @@ class JavaHotPath:
         a, lease = self._enter_buffer(hid, "copy_out", offset, len(view))
         try:
             self._counts["copies_direct"] += 1
-            self._backend.copy_from_device_async(self._host(address, view), a.ptr + offset, a.stream)
+            self._backend.copy_from_device_async(self._host(address, view, a.stream), a.ptr + offset, a.stream)
         finally:
             lease.inside.remove(get_ident())
 
@@ -338,25 +341,32 @@ class JavaHotPath:
     def alloc_pinned(self, nbytes: int) -> int:
         """Page-locked host memory for asynchronous copies; returns its address (the C side
         wraps it in a direct ByteBuffer)."""
-        if nbytes.__class__ is not int or nbytes <= 0:
-            raise InvalidArgument(f"pinned buffer size must be a positive int, got {nbytes!r}")
-        import ctypes
-
-        buf = self._backend.alloc_pinned(nbytes)
-        addr = ctypes.addressof(buf)
+        block = self.pinned_pool.allocate(nbytes)   # refuses a bad size; falls back as the pool says
         with self._pinned_lock:
-            self._pinned[addr] = buf
-            bisect.insort(self._pinned_bases, addr)
-        return addr
+            self._pinned_blocks[block.address] = block
+            if block.pinned:   # pageable memory is not looked up: its copies are staged
+                self._pinned[block.address] = block.view
+                bisect.insort(self._pinned_bases, block.address)
+        return block.address
+
+    def pinned(self, address: int) -> bool:
+        """Whether the buffer alloc_pinned returned at ``address`` is page-locked (False: the
+        pageable fallback)."""
+        block = self._pinned_blocks.get(address)
+        if block is None:
+            raise InvalidArgument(f"pinned: {address!r} is not a pinned buffer of this bridge")
+        return block.pinned
 
     def free_pinned(self, address: int) -> None:
+        """Back to the pinned pool, reused once the copies queued from or into it have passed."""
         with self._pinned_lock:
-            buf = self._pinned.get(address) if address not in self._registered else None
-            if buf is None:
+            block = self._pinned_blocks.pop(address, None)
+            if block is None:
                 raise InvalidArgument(f"free_pinned: {address:#x} is not a pinned buffer of this bridge")
-            del self._pinned[address]
-            del self._pinned_bases[bisect.bisect_left(self._pinned_bases, address)]
-        self._backend.free_pinned(buf)
+            if block.pinned:
+                del self._pinned[address]
+                del self._pinned_bases[bisect.bisect_left(self._pinned_bases, address)]
+        self.pinned_pool.free(block)
 
     # off-heap memory Java code owns (Arrow buffers, Unsafe, off-heap column vectors) -------------
     def register_host(self, address: int, nbytes: int) -> None:
@@ -404,7 +414,7 @@ class JavaHotPath:
         a, lease = self._enter_buffer(hid, "copy_in", offset, len(view))
         try:
             self._counts["copies_address"] += 1
-            self._backend.copy_to_device_async(a.ptr + offset, self._host(address, view), a.stream)
+            self._backend.copy_to_device_async(a.ptr + offset, self._host(address, view, a.stream), a.stream)
         finally:
             lease.inside.remove(get_ident())
 
@@ -415,7 +425,7 @@ class JavaHotPath:
         a, lease = self._enter_buffer(hid, "copy_out", offset, len(view))
         try:
             self._counts["copies_address"] += 1
-            self._backend.copy_from_device_async(self._host(address, view), a.ptr + offset, a.stream)
+            self._backend.copy_from_device_async(self._host(address, view, a.stream), a.ptr + offset, a.stream)
         finally:
             lease.inside.remove(get_ident())
 
@@ -428,7 +438,7 @@ class JavaHotPath:
                 raise InvalidArgument(f"{call}: [{address:#x}, +{nbytes}) is in [{base:#x}, +{size}), unregistered "
                                       f"(unregister_host): its memory may have been freed")
 
-    def _host(self, address: int, view: memoryview) -> Any:
+    def _host(self, address: int, view: memoryview, stream: int | None = None) -> Any:
         """The pinned buffer behind ``address`` (sliced to the view's size) when there is one,
         else the view itself (pageable: the backend's copy is then synchronous, as CUDA's is)."""
         if not self._pinned:
@@ -439,6 +449,9 @@ class JavaHotPath:
             base = bases[i]
             buf = self._pinned.get(base)
             if buf is not None and address + len(view) <= base + len(buf):
+                block = self._pinned_blocks.get(base)
+                if block is not None and stream is not None:
+                    block.streams.add(stream)   # its reuse waits for this stream (PinnedHostPool.free)
                 off = address - base
                 return memoryview(buf).cast("B")[off:off + len(view)]
         return view

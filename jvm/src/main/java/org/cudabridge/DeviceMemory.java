@@ -84,7 +84,8 @@ final class DeviceMemory {
         }
         bridge.checkRunning("allocatePinned");
         ByteBuffer b = NativeBridge.allocPinned(bytes);
-        return new PinnedBuffer(b.order(ByteOrder.nativeOrder()), bytes);
+        boolean pinned = bridge.control().isPinned(NativeBridge.address(b));   // false: the pageable fallback
+        return new PinnedBuffer(b.order(ByteOrder.nativeOrder()), bytes, pinned);
     }
 
     void synchronize() {

@@ -171,6 +171,9 @@ public final class NativeBridge {
 
     public static native void copyOutDirect(long handle, long devOffset, ByteBuffer buffer, long bufOffset, long bytes);
 
+    /** The address of a direct ByteBuffer's memory (0 for a heap buffer). */
+    public static native long address(ByteBuffer buffer);
+
     /** Off-heap memory at {@code address} (not checked: a wrong address crashes the JVM) to the buffer. */
     public static native void copyInAddress(long handle, long devOffset, long address, long bytes);
 
