@@ -1687,8 +1687,10 @@ JNIEXPORT jlong JNICALL Java_org_cudabridge_NativeBridge_address(JNIEnv *env, jc
     return (jlong)(intptr_t)(*env)->GetDirectBufferAddress(env, buf);
 }
 
-/* static native ByteBuffer allocPinned(long nbytes): page-locked host memory as a direct buffer. */
-JNIEXPORT jobject JNICALL Java_org_cudabridge_NativeBridge_allocPinned(JNIEnv *env, jclass cls, jlong nbytes) {
+/* static native ByteBuffer allocPinned(long task, long nbytes): page-locked host memory as a direct
+ * buffer, owned by task (0: no owner). */
+JNIEXPORT jobject JNICALL Java_org_cudabridge_NativeBridge_allocPinned(JNIEnv *env, jclass cls, jlong task,
+                                                                       jlong nbytes) {
     (void)cls;
     if (nbytes <= 0) {
         throw_plain(env, c_iae, "java/lang/IllegalArgumentException", "allocatePinned: size must be positive");
@@ -1696,12 +1698,15 @@ JNIEXPORT jobject JNICALL Java_org_cudabridge_NativeBridge_allocPinned(JNIEnv *e
     }
     HOT_ENTER(NULL, 0)
     long long addr = 0;
-    PyObject *arg = PyLong_FromLongLong(nbytes);
-    if (arg == NULL) {
+    PyObject *args[2] = {PyLong_FromLongLong(nbytes), PyLong_FromLongLong(task)};
+    if (args[0] == NULL || args[1] == NULL) {
+        Py_XDECREF(args[0]);
+        Py_XDECREF(args[1]);
         capture_python_error(&err);
     } else {
-        PyObject *r = PyObject_Vectorcall(m_alloc_pinned, &arg, 1, NULL);
-        Py_DECREF(arg);
+        PyObject *r = PyObject_Vectorcall(m_alloc_pinned, args, 2, NULL);
+        Py_DECREF(args[0]);
+        Py_DECREF(args[1]);
         if (r == NULL) {
             capture_python_error(&err);
         } else {

@@ -119,3 +119,27 @@ def test_many_threads_share_a_small_pool_without_deadlock_and_nothing_overlaps(b
         t.join()
     assert not errors, errors[:3]
     assert pool.in_use_bytes == 0 and pool.free_bytes() == 64 * KiB
+
+
+@pytest.mark.parametrize("fast_path", ["python", "native"])
+def test_a_tasks_pinned_buffers_are_reclaimed_at_its_release(fast_path):
+    from cudabridge.config import ServiceConfig
+    from cudabridge.errors import UnknownTask
+    from cudabridge.jvm.hot_path import JavaHotPath
+    from cudabridge.service import CudaBridgeService
+
+    with CudaBridgeService(ServiceConfig(backend="emulated", emulated_memory="64m", streams_per_gpu=2,
+                                         high_priority_streams=0, pinned_pool="1m")) as service:
+        hp = JavaHotPath(service, fast_path=fast_path)
+        service.bind_task(1)
+        owned = hp.alloc_pinned(4096, 1)
+        loose = hp.alloc_pinned(4096)                 # no owner: held until freed
+        with pytest.raises(UnknownTask):
+            hp.alloc_pinned(4096, 2)                  # task 2 is not bound: nothing allocated
+        assert hp.pinned_pool.in_use_bytes == 8192
+        service.release_task(1)
+        assert hp.counters["pinned_reclaimed"] == 1 and hp.pinned_pool.in_use_bytes == 4096
+        with pytest.raises(InvalidArgument, match="reclaimed with its task"):
+            hp.free_pinned(owned)
+        hp.free_pinned(loose)
+        assert hp.pinned_pool.in_use_bytes == 0

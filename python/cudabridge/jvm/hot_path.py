@@ -72,7 +72,7 @@ class JavaHotPath:
 
     # Calls counted per kind (statistics ``bridge_<kind>``); the C twin counts the first four.
     COUNTERS = ("allocations", "frees", "batched_frees", "batches", "copies_in", "copies_out", "copies_direct",
-                "memsets", "synchronizes", "launches", "launches_referred", "copies_address")
+                "memsets", "synchronizes", "launches", "launches_referred", "copies_address", "pinned_reclaimed")
 
     def __init__(self, service: "CudaBridgeService", fast_path: str = "auto") -> None:
         fast_path = FastPath.parse(fast_path, "fast_path")
@@ -100,6 +100,7 @@ class JavaHotPath:
         self._pinned_lock = threading.Lock()
         self._registered: set[int] = set()          # bases in _pinned that register_host added
         self._pinned_blocks: dict[int, PinnedBlock] = {}   # address -> block of alloc_pinned
+        self._pinned_by_task: dict[int, set[int]] = {}     # owning task -> its blocks' addresses
         self.pinned_pool = PinnedHostPool(service.backend, parse_bytes(service.config.pinned_pool))
         self._unregistered: dict[int, int] = {}     # base -> size of recently unregistered regions
         self._dummy_threads = 0
@@ -338,15 +339,25 @@ class JavaHotPath:
             lease.inside.remove(get_ident())
 
     # pinned host memory ----------------------------------------------------------------------
-    def alloc_pinned(self, nbytes: int) -> int:
+    def alloc_pinned(self, nbytes: int, task: int = 0) -> int:
         """Page-locked host memory for asynchronous copies; returns its address (the C side
         wraps it in a direct ByteBuffer)."""
-        block = self.pinned_pool.allocate(nbytes)   # refuses a bad size; falls back as the pool says
-        with self._pinned_lock:
-            self._pinned_blocks[block.address] = block
-            if block.pinned:   # pageable memory is not looked up: its copies are staged
-                self._pinned[block.address] = block.view
-                bisect.insort(self._pinned_bases, block.address)
+        if task.__class__ is not int:
+            raise InvalidArgument(f"alloc_pinned: the owning task is an int (0: none), got {task!r}")
+        lease = self._enter(task) if task else None   # owned by a bound task, reclaimed at its release
+        try:
+            block = self.pinned_pool.allocate(nbytes)   # refuses a bad size; falls back as the pool says
+            with self._pinned_lock:
+                self._pinned_blocks[block.address] = block
+                if task:
+                    block.owner = task
+                    self._pinned_by_task.setdefault(task, set()).add(block.address)
+                if block.pinned:   # pageable memory is not looked up: its copies are staged
+                    self._pinned[block.address] = block.view
+                    bisect.insort(self._pinned_bases, block.address)
+        finally:
+            if lease is not None:
+                lease.inside.remove(get_ident())
         return block.address
 
     def pinned(self, address: int) -> bool:
@@ -362,7 +373,11 @@ class JavaHotPath:
         with self._pinned_lock:
             block = self._pinned_blocks.pop(address, None)
             if block is None:
-                raise InvalidArgument(f"free_pinned: {address:#x} is not a pinned buffer of this bridge")
+                raise InvalidArgument(f"free_pinned: {address!r} is not a pinned buffer of this bridge (freed "
+                                      f"already, or reclaimed with its task)")
+            owned = self._pinned_by_task.get(block.owner)
+            if owned is not None:
+                owned.discard(address)
             if block.pinned:
                 del self._pinned[address]
                 del self._pinned_bases[bisect.bisect_left(self._pinned_bases, address)]
@@ -468,6 +483,12 @@ class JavaHotPath:
         return self._forget(b)
 
     def _forget(self, b: "TaskBinding") -> list[int]:
+        for address in sorted(self._pinned_by_task.pop(b.task_id, ())):   # its pinned buffers, reclaimed
+            try:
+                self.free_pinned(address)
+                self._counts["pinned_reclaimed"] += 1
+            except InvalidArgument:   # freed on another thread meanwhile
+                pass
         pool = self._service.memory_pool(b.gpu)
         return self._live.forget([a.id << GPU_BITS | b.gpu for a in pool.owned_by(b.task_id)])
 

@@ -43,6 +43,7 @@ class PinnedBlock:
     offset: int = -1                 # in the reserved memory (POOL blocks)
     own: Any = None                  # its own allocation (HOST_ALLOC, PAGEABLE blocks)
     streams: set[int] = field(default_factory=set)   # streams asynchronous copies of it ran on
+    owner: int = 0                   # the task it is reclaimed with (0: none)
 
     @property
     def pinned(self) -> bool:

@@ -83,9 +83,10 @@ final class DeviceMemory {
             throw new IllegalArgumentException("allocatePinned: size must be in [1, 2^31-1], got " + bytes);
         }
         bridge.checkRunning("allocatePinned");
-        ByteBuffer b = NativeBridge.allocPinned(bytes);
+        TaskScope owner = tasks.currentTaskOrNull();   // the thread's task owns it: reclaimed at its release
+        ByteBuffer b = NativeBridge.allocPinned(owner == null ? 0 : owner.taskAttemptId(), bytes);
         boolean pinned = bridge.control().isPinned(NativeBridge.address(b));   // false: the pageable fallback
-        return new PinnedBuffer(b.order(ByteOrder.nativeOrder()), bytes, pinned);
+        return new PinnedBuffer(b.order(ByteOrder.nativeOrder()), bytes, pinned, owner);
     }
 
     void synchronize() {

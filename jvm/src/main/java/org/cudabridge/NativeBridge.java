@@ -180,7 +180,7 @@ public final class NativeBridge {
     /** The buffer to off-heap memory at {@code address} (not checked). */
     public static native void copyOutAddress(long handle, long devOffset, long address, long bytes);
 
-    static native ByteBuffer allocPinned(long bytes);
+    static native ByteBuffer allocPinned(long task, long bytes);
 
     static native void freePinned(ByteBuffer buffer);
 }

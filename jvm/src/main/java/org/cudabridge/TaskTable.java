@@ -159,6 +159,12 @@ final class TaskTable {
         CURRENT.remove();
     }
 
+    /** The thread's live current task, or null (no task bound, or released). */
+    TaskScope currentTaskOrNull() {
+        TaskScope t = CURRENT.get();
+        return t == null || t.isReleased() ? null : t;
+    }
+
     TaskScope currentTask() {
         TaskScope t = CURRENT.get();
         if (t == null) {

@@ -48,4 +48,23 @@ class PinnedBufferTest extends RunningBridge {
             assertEquals(8801, t.taskAttemptId());
         }
     }
+
+    @Test
+    void aTasksPinnedBuffersAreReclaimedAtItsRelease() {
+        long reclaimed = stat("bridge_pinned_reclaimed");
+        PinnedBuffer kept;
+        PinnedBuffer free;
+        try (TaskScope t = bridge.bindTask(8802)) {
+            kept = bridge.allocatePinned(4096);                  // never closed by the task
+            assertEquals(8802, t.taskAttemptId());
+        }
+        assertEquals(reclaimed + 1, stat("bridge_pinned_reclaimed"));
+        assertTrue(kept.isClosed());
+        assertThrows(IllegalStateException.class, kept::buffer);
+        kept.close();                                           // a no-op: the release reclaimed it
+        free = bridge.allocatePinned(4096);                     // no task bound: held until close()
+        assertEquals(4096, stat("pinned_in_use_bytes"));
+        free.close();
+        assertEquals(0, stat("pinned_in_use_bytes"));
+    }
 }
