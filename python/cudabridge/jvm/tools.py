@@ -251,7 +251,61 @@ def launch_bench(c: "BridgeControl", task: int, how: str, n: int, batch: int, pt
     return {**_percentiles(samples), "mean_ns": total / n}
 
 
+def copy_bench(c: "BridgeControl", task: int, sizes: list[int], reps: int, threads: int = 8) -> dict[str, Any]:
+    """The anchors of bench/bench_copies.py, timed in this process, median ns per size of one copy
+    (and the synchronize after it): ``memcpy_1`` / ``memcpy_<threads>`` the host's memcpy (numpy,
+    one thread, and the buffer split over threads), and on a GPU ``cupy_pinned_in/out`` and
+    ``cupy_pageable_in/out`` (CuPy's cudaMemcpyAsync on the task's stream, then a synchronize)."""
+    import statistics
+    from concurrent.futures import ThreadPoolExecutor
+
+    import numpy as np
+
+    backend = c.service.backend
+    stream = c.service.registry.binding(int(task)).stream
+    clock = time.perf_counter_ns
+
+    def timed(op: Callable[[], None]) -> float:
+        op()
+        samples = []
+        for _ in range(int(reps)):
+            t0 = clock()
+            op()
+            samples.append(clock() - t0)
+        return statistics.median(samples)
+
+    out: dict[str, dict[str, float]] = {}
+    pool = ThreadPoolExecutor(max_workers=int(threads))
+    try:
+        for n in (int(x) for x in sizes):
+            src, dst = np.ones(n, np.uint8), np.empty(n, np.uint8)
+            out.setdefault("memcpy_1", {})[str(n)] = timed(lambda: np.copyto(dst, src))
+            parts = [slice(i * n // threads, (i + 1) * n // threads) for i in range(int(threads))]
+            out.setdefault(f"memcpy_{threads}", {})[str(n)] = timed(
+                lambda: list(pool.map(lambda p: np.copyto(dst[p], src[p]), parts)))
+            if backend.name != "cuda":
+                continue
+            import cupy
+            ext = cupy.cuda.ExternalStream(stream)
+            dev = cupy.empty(n, cupy.uint8)
+            pinned = cupy.cuda.alloc_pinned_memory(n)
+            host = np.frombuffer(pinned, np.uint8, n)
+            R = cupy.cuda.runtime
+
+            def copy(dst_ptr: int, src_ptr: int, kind: int) -> None:
+                R.memcpyAsync(dst_ptr, src_ptr, n, kind, stream)
+                ext.synchronize()
+            out.setdefault("cupy_pinned_in", {})[str(n)] = timed(lambda: copy(dev.data.ptr, host.ctypes.data, 1))
+            out.setdefault("cupy_pinned_out", {})[str(n)] = timed(lambda: copy(host.ctypes.data, dev.data.ptr, 2))
+            out.setdefault("cupy_pageable_in", {})[str(n)] = timed(lambda: copy(dev.data.ptr, src.ctypes.data, 1))
+            out.setdefault("cupy_pageable_out", {})[str(n)] = timed(lambda: copy(dst.ctypes.data, dev.data.ptr, 2))
+            del dev, pinned
+    finally:
+        pool.shutdown()
+    return out
+
+
 TOOLS: dict[str, Callable[..., Any]] = {
     f.__name__: f for f in (fill_u32, spin, pool_statistics, interpreter, raise_error, python_bench,
-                                          python_threads, launch_bench, emulated_races)
+                                          python_threads, launch_bench, emulated_races, copy_bench)
 }
