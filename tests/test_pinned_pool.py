@@ -143,3 +143,16 @@ def test_a_tasks_pinned_buffers_are_reclaimed_at_its_release(fast_path):
             hp.free_pinned(owned)
         hp.free_pinned(loose)
         assert hp.pinned_pool.in_use_bytes == 0
+
+
+def test_closing_with_blocks_still_held_keeps_the_memory(be):
+    """Java may still write through a ByteBuffer over a held block after shutdown: the reservation
+    is kept then (freed memory under it would crash the JVM), and released when none is held."""
+    pool = PinnedHostPool(be, 8 * KiB)
+    held = pool.allocate(100)
+    pool.close()
+    assert pool.reserved_bytes == 8 * KiB
+    held.view[0] = 7                                         # still valid memory
+    pool.free(held)
+    pool.close()
+    assert pool.reserved_bytes == 0

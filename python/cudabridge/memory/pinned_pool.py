@@ -65,6 +65,7 @@ class PinnedHostPool:
         self._pending: list[tuple[PinnedBlock, list[int]]] = []   # freed, waiting for their events
         self._lock = threading.Lock()
         self.in_use_bytes = 0                  # bytes of blocks handed out and not freed (all kinds)
+        self._pool_blocks_out = 0              # POOL blocks handed out and not freed
         self.fallbacks_host_alloc = 0
         self.fallbacks_pageable = 0
         self.reserve_failed = False
@@ -82,6 +83,7 @@ class PinnedHostPool:
             block = self._from_pool(nbytes, size)
             if block is not None:
                 self.in_use_bytes += size
+                self._pool_blocks_out += 1
                 return block
         block = self._fallback(nbytes)
         with self._lock:
@@ -161,6 +163,7 @@ class PinnedHostPool:
             events = []
         with self._lock:
             self.in_use_bytes -= block.size
+            self._pool_blocks_out -= 1
             if events:
                 self._pending.append((block, events))
             else:
@@ -197,8 +200,14 @@ class PinnedHostPool:
             return sum(size for _, size in self._free)
 
     def close(self) -> None:
-        """Release the reserved memory (after the service's streams are drained)."""
+        """Release the reserved memory (after the service's streams are drained), unless blocks of
+        it are still handed out: Java may still write through a ByteBuffer over one, and freed
+        memory under it would crash the JVM, so it stays reserved until the process ends."""
         with self._lock:
+            if self._pool_blocks_out:
+                log.info("pinned pool: %d block(s) still held at close; its memory stays reserved",
+                         self._pool_blocks_out)
+                return
             for _, events in self._pending:
                 for e in events:
                     self._backend.event_destroy(e)
