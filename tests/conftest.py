@@ -40,3 +40,15 @@ def cuda_backend():
     backend.set_device(0)
     yield backend
     backend.close()
+
+
+@pytest.fixture
+def nvrtc():
+    """NVRTC through cuda.bindings (it needs no GPU, only libnvrtc); skips where the library is not
+    installed (CI has none; the GPU machines have it)."""
+    try:
+        from cuda.bindings import nvrtc as module
+        module.nvrtcVersion()
+    except Exception as exc:
+        pytest.skip(f"needs NVRTC (libnvrtc): {type(exc).__name__}: {str(exc).splitlines()[0]}")
+    return module

@@ -109,20 +109,11 @@ extern "C" __global__ void to_half(const float* x, __half* h, float* biggest, in
 '''
 
 
-def _nvrtc():
-    try:
-        from cuda.bindings import nvrtc
-        nvrtc.nvrtcVersion()
-    except Exception as exc:   # no libnvrtc: the GPU machines have it
-        pytest.skip(f"needs NVRTC (libnvrtc): {type(exc).__name__}: {str(exc).splitlines()[0]}")
-    return nvrtc
 
-
-def test_with_nvrtc_the_found_headers_compile_fp16_and_cccl():
+def test_with_nvrtc_the_found_headers_compile_fp16_and_cccl(nvrtc):
     from cudabridge.kernels.cuda_headers import cuda_headers, nvrtc_major
     from cudabridge.kernels.cuda_module import compile_to_ptx
 
-    nvrtc = _nvrtc()
     headers = cuda_headers(nvrtc_major(nvrtc))
     if not headers.include_dirs:
         pytest.skip(f"no CUDA headers here: {headers.hint('cuda_fp16.h')}")
@@ -135,10 +126,9 @@ def test_with_nvrtc_the_found_headers_compile_fp16_and_cccl():
     assert headers.include_dirs[0] not in info.value.summary
 
 
-def test_with_nvrtc_a_missing_header_names_where_the_search_looked(tmp_path):
+def test_with_nvrtc_a_missing_header_names_where_the_search_looked(tmp_path, nvrtc):
     from cudabridge.kernels.cuda_module import compile_to_ptx
 
-    nvrtc = _nvrtc()
     nothing = _find(system_dirs=[str(tmp_path / "include")])
     with pytest.raises(ModuleLoadError) as info:
         compile_to_ptx(nvrtc, ModuleSource.of(HALF_SOURCE), "compute_90", nothing)

@@ -249,20 +249,10 @@ extern "C" __global__ void scale_by(float* y, int n) {
 '''
 
 
-def _nvrtc():
-    """NVRTC through cuda.bindings (it needs no GPU); skips where the library is not installed."""
-    try:
-        from cuda.bindings import nvrtc
-        nvrtc.nvrtcVersion()
-    except Exception as exc:   # no libnvrtc: the GPU machines have it
-        pytest.skip(f"needs NVRTC (libnvrtc): {type(exc).__name__}: {str(exc).splitlines()[0]}")
-    return nvrtc
 
-
-def test_nvrtcs_ptx_declares_the_globals_the_module_finds():
+def test_nvrtcs_ptx_declares_the_globals_the_module_finds(nvrtc):
     from cudabridge.kernels.cuda_module import compile_to_ptx
 
-    nvrtc = _nvrtc()
     ptx, lowered = compile_to_ptx(nvrtc, ModuleSource.of(GPU_SOURCE, name_expressions=["&stats::launches"]),
                                   "compute_90")
     assert lowered == {"&stats::launches": "_ZN5stats8launchesE"}
@@ -290,10 +280,10 @@ class _DriverStandIn:
         return 0x7000_0000 + len(self.asked) * 256, {"scale": 4, "offsets": 16}.get(symbol, 8)
 
 
-def test_a_cuda_modules_global_is_asked_of_the_driver_by_its_lowered_name():
+def test_a_cuda_modules_global_is_asked_of_the_driver_by_its_lowered_name(nvrtc):
     from cudabridge.kernels.cuda_module import CudaModule
 
-    backend = _DriverStandIn(_nvrtc())
+    backend = _DriverStandIn(nvrtc)
     module = CudaModule(backend, ModuleSource.of(GPU_SOURCE, name_expressions=["&stats::launches"]), 0)
     assert module.global_("scale") == ModuleGlobal("scale", 0x7000_0100, 4, 0)
     assert module.global_("stats::launches").size == 8 and module.global_("&stats::launches").size == 8
