@@ -97,9 +97,9 @@ def param_layout(kinds: Sequence[str]) -> list[tuple[int, int]]:
 
 def pack_params(kinds: Sequence[str], values: Sequence[Any], kernel: str) -> bytes:
     """The arguments laid out as a CUDA kernel's parameter buffer: each at its natural alignment."""
-    out = bytearray()
-    for kind, value in zip(kinds, check_args(kinds, values, kernel)):
-        fmt, size = PARAM_KINDS[kind]
-        out += b"\0" * (-len(out) % size)
-        out += struct.pack("<" + fmt, value.address if value.__class__ is DevicePointer else value)
+    layout = param_layout(kinds)
+    out = bytearray(layout[-1][0] + layout[-1][1] if layout else 0)
+    for kind, (offset, _), value in zip(kinds, layout, check_args(kinds, values, kernel)):
+        struct.pack_into("<" + PARAM_KINDS[kind][0], out, offset,
+                         value.address if value.__class__ is DevicePointer else value)
     return bytes(out)
