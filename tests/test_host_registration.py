@@ -88,10 +88,6 @@ def test_bad_registrations_and_copies_are_refused_and_change_nothing(hot):
 
 @pytest.mark.gpu
 def test_on_a_gpu_registered_memory_copies_asynchronously():
-    from cudabridge.device import gpu_visible
-    ok, why = gpu_visible()
-    if not ok:
-        pytest.skip(f"needs a CUDA GPU: {why}")
     with CudaBridgeService(ServiceConfig(backend="cuda", streams_per_gpu=2, high_priority_streams=0)) as service:
         hp = JavaHotPath(service)
         service.bind_task(1)

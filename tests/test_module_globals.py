@@ -297,10 +297,6 @@ def test_a_cuda_modules_global_is_asked_of_the_driver_by_its_lowered_name(nvrtc)
 
 @pytest.mark.gpu
 def test_on_a_gpu_a_kernel_reads_the_constant_the_host_wrote():
-    from cudabridge.device import gpu_visible
-    ok, why = gpu_visible()
-    if not ok:
-        pytest.skip(f"needs a CUDA GPU: {why}")
     with CudaBridgeService(ServiceConfig(backend="cuda", streams_per_gpu=4, high_priority_streams=0)) as service:
         module = service.load_module(ModuleSource.of(GPU_SOURCE, name_expressions=["&stats::launches"]))
         scale, offsets = module.global_("scale"), module.global_("offsets")
