@@ -1687,17 +1687,22 @@ JNIEXPORT jlong JNICALL Java_org_cudabridge_NativeBridge_address(JNIEnv *env, jc
     return (jlong)(intptr_t)(*env)->GetDirectBufferAddress(env, buf);
 }
 
-/* static native ByteBuffer allocPinned(long task, long nbytes): page-locked host memory as a direct
- * buffer, owned by task (0: no owner). */
+/* static native ByteBuffer allocPinned(long task, long nbytes, boolean[] pinnedOut): page-locked host
+ * memory as a direct buffer, owned by task (0: no owner); pinnedOut[0] is set to whether it is
+ * page-locked (false: the pageable fallback). */
 JNIEXPORT jobject JNICALL Java_org_cudabridge_NativeBridge_allocPinned(JNIEnv *env, jclass cls, jlong task,
-                                                                       jlong nbytes) {
+                                                                       jlong nbytes, jbooleanArray pinned_out) {
     (void)cls;
     if (nbytes <= 0) {
         throw_plain(env, c_iae, "java/lang/IllegalArgumentException", "allocatePinned: size must be positive");
         return NULL;
     }
+    if (pinned_out == NULL || (*env)->GetArrayLength(env, pinned_out) < 1) {
+        throw_plain(env, c_iae, "java/lang/IllegalArgumentException", "allocatePinned: pinnedOut needs one element");
+        return NULL;
+    }
     HOT_ENTER(NULL, 0)
-    long long addr = 0;
+    long long addr = 0, pinned = 0;
     PyObject *args[2] = {PyLong_FromLongLong(nbytes), PyLong_FromLongLong(task)};
     if (args[0] == NULL || args[1] == NULL) {
         Py_XDECREF(args[0]);
@@ -1710,8 +1715,7 @@ JNIEXPORT jobject JNICALL Java_org_cudabridge_NativeBridge_allocPinned(JNIEnv *e
         if (r == NULL) {
             capture_python_error(&err);
         } else {
-            addr = PyLong_AsLongLong(r);
-            if (addr == -1 && PyErr_Occurred()) capture_python_error(&err);
+            parse_pair(r, &addr, &pinned, &err);   /* (address, pinned) */
             Py_DECREF(r);
         }
     }
@@ -1720,6 +1724,8 @@ JNIEXPORT jobject JNICALL Java_org_cudabridge_NativeBridge_allocPinned(JNIEnv *e
         throw_captured(env, &err);
         return NULL;
     }
+    jboolean flag = pinned ? JNI_TRUE : JNI_FALSE;
+    (*env)->SetBooleanArrayRegion(env, pinned_out, 0, 1, &flag);
     jobject bb = (*env)->NewDirectByteBuffer(env, (void *)(intptr_t)addr, nbytes);
     if (bb == NULL) {
         /* Give the memory back rather than leak it; an exception is pending (or JNI lacks support). */

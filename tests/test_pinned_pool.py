@@ -1,4 +1,4 @@
-"""The pinned host pool (issue 16 item 2) on the emulated device: reserved once, blocks carved and
+"""The pinned host pool (issue 16 item 2) on the emulated device and a real GPU: reserved once, blocks carved and
 coalesced, a freed block handed out again only once the streams its copies ran on have passed an
 event recorded at its free (stream-ordered reuse), and the fallbacks (cudaHostAlloc, then pageable
 memory) counted."""
@@ -16,8 +16,13 @@ from cudabridge.memory.pinned_pool import HOST_ALLOC, PAGEABLE, POOL, PinnedHost
 KiB = 1 << 10
 
 
-@pytest.fixture
-def be():
+@pytest.fixture(params=["emulated", pytest.param("cuda", marks=pytest.mark.gpu)])
+def be(request):
+    """Each pool test runs on the emulated device and, where one is visible, on a real GPU (its
+    reservation is a real cudaHostAlloc, its events real CUDA events)."""
+    if request.param == "cuda":
+        yield request.getfixturevalue("cuda_backend")
+        return
     b = EmulatedBackend(devices=1, memory_bytes=64 << 20)
     yield b
     b.close()
@@ -132,8 +137,9 @@ def test_a_tasks_pinned_buffers_are_reclaimed_at_its_release(fast_path):
                                          high_priority_streams=0, pinned_pool="1m")) as service:
         hp = JavaHotPath(service, fast_path=fast_path)
         service.bind_task(1)
-        owned = hp.alloc_pinned(4096, 1)
-        loose = hp.alloc_pinned(4096)                 # no owner: held until freed
+        owned, pinned = hp.alloc_pinned(4096, 1)
+        assert pinned
+        loose, _ = hp.alloc_pinned(4096)              # no owner: held until freed
         with pytest.raises(UnknownTask):
             hp.alloc_pinned(4096, 2)                  # task 2 is not bound: nothing allocated
         assert hp.pinned_pool.in_use_bytes == 8192

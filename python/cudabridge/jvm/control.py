@@ -286,10 +286,6 @@ def make_proxy(control: BridgeControl) -> Any:
     def j_copy_from_global(task: Any, module_id: Any, name: Any, offset: Any, length: Any) -> Any:
         return JArray(JByte)(c.copy_from_global(int(task), int(module_id), str(name), int(offset), int(length)))
 
-    def j_is_pinned(address: Any) -> Any:
-        c.check_open("isPinned")
-        return c.hot.pinned(int(address))
-
     def j_register_host(address: Any, nbytes: Any) -> Any:
         c.check_open("registerHost")
         c.hot.register_host(int(address), int(nbytes))
@@ -312,7 +308,6 @@ def make_proxy(control: BridgeControl) -> Any:
         copyToGlobal = JOverride(guarded(j_copy_to_global))
         copyFromGlobal = JOverride(guarded(j_copy_from_global))
         registerHost = JOverride(guarded(j_register_host))
-        isPinned = JOverride(guarded(j_is_pinned))
         unregisterHost = JOverride(guarded(j_unregister_host))
 
     return ControlProxy()

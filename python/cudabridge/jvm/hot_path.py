@@ -339,9 +339,10 @@ class JavaHotPath:
             lease.inside.remove(get_ident())
 
     # pinned host memory ----------------------------------------------------------------------
-    def alloc_pinned(self, nbytes: int, task: int = 0) -> int:
+    def alloc_pinned(self, nbytes: int, task: int = 0) -> tuple[int, bool]:
         """Page-locked host memory for asynchronous copies; returns its address (the C side
-        wraps it in a direct ByteBuffer)."""
+        wraps it in a direct ByteBuffer) and whether it is page-locked (False: the pageable
+        fallback), so that Java learns both in one call."""
         if task.__class__ is not int:
             raise InvalidArgument(f"alloc_pinned: the owning task is an int (0: none), got {task!r}")
         lease = self._enter(task) if task else None   # owned by a bound task, reclaimed at its release
@@ -358,15 +359,7 @@ class JavaHotPath:
         finally:
             if lease is not None:
                 lease.inside.remove(get_ident())
-        return block.address
-
-    def pinned(self, address: int) -> bool:
-        """Whether the buffer alloc_pinned returned at ``address`` is page-locked (False: the
-        pageable fallback)."""
-        block = self._pinned_blocks.get(address)
-        if block is None:
-            raise InvalidArgument(f"pinned: {address!r} is not a pinned buffer of this bridge")
-        return block.pinned
+        return block.address, block.pinned
 
     def free_pinned(self, address: int) -> None:
         """Back to the pinned pool, reused once the copies queued from or into it have passed."""

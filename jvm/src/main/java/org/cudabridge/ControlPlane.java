@@ -30,9 +30,6 @@ public interface ControlPlane {
     /** Undoes {@link #registerHost} of the region starting at {@code address}. */
     void unregisterHost(long address);
 
-    /** Whether the buffer {@code allocPinned} returned at {@code address} is page-locked. */
-    boolean isPinned(long address);
-
     /** JSON: the Python, its prefix, the backend and the GPUs. */
     String describe();
 

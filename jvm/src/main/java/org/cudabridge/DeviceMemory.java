@@ -84,9 +84,9 @@ final class DeviceMemory {
         }
         bridge.checkRunning("allocatePinned");
         TaskScope owner = tasks.currentTaskOrNull();   // the thread's task owns it: reclaimed at its release
-        ByteBuffer b = NativeBridge.allocPinned(owner == null ? 0 : owner.taskAttemptId(), bytes);
-        boolean pinned = bridge.control().isPinned(NativeBridge.address(b));   // false: the pageable fallback
-        return new PinnedBuffer(b.order(ByteOrder.nativeOrder()), bytes, pinned, owner);
+        boolean[] pinned = new boolean[1];   // false: the pageable fallback
+        ByteBuffer b = NativeBridge.allocPinned(owner == null ? 0 : owner.taskAttemptId(), bytes, pinned);
+        return new PinnedBuffer(b.order(ByteOrder.nativeOrder()), bytes, pinned[0], owner);
     }
 
     void synchronize() {

@@ -180,7 +180,9 @@ public final class NativeBridge {
     /** The buffer to off-heap memory at {@code address} (not checked). */
     public static native void copyOutAddress(long handle, long devOffset, long address, long bytes);
 
-    static native ByteBuffer allocPinned(long task, long bytes);
+    /** Host memory from the pinned pool (or its fallbacks), owned by {@code task} (0: none);
+     *  {@code pinnedOut[0]} says whether it is page-locked (false: the pageable fallback). */
+    static native ByteBuffer allocPinned(long task, long bytes, boolean[] pinnedOut);
 
     static native void freePinned(ByteBuffer buffer);
 }
