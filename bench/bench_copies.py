@@ -10,7 +10,8 @@ the report gives their median and min-max over the rounds.
 
 Targets on the H200 (issue 16): heap copies >= 0.8x the same run's one-thread memcpy at every size
 from 1 MiB; >= 20 GB/s each way at 16 MiB and above; a 64 KiB heap copy at most 3 us over CuPy's
-pinned copy + synchronize; pinned and registered copies >= 0.95x CuPy pinned. On the emulated
+pinned copy + synchronize; pinned and registered copies >= 0.95x CuPy pinned; allocatePinned + close
+from the pool >= 20x faster than cudaHostAlloc + cudaFreeHost. On the emulated
 device the same bench runs as a regression check (no CuPy rows).
 
     python bench/bench_copies.py [--backend cuda] [--quick] [--plot bench/out/copies.png]
@@ -31,6 +32,7 @@ from bench_jvm import compile_bench, java  # noqa: E402
 from rounds import Report  # noqa: E402
 
 SIZES = [4 << 10, 64 << 10, 1 << 20, 16 << 20, 256 << 20]
+ALLOCS = ("pinned_alloc", "host_alloc")     # allocate + free, timed in us rather than GB/s
 
 
 def gbs(nbytes: int, ns: float) -> float:
@@ -52,7 +54,8 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         cp = compile_bench(Path(tmp))
-        cmd = [java(), f"-Dspark.cudabridge.backend={args.backend}", "-cp", cp, "org.cudabridge.harness.CopyBench",
+        # a pool large enough for the largest buffer, so that every pinned candidate comes from it
+        cmd = [java(), f"-Dspark.cudabridge.backend={args.backend}", "-Dspark.cudabridge.pinnedPool=1g", "-cp", cp, "org.cudabridge.harness.CopyBench",
                ",".join(map(str, sizes)), str(args.reps), str(args.rounds)]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3000)
     line = next((l for l in proc.stdout.splitlines() if l.startswith("BENCH ")), None)
@@ -61,7 +64,8 @@ def main() -> int:
         return 1
     rounds = json.loads(line[len("BENCH "):])["rounds"]
     report = Report()
-    candidates = [k for k in rounds[0] if k != "anchors"] + list(rounds[0]["anchors"])
+    everything = [k for k in rounds[0] if k != "anchors"] + list(rounds[0]["anchors"])
+    candidates = [k for k in everything if k not in ALLOCS]      # copies, in GB/s
 
     def ns(r: dict, cand: str, n: int) -> float:
         src = r if cand in r and cand != "anchors" else r["anchors"]
@@ -70,7 +74,19 @@ def main() -> int:
         for cand in candidates:
             report.values(f"{cand} {n >> 10} KiB", [gbs(n, ns(r, cand, n)) for r in rounds], "GB/s", better="higher")
     for n in sizes:
+        for cand in ALLOCS:
+            if cand in everything:
+                report.values(f"{cand} {n >> 10} KiB", [ns(r, cand, n) / 1e3 for r in rounds], "us", better="lower")
+        if "host_alloc" in everything:
+            report.ratio(f"cudaHostAlloc / allocatePinned (pool), {n >> 10} KiB",
+                         [ns(r, "host_alloc", n) / ns(r, "pinned_alloc", n) for r in rounds], better="higher",
+                         note="target >= 20")
+    for n in sizes:
         for d in ("in", "out"):
+            if f"cupy_pinned_{d}" in rounds[0]["anchors"] and n == 64 << 10:
+                report.values(f"heap {d} - CuPy pinned, 64 KiB",
+                              [(ns(r, f"heap_{d}", n) - ns(r, f"cupy_pinned_{d}", n)) / 1e3 for r in rounds], "us",
+                              better="lower")
             report.ratio(f"heap {d} / memcpy 1 thread, {n >> 10} KiB",
                          [ns(r, "memcpy_1", n) / ns(r, f"heap_{d}", n) for r in rounds], better="higher",
                          note="target >= 0.8 from 1 MiB")

@@ -254,7 +254,8 @@ def launch_bench(c: "BridgeControl", task: int, how: str, n: int, batch: int, pt
 def copy_bench(c: "BridgeControl", task: int, sizes: list[int], reps: int, threads: int = 8) -> dict[str, Any]:
     """The anchors of bench/bench_copies.py, timed in this process, median ns per size of one copy
     (and the synchronize after it): ``memcpy_1`` / ``memcpy_<threads>`` the host's memcpy (numpy,
-    one thread, and the buffer split over threads), and on a GPU ``cupy_pinned_in/out`` and
+    one thread, and the buffer split over threads), ``host_alloc`` the device's own pinned allocation and
+free (cudaHostAlloc + cudaFreeHost on a GPU), and on a GPU ``cupy_pinned_in/out`` and
     ``cupy_pageable_in/out`` (CuPy's cudaMemcpyAsync on the task's stream, then a synchronize)."""
     import statistics
     from concurrent.futures import ThreadPoolExecutor
@@ -283,6 +284,7 @@ def copy_bench(c: "BridgeControl", task: int, sizes: list[int], reps: int, threa
             parts = [slice(i * n // threads, (i + 1) * n // threads) for i in range(int(threads))]
             out.setdefault(f"memcpy_{threads}", {})[str(n)] = timed(
                 lambda: list(pool.map(lambda p: np.copyto(dst[p], src[p]), parts)))
+            out.setdefault("host_alloc", {})[str(n)] = timed(lambda: backend.free_pinned(backend.alloc_pinned(n)))
             if backend.name != "cuda":
                 continue
             import cupy

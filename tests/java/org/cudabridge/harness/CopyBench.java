@@ -26,13 +26,20 @@ public final class CopyBench {
     }
 
     static long median(CudaBridge b, Op op, int reps) throws Exception {
+        return median(b, op, reps, true);
+    }
+
+    /** The median of {@code reps} timed runs of op (after one untimed), each followed by a synchronize if sync. */
+    static long median(CudaBridge b, Op op, int reps, boolean sync) throws Exception {
         op.run();
         b.synchronize();
         long[] t = new long[reps];
         for (int i = 0; i < reps; i++) {
             long t0 = System.nanoTime();
             op.run();
-            b.synchronize();
+            if (sync) {
+                b.synchronize();
+            }
             t[i] = System.nanoTime() - t0;
         }
         Arrays.sort(t);
@@ -55,7 +62,7 @@ public final class CopyBench {
             for (int r = 0; r < rounds; r++) {
                 StringBuilder row = new StringBuilder();
                 String[] modes = {"heap_in", "heap_out", "pinned_in", "pinned_out", "registered_in", "registered_out",
-                        "address_in", "address_out"};
+                        "address_in", "address_out", "pinned_alloc"};
                 long[][] ns = new long[modes.length][sizes.length];
                 for (int s = 0; s < sizes.length; s++) {
                     long n = sizes[s];
@@ -76,6 +83,8 @@ public final class CopyBench {
                         free.invoke(unsafe, reg);
                         free.invoke(unsafe, plain);
                     }
+                    // allocatePinned + close from the pool (no copy ran, so the block is free again at once)
+                    ns[8][s] = median(b, () -> b.allocatePinned(n).close(), reps, false);
                 }
                 for (int m = 0; m < modes.length; m++) {
                     row.append(m > 0 ? ", " : "").append('"').append(modes[m]).append("\": {");
