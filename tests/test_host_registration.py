@@ -63,7 +63,7 @@ def test_bad_registrations_and_copies_are_refused_and_change_nothing(hot):
                                 (base + 5000, 0, "positive"), (base + 5000, -1, "positive")]:
         with pytest.raises(InvalidArgument, match=message):
             hp.register_host(address, n)
-    pinned = hp.alloc_pinned(4096)
+    pinned, _ = hp.alloc_pinned(4096)
     with pytest.raises(InvalidArgument, match="overlaps"):
         hp.register_host(pinned, 16)
     with pytest.raises(InvalidArgument, match="not a pinned buffer"):
@@ -84,6 +84,38 @@ def test_bad_registrations_and_copies_are_refused_and_change_nothing(hot):
     hp.free(h)
     service.release_task(1)
     assert hp.live_handles == 0
+
+
+def test_a_range_a_task_unregistered_is_refused_to_that_task_until_its_release(hot):
+    """Past the task that closed a registration, the range may be a new allocation (an allocator
+    reusing freed memory): other tasks copy it, and so does anyone after the task's release."""
+    hp, service = hot
+    service.bind_task(1)
+    service.bind_task(2)
+    h1, _ = hp.allocate(1, 4096)
+    h2, _ = hp.allocate(2, 4096)
+    mem = (ctypes.c_char * 4096)(*b"abcd")
+    base = ctypes.addressof(mem)
+    hp.register_host(base, 4096)
+    with pytest.raises(InvalidArgument, match="task"):
+        hp.unregister_host(base, "1")                          # refused: still registered
+    hp.unregister_host(base, 1)
+    with pytest.raises(InvalidArgument, match="unregistered .*by task 1"):
+        hp.copy_in_address(h1, 0, base, raw(base, 32))
+    before = hp.counters["copies_address"]
+    hp.copy_in_address(h2, 0, base, raw(base, 32))              # another task: its own (pageable) memory
+    assert hp.counters["copies_address"] == before + 1
+    hp.free(h1)
+    service.release_task(1)
+    service.bind_task(3)
+    h3, _ = hp.allocate(3, 4096)
+    hp.copy_in_address(h3, 0, base, raw(base, 32))              # task 1 is gone: no longer refused
+    out = (ctypes.c_char * 32)()
+    hp.copy_out_address(h3, 0, ctypes.addressof(out), raw(ctypes.addressof(out), 32))
+    assert out.raw[:4] == b"abcd"
+    for task, h in ((2, h2), (3, h3)):
+        hp.free(h)
+        service.release_task(task)
 
 
 @pytest.mark.gpu

@@ -290,9 +290,9 @@ def make_proxy(control: BridgeControl) -> Any:
         c.check_open("registerHost")
         c.hot.register_host(int(address), int(nbytes))
 
-    def j_unregister_host(address: Any) -> Any:
+    def j_unregister_host(address: Any, task: Any) -> Any:
         c.check_open("unregisterHost")
-        c.hot.unregister_host(int(address))
+        c.hot.unregister_host(int(address), int(task))
 
     @JImplements("org.cudabridge.ControlPlane")
     class ControlProxy:

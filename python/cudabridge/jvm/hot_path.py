@@ -102,7 +102,9 @@ class JavaHotPath:
         self._pinned_blocks: dict[int, PinnedBlock] = {}   # address -> block of alloc_pinned
         self._pinned_by_task: dict[int, set[int]] = {}     # owning task -> its blocks' addresses
         self.pinned_pool = PinnedHostPool(service.backend, parse_bytes(service.config.pinned_pool))
-        self._unregistered: dict[int, int] = {}     # base -> size of recently unregistered regions
+        # base -> (size, task) of recently unregistered regions: copies by that task (any, for
+        # task 0) into them are refused until the task's release or a new registration
+        self._unregistered: dict[int, tuple[int, int]] = {}
         self._dummy_threads = 0
         # Calls counted per kind; plain ints, incremented under the GIL (atomic enough for
         # statistics: a lost increment under a free-threaded build would only skew a gauge).
@@ -395,19 +397,24 @@ class JavaHotPath:
             self._pinned[address] = region
             self._registered.add(address)
             bisect.insort(self._pinned_bases, address)
-            for old in [b for b, size in self._unregistered.items() if b < address + nbytes and address < b + size]:
+            for old in [b for b, (size, _) in self._unregistered.items() if b < address + nbytes and address < b + size]:
                 del self._unregistered[old]   # registered again (an allocator reused the memory): copies are fine
 
-    def unregister_host(self, address: int) -> None:
-        """Undo :meth:`register_host` of the region starting at ``address``. Copies into the range
-        afterwards are refused (the bridge remembers the most recent unregistered ranges)."""
+    def unregister_host(self, address: int, task: int = 0) -> None:
+        """Undo :meth:`register_host` of the region starting at ``address``, on a thread bound to
+        ``task`` (0: none). Copies by that task into the range are refused from then on until its
+        release, a use after close in its own code; with no task, every copy is refused. Past the
+        task the memory may be a new allocation of someone else's, which copies may use. Either way
+        a new registration covering the range lifts it. The most recent ranges are remembered."""
+        if task.__class__ is not int:
+            raise InvalidArgument(f"unregister_host: the task is an int (0: none), got {task!r}")
         with self._pinned_lock:
             if address not in self._registered:
                 raise InvalidArgument(f"unregister_host: {address!r} is not the start of a registered region")
             region = self._pinned.pop(address)
             self._registered.discard(address)
             del self._pinned_bases[bisect.bisect_left(self._pinned_bases, address)]
-            self._unregistered[address] = len(region)
+            self._unregistered[address] = (len(region), task)
             while len(self._unregistered) > self.UNREGISTERED_KEPT:
                 self._unregistered.pop(next(iter(self._unregistered)))
         self._backend.host_unregister(region)
@@ -418,9 +425,9 @@ class JavaHotPath:
         """Off-heap memory at ``address`` to device: asynchronous on the buffer's stream from a
         registered region (keep the memory unchanged until a synchronize), staged by the driver
         before returning from pageable memory."""
-        self._check_address("copy_in", address, len(view))
         a, lease = self._enter_buffer(hid, "copy_in", offset, len(view))
         try:
+            self._check_address("copy_in", address, len(view), a.owner)
             self._counts["copies_address"] += 1
             self._backend.copy_to_device_async(a.ptr + offset, self._host(address, view, a.stream), a.stream)
         finally:
@@ -429,22 +436,24 @@ class JavaHotPath:
     def copy_out_address(self, hid: int, offset: int, address: int, view: memoryview) -> None:
         """Device to off-heap memory at ``address``: asynchronous into a registered region (read it
         after a synchronize), complete on return into pageable memory."""
-        self._check_address("copy_out", address, len(view))
         a, lease = self._enter_buffer(hid, "copy_out", offset, len(view))
         try:
+            self._check_address("copy_out", address, len(view), a.owner)
             self._counts["copies_address"] += 1
             self._backend.copy_from_device_async(self._host(address, view, a.stream), a.ptr + offset, a.stream)
         finally:
             lease.inside.remove(get_ident())
 
-    def _check_address(self, call: str, address: int, nbytes: int) -> None:
-        """A copy into a range the bridge saw unregistered is refused: its memory may be freed."""
+    def _check_address(self, call: str, address: int, nbytes: int, task: int) -> None:
+        """A copy by ``task`` into a range it (or no task) unregistered is refused: its memory may
+        be freed."""
         if not self._unregistered:
             return
-        for base, size in self._unregistered.items():
-            if address < base + size and base < address + max(nbytes, 1):
+        for base, (size, by) in list(self._unregistered.items()):
+            if address < base + size and base < address + max(nbytes, 1) and by in (0, task):
                 raise InvalidArgument(f"{call}: [{address:#x}, +{nbytes}) is in [{base:#x}, +{size}), unregistered "
-                                      f"(unregister_host): its memory may have been freed")
+                                      f"(unregister_host) by {'task ' + str(by) if by else 'the executor'}: its "
+                                      f"memory may have been freed (register it again if it is a new allocation)")
 
     def _host(self, address: int, view: memoryview, stream: int | None = None) -> Any:
         """The pinned buffer behind ``address`` (sliced to the view's size) when there is one,
@@ -476,6 +485,9 @@ class JavaHotPath:
         return self._forget(b)
 
     def _forget(self, b: "TaskBinding") -> list[int]:
+        with self._pinned_lock:   # its unregistered ranges: past its release they may be anyone's memory
+            for base in [k for k, (_, by) in self._unregistered.items() if by == b.task_id]:
+                del self._unregistered[base]
         for address in sorted(self._pinned_by_task.pop(b.task_id, ())):   # its pinned buffers, reclaimed
             try:
                 self.free_pinned(address)

@@ -2,6 +2,7 @@ package org.cudabridge.harness;
 
 import java.lang.reflect.Field;
 import java.lang.reflect.Method;
+import java.nio.ByteBuffer;
 import java.util.Arrays;
 import java.util.Locale;
 
@@ -58,37 +59,49 @@ public final class CopyBench {
         Method free = uc.getMethod("freeMemory", long.class);
         CudaBridge b = CudaBridge.start();
         StringBuilder out = new StringBuilder("{\"rounds\": [");
+        String[] modes = {"heap_in", "heap_out", "pinned_in", "pinned_out", "registered_in", "registered_out",
+                "address_in", "address_out", "pinned_alloc"};
+        int k = sizes.length;
         try (TaskScope t = b.bindTask(1)) {
+            // every buffer made once and kept over the rounds (a region is registered once, never per round)
+            byte[][] heap = new byte[k][];
+            long[] reg = new long[k];
+            long[] plain = new long[k];
+            DeviceBuffer[] dev = new DeviceBuffer[k];
+            PinnedBuffer[] pin = new PinnedBuffer[k];
+            HostRegistration[] h = new HostRegistration[k];
+            for (int s = 0; s < k; s++) {
+                heap[s] = new byte[(int) sizes[s]];
+                reg[s] = (long) allocate.invoke(unsafe, sizes[s]);
+                plain[s] = (long) allocate.invoke(unsafe, sizes[s]);
+                dev[s] = b.allocate(sizes[s]);
+                pin[s] = b.allocatePinned(sizes[s]);
+                h[s] = b.registerHost(reg[s], sizes[s]);
+            }
             for (int r = 0; r < rounds; r++) {
                 StringBuilder row = new StringBuilder();
-                String[] modes = {"heap_in", "heap_out", "pinned_in", "pinned_out", "registered_in", "registered_out",
-                        "address_in", "address_out", "pinned_alloc"};
-                long[][] ns = new long[modes.length][sizes.length];
-                for (int s = 0; s < sizes.length; s++) {
+                long[][] ns = new long[modes.length][k];
+                for (int s = 0; s < k; s++) {
                     long n = sizes[s];
-                    byte[] heap = new byte[(int) n];
-                    long reg = (long) allocate.invoke(unsafe, n);
-                    long plain = (long) allocate.invoke(unsafe, n);
-                    try (DeviceBuffer dev = b.allocate(n); PinnedBuffer pin = b.allocatePinned(n);
-                         HostRegistration h = b.registerHost(reg, n)) {
-                        ns[0][s] = median(b, () -> dev.copyFrom(heap), reps);
-                        ns[1][s] = median(b, () -> dev.copyTo(heap), reps);
-                        ns[2][s] = median(b, () -> dev.copyFrom(pin.buffer(), 0), reps);
-                        ns[3][s] = median(b, () -> dev.copyTo(pin.buffer(), 0), reps);
-                        ns[4][s] = median(b, () -> dev.copyFromAddress(h.address(), n, 0), reps);
-                        ns[5][s] = median(b, () -> dev.copyToAddress(h.address(), n, 0), reps);
-                        ns[6][s] = median(b, () -> dev.copyFromAddress(plain, n, 0), reps);
-                        ns[7][s] = median(b, () -> dev.copyToAddress(plain, n, 0), reps);
-                    } finally {
-                        free.invoke(unsafe, reg);
-                        free.invoke(unsafe, plain);
-                    }
+                    byte[] a = heap[s];
+                    DeviceBuffer d = dev[s];
+                    ByteBuffer p = pin[s].buffer();
+                    long ra = h[s].address();
+                    long pa = plain[s];
+                    ns[0][s] = median(b, () -> d.copyFrom(a), reps);
+                    ns[1][s] = median(b, () -> d.copyTo(a), reps);
+                    ns[2][s] = median(b, () -> d.copyFrom(p, 0), reps);
+                    ns[3][s] = median(b, () -> d.copyTo(p, 0), reps);
+                    ns[4][s] = median(b, () -> d.copyFromAddress(ra, n, 0), reps);
+                    ns[5][s] = median(b, () -> d.copyToAddress(ra, n, 0), reps);
+                    ns[6][s] = median(b, () -> d.copyFromAddress(pa, n, 0), reps);
+                    ns[7][s] = median(b, () -> d.copyToAddress(pa, n, 0), reps);
                     // allocatePinned + close from the pool (no copy ran, so the block is free again at once)
                     ns[8][s] = median(b, () -> b.allocatePinned(n).close(), reps, false);
                 }
                 for (int m = 0; m < modes.length; m++) {
                     row.append(m > 0 ? ", " : "").append('"').append(modes[m]).append("\": {");
-                    for (int s = 0; s < sizes.length; s++) {
+                    for (int s = 0; s < k; s++) {
                         row.append(s > 0 ? ", " : "").append(String.format(Locale.ROOT, "\"%d\": %d", sizes[s], ns[m][s]));
                     }
                     row.append('}');
@@ -96,6 +109,13 @@ public final class CopyBench {
                 String anchors = b.callTool("copy_bench", String.format(Locale.ROOT, "{\"task\": 1, \"sizes\": [%s], \"reps\": %d}",
                         args[0], reps));
                 out.append(r > 0 ? ", " : "").append('{').append(row).append(", \"anchors\": ").append(anchors).append('}');
+            }
+            for (int s = 0; s < k; s++) {
+                h[s].close();
+                pin[s].close();
+                dev[s].close();
+                free.invoke(unsafe, reg[s]);
+                free.invoke(unsafe, plain[s]);
             }
         }
         out.append("]}");

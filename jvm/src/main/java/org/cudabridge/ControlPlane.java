@@ -27,8 +27,9 @@ public interface ControlPlane {
      *  registered or pinned range. */
     void registerHost(long address, long bytes);
 
-    /** Undoes {@link #registerHost} of the region starting at {@code address}. */
-    void unregisterHost(long address);
+    /** Undoes {@link #registerHost} of the region starting at {@code address}, on a thread bound to
+     *  {@code task} (0: none), whose copies into the range are refused from then on. */
+    void unregisterHost(long address, long task);
 
     /** JSON: the Python, its prefix, the backend and the GPUs. */
     String describe();

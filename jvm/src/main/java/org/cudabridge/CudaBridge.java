@@ -174,6 +174,11 @@ public final class CudaBridge {
         return tasks.currentTask();
     }
 
+    /** The thread's live current task, or null (no task bound, or released). */
+    TaskScope currentTaskOrNull() {
+        return tasks.currentTaskOrNull();
+    }
+
     /** The current task's stream handle, cached per task attempt: never a call into Python. */
     public long stream() {
         return currentTask().stream();

@@ -5,8 +5,10 @@ package org.cudabridge;
  * it ({@link DeviceBuffer#copyFromAddress}, {@link DeviceBuffer#copyToAddress}) run asynchronously
  * at the link's speed. Register a long-lived region once (an Arrow vector's value buffer, an
  * off-heap column), never per batch: registering costs far more than a copy. {@link #close()}
- * unregisters it (once; again is a no-op); copies into the range are refused from then on, since
- * its memory may be freed. Close it before freeing the memory.
+ * unregisters it (once; again is a no-op). Copies into the range by the task bound on the closing
+ * thread are refused from then on until that task's release, since its memory may be freed (closed
+ * with no task bound: every copy, until a new registration covers the range); past the task the
+ * memory may be a new allocation, which copies may use. Close it before freeing the memory.
  */
 public final class HostRegistration implements AutoCloseable {
     private final CudaBridge bridge;
@@ -39,6 +41,7 @@ public final class HostRegistration implements AutoCloseable {
         }
         closed = true;
         bridge.checkRunning("HostRegistration.close");
-        bridge.control().unregisterHost(address);
+        TaskScope task = bridge.currentTaskOrNull();   // whose later copies into the range are refused
+        bridge.control().unregisterHost(address, task == null ? 0 : task.taskAttemptId());
     }
 }
