@@ -47,6 +47,9 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="3 rounds, sizes up to 16 MiB, 10 repetitions")
     ap.add_argument("--plot", type=Path, help="a PNG of GB/s by size (needs matplotlib)")
     ap.add_argument("--out", type=Path, default=HERE / "out")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a bridge setting for the Java process, e.g. stagingCopyThreads=1 (repeatable)")
+    ap.add_argument("--tag", default="", help="a suffix for the JSON file's name")
     args = ap.parse_args()
     sizes = SIZES[:-1] if args.quick else SIZES
     if args.quick:
@@ -55,7 +58,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         cp = compile_bench(Path(tmp))
         # a pool large enough for the largest buffer, so that every pinned candidate comes from it
-        cmd = [java(), f"-Dspark.cudabridge.backend={args.backend}", "-Dspark.cudabridge.pinnedPool=1g", "-cp", cp, "org.cudabridge.harness.CopyBench",
+        cmd = [java(), f"-Dspark.cudabridge.backend={args.backend}", "-Dspark.cudabridge.pinnedPool=1g",
+               *(f"-Dspark.cudabridge.{kv}" for kv in args.set), "-cp", cp, "org.cudabridge.harness.CopyBench",
                ",".join(map(str, sizes)), str(args.reps), str(args.rounds)]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3000)
     line = next((l for l in proc.stdout.splitlines() if l.startswith("BENCH ")), None)
@@ -96,7 +100,7 @@ def main() -> int:
                                  [ns(r, f"cupy_pinned_{d}", n) / ns(r, f"{mine}_{d}", n) for r in rounds],
                                  better="higher", note="target >= 0.95")
     print(report.text())
-    (args.out / f"bench_copies_{args.backend}.json").write_text(json.dumps({"summary": report.summary(),
+    (args.out / f"bench_copies_{args.backend}{args.tag}.json").write_text(json.dumps({"summary": report.summary(),
                                                                             "raw": rounds}, indent=1))
     if args.plot:
         import statistics

@@ -13,9 +13,15 @@ pytest=$?
 bash bench/gpu_junit_run.sh >"$out/junit-summary.log" 2>&1; junit=$?
 timeout 900 python3 bench/bench_copies.py --backend cuda --plot "$out/copies.png" --out "$out" ${COPY_BENCH_ARGS:-} \
   >"$out/bench_copies.log" 2>&1; bench=$?
+# the same bench with the host copy on the calling thread alone, for the split's effect
+timeout 600 python3 bench/bench_copies.py --backend cuda --out "$out" --set stagingCopyThreads=1 --tag _1thread \
+  --rounds 3 >"$out/bench_copies_1thread.log" 2>&1
 cat "$out/junit-summary.log"
+echo "--- stagingCopyThreads=1:"
+grep -E "^heap|memcpy_1 " "$out/bench_copies_1thread.log"
+echo "--- default settings:"
 grep -E "GB/s|x |us " "$out/bench_copies.log"
 echo "pytest (pinned pool, registration): exit $pytest: $(tail -1 "$out/pytest-copies.log")"
-cp "$out/copies.png" "$out/bench_copies_cuda.json" "$out/bench_copies.log" "$final/" 2>/dev/null
+cp "$out/copies.png" "$out/bench_copies_cuda.json" "$out/bench_copies.log" "$out/bench_copies_1thread.log" "$final/" 2>/dev/null
 tar czf "$final/logs.tgz" -C "$out" .
 echo "SUMMARY pytest=$pytest junit=$junit bench=$bench"

@@ -1505,9 +1505,11 @@ static void staged_copy(JNIEnv *env, jlong handle, jlong devOffset, jobject arra
         }
         if (r == NULL) r = t_slot.ring = ring_take(d, lease.context, g_api->staging_slots, slot_bytes, &rc, &call);
         if (r != NULL) {
-            rc = to_device ? ring_to_device(env, d, r, (jarray)array, byteOffset, nbytes, lease.address, lease.stream, &call)
+            int threads = g_api->staging_copy_threads;
+            rc = to_device ? ring_to_device(env, d, r, (jarray)array, byteOffset, nbytes, lease.address, lease.stream,
+                                            threads, &call)
                            : ring_from_device(env, d, r, (jarray)array, byteOffset, nbytes, lease.address, lease.stream,
-                                              &call);
+                                              threads, &call);
             if (rc > 0) t_slot.ring = NULL;   /* a driver call failed: the slots' state is unknown, drop it */
         }
     }

@@ -8,7 +8,8 @@
  * nothing overlaps: a heap copy ran at a tenth of the link's speed on the H200. Here each Java
  * thread has a ring of pinned slots: host->device copies chunk k of the array into a free slot
  * while the DMA of chunk k-1 runs from its own; device->host DMAs chunks into slots ahead and
- * copies each out of its slot behind its DMA.
+ * copies each out of its slot behind its DMA. A large chunk's memcpy is split over threads
+ * (host_copy.h): one thread's memcpy is slower than the link.
  *
  * Invariants:
  *  - a slot is written by the host (a chunk copied in) or by a DMA only once the event recorded
@@ -32,6 +33,7 @@
 #include <stdatomic.h>
 #include <string.h>
 
+#include "host_copy.h"
 #include "native_api.h"
 
 typedef struct cb_ring {
@@ -140,17 +142,18 @@ static int ring_dma(const cb_driver *d, cb_ring *r, int i, int to_device, unsign
  * array may change from then on; work queued on stream later sees the data. 0, a CUresult (*call
  * says which call), or -1 with a Java exception pending (the array could not be pinned). */
 static int ring_to_device(JNIEnv *env, const cb_driver *d, cb_ring *r, jarray array, jlong off, jlong nbytes,
-                          unsigned long long dst, cb_CUstream stream, const char **call) {
+                          unsigned long long dst, cb_CUstream stream, int threads, const char **call) {
     jlong done = 0;
     for (int k = r->cursor; done < nbytes; k = (k + 1) % r->n) {
         r->cursor = (k + 1) % r->n;
         size_t n = (size_t)(nbytes - done) < r->slot_bytes ? (size_t)(nbytes - done) : r->slot_bytes;
         int rc = ring_slot_free(d, r, k, call);
         if (rc != CB_CUDA_SUCCESS) return rc;
-        /* a short critical region: one memcpy, no JNI call, no wait inside it */
+        /* a short critical region: one memcpy (split over `threads` threads for a large chunk: the
+         * helpers are native threads, not Java ones), no JNI call, no other wait inside it */
         char *src = (*env)->GetPrimitiveArrayCritical(env, array, NULL);
         if (src == NULL) return -1;
-        memcpy(r->host[k], src + off + done, n);
+        cb_host_copy(r->host[k], src + off + done, n, threads);
         (*env)->ReleasePrimitiveArrayCritical(env, array, src, JNI_ABORT);
         rc = ring_dma(d, r, k, 1, dst + (unsigned long long)done, n, stream, call);
         if (rc != CB_CUDA_SUCCESS) return rc;
@@ -163,7 +166,7 @@ static int ring_to_device(JNIEnv *env, const cb_driver *d, cb_ring *r, jarray ar
  * to a ring ahead; each chunk is copied out of its slot once its event completes. Returns once
  * every byte is in the array. 0, a CUresult, or -1 with a Java exception pending. */
 static int ring_from_device(JNIEnv *env, const cb_driver *d, cb_ring *r, jarray array, jlong off, jlong nbytes,
-                            unsigned long long src, cb_CUstream stream, const char **call) {
+                            unsigned long long src, cb_CUstream stream, int threads, const char **call) {
     jlong chunks = (nbytes + (jlong)r->slot_bytes - 1) / (jlong)r->slot_bytes;
     jlong issued = 0;
     int rc;
@@ -181,7 +184,7 @@ static int ring_from_device(JNIEnv *env, const cb_driver *d, cb_ring *r, jarray 
         if ((rc = ring_slot_free(d, r, i, call)) != CB_CUDA_SUCCESS) return rc;
         char *dst = (*env)->GetPrimitiveArrayCritical(env, array, NULL);
         if (dst == NULL) return -1;
-        memcpy(dst + off + at, r->host[i], n);
+        cb_host_copy(dst + off + at, r->host[i], n, threads);
         (*env)->ReleasePrimitiveArrayCritical(env, array, dst, 0);
         if (issued < chunks) {   /* the slot is free again: the next DMA into it */
             jlong nat = issued * (jlong)r->slot_bytes;

@@ -175,6 +175,8 @@ CASES = [
     (P + "moduleCacheDir", "/var/cache/cudabridge", True), (P + "moduleCacheDir", "", True),
     (P + "stagingSlots", "4", True), (P + "stagingSlots", "0", False), (P + "stagingSlots", "17", False),
     (P + "stagingSlotBytes", "4m", True), (P + "stagingSlotBytes", "1k", False),
+    (P + "stagingCopyThreads", "8", True), (P + "stagingCopyThreads", "1", True), (P + "stagingCopyThreads", "0", False),
+    (P + "stagingCopyThreads", "65", False),
     (P + "pinnedPool", "64m", True), (P + "pinnedPool", "0", True), (P + "pinnedPool", "-1", False),
     (P + "taskPriority", "normal", True), (P + "taskPriority", "high", True), (P + "taskPriority", "HIGH", False),
     (P + "taskPriority", "urgent", False),

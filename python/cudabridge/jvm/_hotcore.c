@@ -67,7 +67,7 @@ typedef struct {
     PyObject *refuse_unusable;          /* set_unusable: call name -> DeviceUnusable; NULL while usable */
     PyObject *enter_buffer;             /* enable_copies: JavaHotPath._enter_buffer; NULL: no staged copies */
     PyObject *copy_failed;              /* enable_copies: (call, CUresult) -> the exception to raise */
-    int staging_slots;
+    int staging_slots, staging_copy_threads;
     long long staging_slot_bytes, copies_in, copies_out;
     struct native_kernel **kernels;     /* by kernel id (add_kernel); NULL: launched by the reference */
     Py_ssize_t nkernels;
@@ -1006,13 +1006,17 @@ static int driver_failed(void *core, const char *call, int rc) {
     return -1;
 }
 
-/* enable_copies(enter_buffer, copy_failed, slots, slot_bytes): the JNI library's heap-array
- * copies go through pinned staging from now on (a CUDA device: the driver loads here). */
+/* enable_copies(enter_buffer, copy_failed, slots, slot_bytes, copy_threads): the JNI library's
+ * heap-array copies go through pinned staging from now on (a CUDA device: the driver loads here). */
 static PyObject *hc_enable_copies(HotCore *self, PyObject *args) {
     PyObject *enter, *failed;
-    int slots;
+    int slots, copy_threads;
     long long slot_bytes;
-    if (!PyArg_ParseTuple(args, "OOiL:enable_copies", &enter, &failed, &slots, &slot_bytes)) return NULL;
+    if (!PyArg_ParseTuple(args, "OOiLi:enable_copies", &enter, &failed, &slots, &slot_bytes, &copy_threads)) return NULL;
+    if (copy_threads < 1 || copy_threads > 64) {
+        PyErr_Format(PyExc_ValueError, "enable_copies: 1 to 64 copy threads, got %d", copy_threads);
+        return NULL;
+    }
     if (!PyCallable_Check(enter) || !PyCallable_Check(failed)) {
         PyErr_SetString(PyExc_TypeError, "enable_copies: enter_buffer and copy_failed must be callable");
         return NULL;
@@ -1032,6 +1036,7 @@ static PyObject *hc_enable_copies(HotCore *self, PyObject *args) {
     Py_XSETREF(self->copy_failed, failed);
     self->staging_slots = slots;
     self->staging_slot_bytes = slot_bytes;
+    self->staging_copy_threads = copy_threads;
     Py_RETURN_NONE;
 }
 
@@ -1048,6 +1053,7 @@ static PyObject *hc_native_api(HotCore *self, PyObject *unused) {
     self->api.driver = self->enter_buffer != NULL ? &g_driver : NULL;
     self->api.staging_slots = self->staging_slots;
     self->api.staging_slot_bytes = self->staging_slot_bytes;
+    self->api.staging_copy_threads = self->staging_copy_threads;
     self->api.enter_copy = enter_copy;
     self->api.leave_copy = leave_copy;
     self->api.driver_failed = driver_failed;
@@ -1092,7 +1098,7 @@ static PyMethodDef hc_methods[] = {
      "kinds, device_limits, kernel_max_threads, static_shared, dynamic_shared): launch it here."},
     {"native_api", (PyCFunction)hc_native_api, METH_NOARGS, "the cb_native_api capsule (native_api.h), or None."},
     {"enable_copies", (PyCFunction)hc_enable_copies, METH_VARARGS, "enable_copies(enter_buffer, copy_failed, "
-     "slots, slot_bytes): heap-array copies from Java through pinned staging."},
+     "slots, slot_bytes, copy_threads): heap-array copies from Java through pinned staging."},
     {"set_unusable", (PyCFunction)hc_set_unusable, METH_O, "set_unusable(refusal): allocate and launch raise "
      "refusal(call) from now on."},
     {"counts", (PyCFunction)hc_counts, METH_NOARGS, "the calls counted here, by kind."},

@@ -141,7 +141,7 @@ class JavaHotPath:
             cfg = self._service.config
             try:
                 core.enable_copies(self._enter_buffer, self._copy_failed, cfg.staging_slots,
-                                   parse_bytes(cfg.staging_slot_bytes))
+                                   parse_bytes(cfg.staging_slot_bytes), cfg.staging_copy_threads)
             except RuntimeError as exc:   # no driver entry points: copies take the Python path
                 log.warning("heap-array copies from Java are staged through Python: %s", exc)
         return core

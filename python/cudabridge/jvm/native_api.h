@@ -12,7 +12,7 @@
 #define CB_NATIVE_API_H
 
 #define CB_NATIVE_API_CAPSULE "cudabridge.jvm._hotcore.native_api"
-#define CB_NATIVE_API_VERSION 2
+#define CB_NATIVE_API_VERSION 3
 #define CB_LAUNCH_MAX_ARGS 512
 #define CB_STAGING_MAX_SLOTS 16  /* slots in one thread's staging ring */   /* a kernel's parameters take at most 4 KiB: 512 of 8 bytes */
 
@@ -40,6 +40,7 @@ typedef struct {
     const cb_driver *driver;
     int staging_slots;           /* slots per thread's ring */
     long long staging_slot_bytes;
+    int staging_copy_threads;    /* threads a large chunk's host copy is split over (1: the caller's alone) */
     /* The buffer behind handle, live, with [offset, offset + nbytes) inside it, its task's lease
      * entered (JavaHotPath._enter_buffer); to_device says the direction (counted). */
     int (*enter_copy)(void *core, long long handle, long long offset, long long nbytes, int to_device,
