@@ -68,7 +68,7 @@ static atomic_long g_states_created, g_states_deleted;
 /* Cached bound methods of the JavaHotPath, and helpers; owned references, never released. */
 static PyObject *m_stream, *m_allocate, *m_free, *m_free_many, *m_copy_in, *m_copy_out,
     *m_copy_in_direct, *m_copy_out_direct, *m_copy_device, *m_memset, *m_sync, *m_alloc_pinned,
-    *m_free_pinned, *m_ping, *m_thread_exit, *m_bind, *m_release, *m_release_many, *m_launch, *m_copy_in_address,
+    *m_free_pinned, *m_address_staged, *m_ping, *m_thread_exit, *m_bind, *m_release, *m_release_many, *m_launch, *m_copy_in_address,
     *m_copy_out_address, *f_error_info;
 /* The C twin's entry points (JavaHotPath.native_api), or NULL: launches then call m_launch. The
  * capsule is kept (never released) so the HotCore it holds outlives every call. */
@@ -827,7 +827,7 @@ static char *run_bootstrap(JNIEnv *env, jobjectArray pythonpath, const char *lib
              cache_method(hot, "copy_out_direct", &m_copy_out_direct) ||
              cache_method(hot, "copy_device", &m_copy_device) || cache_method(hot, "memset", &m_memset) ||
              cache_method(hot, "synchronize", &m_sync) || cache_method(hot, "alloc_pinned", &m_alloc_pinned) ||
-             cache_method(hot, "free_pinned", &m_free_pinned) || cache_method(hot, "ping", &m_ping) ||
+             cache_method(hot, "free_pinned", &m_free_pinned) || cache_method(hot, "address_staged", &m_address_staged) || cache_method(hot, "ping", &m_ping) ||
              cache_method(hot, "thread_exit", &m_thread_exit) || cache_method(hot, "launch", &m_launch) ||
              cache_method(hot, "copy_in_address", &m_copy_in_address) ||
              cache_method(hot, "copy_out_address", &m_copy_out_address);
@@ -1477,8 +1477,8 @@ static void call_with_view(PyObject *fn, jlong handle, jlong devOffset, char *me
 /* A heap-array copy through this thread's pinned staging ring (staging_ring.h), on a GPU: the
  * buffer's task lease entered with the GIL held (one Python call), the chunks and DMAs run
  * without it, the lease left (and any driver error raised) with it again. Not gated: it waits. */
-static void staged_copy(JNIEnv *env, jlong handle, jlong devOffset, jobject array, jlong byteOffset, jlong nbytes,
-                        int to_device) {
+static void staged_copy(JNIEnv *env, jlong handle, jlong devOffset, cb_host_side *host, jlong byteOffset,
+                        jlong nbytes, int to_device) {
     const cb_driver *d = g_api->driver;
     gil_section g;
     captured_error err = {0};
@@ -1506,10 +1506,8 @@ static void staged_copy(JNIEnv *env, jlong handle, jlong devOffset, jobject arra
         if (r == NULL) r = t_slot.ring = ring_take(d, lease.context, g_api->staging_slots, slot_bytes, &rc, &call);
         if (r != NULL) {
             int threads = g_api->staging_copy_threads;
-            rc = to_device ? ring_to_device(env, d, r, (jarray)array, byteOffset, nbytes, lease.address, lease.stream,
-                                            threads, &call)
-                           : ring_from_device(env, d, r, (jarray)array, byteOffset, nbytes, lease.address, lease.stream,
-                                              threads, &call);
+            rc = to_device ? ring_to_device(d, r, host, byteOffset, nbytes, lease.address, lease.stream, threads, &call)
+                           : ring_from_device(d, r, host, byteOffset, nbytes, lease.address, lease.stream, threads, &call);
             if (rc > 0) t_slot.ring = NULL;   /* a driver call failed: the slots' state is unknown, drop it */
         }
     }
@@ -1535,7 +1533,8 @@ JNIEXPORT void JNICALL Java_org_cudabridge_NativeBridge_copyIn(JNIEnv *env, jcla
         return;
     }
     if (g_api != NULL && g_api->driver != NULL && nbytes > 0) {   /* a GPU: pinned staging, pipelined */
-        staged_copy(env, handle, devOffset, array, byteOffset, nbytes, 1);
+        cb_host_side host = {env, (jarray)array, NULL};
+        staged_copy(env, handle, devOffset, &host, byteOffset, nbytes, 1);
         return;
     }
     jlong done = 0;
@@ -1576,7 +1575,8 @@ JNIEXPORT void JNICALL Java_org_cudabridge_NativeBridge_copyOut(JNIEnv *env, jcl
         return;
     }
     if (g_api != NULL && g_api->driver != NULL && nbytes > 0) {   /* a GPU: pinned staging, pipelined */
-        staged_copy(env, handle, devOffset, array, byteOffset, nbytes, 0);
+        cb_host_side host = {env, (jarray)array, NULL};
+        staged_copy(env, handle, devOffset, &host, byteOffset, nbytes, 0);
         return;
     }
     jlong done = 0;
@@ -1661,10 +1661,33 @@ static void address_copy(JNIEnv *env, PyObject *fn, jlong handle, jlong devOffse
                     "cudabridge copy: the host address must not be 0 and the size not negative");
         return;
     }
+    int to_device = fn == m_copy_in_address;
     HOT_ENTER(, 0)
-    call_with_view(fn, handle, devOffset, (char *)(intptr_t)address, (size_t)nbytes, 1, address, &err);
+    int staged = 0;
+    if (g_api != NULL && g_api->driver != NULL && nbytes > 0) {
+        /* Pageable memory on a GPU is staged here (the ring), page-locked memory is copied by the
+         * hot path asynchronously; either way the refusals (a bad handle or range, a range this
+         * task unregistered) come from the hot path first. */
+        PyObject *a[4] = {PyLong_FromLongLong(handle), PyLong_FromLongLong(devOffset), PyLong_FromLongLong(address),
+                          PyLong_FromLongLong(nbytes)};
+        PyObject *r = NULL;
+        if (a[0] && a[1] && a[2] && a[3]) r = PyObject_Vectorcall(m_address_staged, a, 4, NULL);
+        for (int i = 0; i < 4; i++) Py_XDECREF(a[i]);
+        if (r == NULL) capture_python_error(&err);
+        else {
+            staged = PyObject_IsTrue(r);
+            Py_DECREF(r);
+            if (staged < 0) capture_python_error(&err);
+        }
+    }
+    if (!err.kind && !staged) call_with_view(fn, handle, devOffset, (char *)(intptr_t)address, (size_t)nbytes, 1, address, &err);
     HOT_LEAVE()
-    throw_captured(env, &err);
+    if (err.kind || !staged) {
+        throw_captured(env, &err);
+        return;
+    }
+    cb_host_side host = {env, NULL, (char *)(intptr_t)address};
+    staged_copy(env, handle, devOffset, &host, 0, nbytes, to_device);
 }
 
 JNIEXPORT void JNICALL Java_org_cudabridge_NativeBridge_copyInAddress(JNIEnv *env, jclass cls, jlong handle,

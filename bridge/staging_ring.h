@@ -5,7 +5,9 @@
  *
  * Why: a Java heap array has no stable address, so it must be copied somewhere first. Copied into
  * pageable memory, the driver copies it again into its own pinned buffer before the DMA, and
- * nothing overlaps: a heap copy ran at a tenth of the link's speed on the H200. Here each Java
+ * nothing overlaps: a heap copy ran at a tenth of the link's speed on the H200. Pageable memory
+ * Java owns off the heap (copies by address outside any registration) fares the same in the
+ * driver's hands, so it is staged here too. Here each Java
  * thread has a ring of pinned slots: host->device copies chunk k of the array into a free slot
  * while the DMA of chunk k-1 runs from its own; device->host DMAs chunks into slots ahead and
  * copies each out of its slot behind its DMA. A large chunk's memcpy is split over threads
@@ -137,11 +139,29 @@ static int ring_dma(const cb_driver *d, cb_ring *r, int i, int to_device, unsign
     return rc;
 }
 
-/* Host -> device: bytes [off, off + nbytes) of the Java array to device address dst, chunk by
+/* The host side of a staged copy: a Java array (reached inside a short critical region per
+ * chunk: it has no stable address) or raw memory Java code owns outside the heap (pageable: the
+ * driver would stage it itself, one thread's memcpy and no overlap). */
+typedef struct {
+    JNIEnv *env;
+    jarray array;   /* NULL: raw */
+    char *raw;
+} cb_host_side;
+
+/* The host side's first byte, or NULL with a Java exception pending (the array could not be pinned). */
+static char *host_side_enter(cb_host_side *h) {
+    return h->array != NULL ? (*h->env)->GetPrimitiveArrayCritical(h->env, h->array, NULL) : h->raw;
+}
+
+static void host_side_leave(cb_host_side *h, char *p, int wrote) {
+    if (h->array != NULL) (*h->env)->ReleasePrimitiveArrayCritical(h->env, h->array, p, wrote ? 0 : JNI_ABORT);
+}
+
+/* Host -> device: bytes [off, off + nbytes) of the host side to device address dst, chunk by
  * chunk through the ring. Returns once every chunk is copied into a slot and its DMA queued: the
  * array may change from then on; work queued on stream later sees the data. 0, a CUresult (*call
  * says which call), or -1 with a Java exception pending (the array could not be pinned). */
-static int ring_to_device(JNIEnv *env, const cb_driver *d, cb_ring *r, jarray array, jlong off, jlong nbytes,
+static int ring_to_device(const cb_driver *d, cb_ring *r, cb_host_side *h, jlong off, jlong nbytes,
                           unsigned long long dst, cb_CUstream stream, int threads, const char **call) {
     jlong done = 0;
     for (int k = r->cursor; done < nbytes; k = (k + 1) % r->n) {
@@ -151,10 +171,10 @@ static int ring_to_device(JNIEnv *env, const cb_driver *d, cb_ring *r, jarray ar
         if (rc != CB_CUDA_SUCCESS) return rc;
         /* a short critical region: one memcpy (split over `threads` threads for a large chunk: the
          * helpers are native threads, not Java ones), no JNI call, no other wait inside it */
-        char *src = (*env)->GetPrimitiveArrayCritical(env, array, NULL);
+        char *src = host_side_enter(h);
         if (src == NULL) return -1;
         cb_host_copy(r->host[k], src + off + done, n, threads);
-        (*env)->ReleasePrimitiveArrayCritical(env, array, src, JNI_ABORT);
+        host_side_leave(h, src, 0);
         rc = ring_dma(d, r, k, 1, dst + (unsigned long long)done, n, stream, call);
         if (rc != CB_CUDA_SUCCESS) return rc;
         done += (jlong)n;
@@ -164,8 +184,8 @@ static int ring_to_device(JNIEnv *env, const cb_driver *d, cb_ring *r, jarray ar
 
 /* Device -> host: nbytes from device address src into the Java array from byte off. DMAs run up
  * to a ring ahead; each chunk is copied out of its slot once its event completes. Returns once
- * every byte is in the array. 0, a CUresult, or -1 with a Java exception pending. */
-static int ring_from_device(JNIEnv *env, const cb_driver *d, cb_ring *r, jarray array, jlong off, jlong nbytes,
+ * every byte is in the host memory. 0, a CUresult, or -1 with a Java exception pending. */
+static int ring_from_device(const cb_driver *d, cb_ring *r, cb_host_side *h, jlong off, jlong nbytes,
                             unsigned long long src, cb_CUstream stream, int threads, const char **call) {
     jlong chunks = (nbytes + (jlong)r->slot_bytes - 1) / (jlong)r->slot_bytes;
     jlong issued = 0;
@@ -182,10 +202,10 @@ static int ring_from_device(JNIEnv *env, const cb_driver *d, cb_ring *r, jarray 
         jlong at = k * (jlong)r->slot_bytes;
         size_t n = (size_t)(nbytes - at) < r->slot_bytes ? (size_t)(nbytes - at) : r->slot_bytes;
         if ((rc = ring_slot_free(d, r, i, call)) != CB_CUDA_SUCCESS) return rc;
-        char *dst = (*env)->GetPrimitiveArrayCritical(env, array, NULL);
+        char *dst = host_side_enter(h);
         if (dst == NULL) return -1;
         cb_host_copy(dst + off + at, r->host[i], n, threads);
-        (*env)->ReleasePrimitiveArrayCritical(env, array, dst, 0);
+        host_side_leave(h, dst, 1);
         if (issued < chunks) {   /* the slot is free again: the next DMA into it */
             jlong nat = issued * (jlong)r->slot_bytes;
             size_t nn = (size_t)(nbytes - nat) < r->slot_bytes ? (size_t)(nbytes - nat) : r->slot_bytes;

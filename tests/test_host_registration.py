@@ -118,6 +118,36 @@ def test_a_range_a_task_unregistered_is_refused_to_that_task_until_its_release(h
         service.release_task(task)
 
 
+def test_address_staged_says_which_copies_the_jni_side_stages_and_refuses_what_the_copies_refuse(hot):
+    """On a GPU the JNI side asks address_staged first: pageable memory goes through its pinned
+    staging ring, page-locked memory through copy_in_address / copy_out_address."""
+    hp, service = hot
+    service.bind_task(1)
+    h, _ = hp.allocate(1, 4096)
+    mem = (ctypes.c_char * 8192)()
+    base = ctypes.addressof(mem)
+    pinned, _ = hp.alloc_pinned(4096)
+    hp.register_host(base, 4096)
+    before = hp.counters["copies_address"]
+    assert hp.address_staged(h, 0, base + 4096, 4096) is True          # pageable: staged
+    assert hp.counters["copies_address"] == before + 1
+    assert hp.address_staged(h, 0, base, 4096) is False                # registered
+    assert hp.address_staged(h, 0, pinned + 8, 64) is False            # inside a pinned buffer
+    assert hp.address_staged(h, 0, base + 4000, 200) is True           # runs past the region: pageable
+    for args, error in [((h, 4000, base, 200), "outside the buffer"), ((h + 99, 0, base, 16), "handle"),
+                        ((h, -1, base, 16), "outside the buffer")]:
+        with pytest.raises(InvalidArgument, match=error):
+            hp.address_staged(*args)
+    hp.unregister_host(base, 1)
+    with pytest.raises(InvalidArgument, match="unregistered"):
+        hp.address_staged(h, 0, base, 64)
+    assert hp.counters["copies_address"] == before + 2                  # the refusals counted nothing
+    hp.free_pinned(pinned)
+    hp.free(h)
+    service.release_task(1)
+    assert hp.live_handles == 0
+
+
 @pytest.mark.gpu
 def test_on_a_gpu_registered_memory_copies_asynchronously():
     with CudaBridgeService(ServiceConfig(backend="cuda", streams_per_gpu=2, high_priority_streams=0)) as service:

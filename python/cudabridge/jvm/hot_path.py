@@ -444,6 +444,31 @@ class JavaHotPath:
         finally:
             lease.inside.remove(get_ident())
 
+    def address_staged(self, hid: int, offset: int, address: int, nbytes: int) -> bool:
+        """Whether the JNI side copies [address, address + nbytes) to or from buffer ``hid`` through
+        its pinned staging ring rather than through :meth:`copy_in_address` /
+        :meth:`copy_out_address`: true for memory that is not page-locked (the driver would stage
+        it with one thread and no overlap). Refuses first what those would refuse: a dead handle,
+        a range outside the buffer, a range the buffer's task unregistered. Only asked on a GPU."""
+        a, lease = self._enter_buffer(hid, "copy_address", offset, nbytes)
+        try:
+            self._check_address("copy_address", address, nbytes, a.owner)
+        finally:
+            lease.inside.remove(get_ident())
+        if self._page_locked(address, nbytes):
+            return False   # asynchronous from the hot path
+        self._counts["copies_address"] += 1
+        return True
+
+    def _page_locked(self, address: int, nbytes: int) -> bool:
+        """Whether [address, address + nbytes) lies in one pinned buffer or registered region."""
+        bases = self._pinned_bases
+        i = bisect.bisect_right(bases, address) - 1
+        if i < 0:
+            return False
+        buf = self._pinned.get(bases[i])
+        return buf is not None and address + nbytes <= bases[i] + len(buf)
+
     def _check_address(self, call: str, address: int, nbytes: int, task: int) -> None:
         """A copy by ``task`` into a range it (or no task) unregistered is refused: its memory may
         be freed."""
