@@ -16,6 +16,16 @@ timeout 900 python3 bench/bench_copies.py --backend cuda --plot "$out/copies.png
 # the same bench with the host copy on the calling thread alone, for the split's effect
 timeout 600 python3 bench/bench_copies.py --backend cuda --out "$out" --set stagingCopyThreads=1 --tag _1thread \
   --rounds 3 >"$out/bench_copies_1thread.log" 2>&1
+# SWEEP=1: heap copies at other ring shapes and thread counts (--quick, sizes up to 16 MiB)
+if [ "${SWEEP:-0}" = 1 ]; then
+  for cfg in "stagingSlotBytes=1m stagingSlots=8" "stagingSlotBytes=2m stagingSlots=8" "stagingSlotBytes=8m" \
+             "stagingCopyThreads=4" "stagingCopyThreads=12"; do
+    sets=""; for kv in $cfg; do sets="$sets --set $kv"; done
+    timeout 300 python3 bench/bench_copies.py --backend cuda --quick --out "$out" $sets --tag _sweep \
+      >"$out/sweep.log" 2>&1
+    echo "--- sweep $cfg: $(grep -E '^heap_(in|out) (1024|16384) KiB' "$out/sweep.log" | awk '{printf "%s %s %s %s; ", $1, $2, $4, $5}')"
+  done | tee "$out/sweep-summary.log"
+fi
 cat "$out/junit-summary.log"
 echo "--- stagingCopyThreads=1:"
 grep -E "^heap|memcpy_1 " "$out/bench_copies_1thread.log"
@@ -23,5 +33,6 @@ echo "--- default settings:"
 grep -E "GB/s|x |us " "$out/bench_copies.log"
 echo "pytest (pinned pool, registration): exit $pytest: $(tail -1 "$out/pytest-copies.log")"
 cp "$out/copies.png" "$out/bench_copies_cuda.json" "$out/bench_copies.log" "$out/bench_copies_1thread.log" "$final/" 2>/dev/null
+cp "$out/sweep-summary.log" "$final/" 2>/dev/null
 tar czf "$final/logs.tgz" -C "$out" .
 echo "SUMMARY pytest=$pytest junit=$junit bench=$bench"
