@@ -3,8 +3,6 @@ package org.cudabridge;
 import static org.junit.jupiter.api.Assertions.assertArrayEquals;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 
-import java.util.ArrayList;
-import java.util.List;
 import java.util.Random;
 
 import org.junit.jupiter.api.Tag;
@@ -25,47 +23,34 @@ class StagedCopyTest {
         CudaBridge bridge = CudaBridge.start(BridgeOptions.fromSystemProperties()
                 .set("stagingSlots", "2").set("stagingSlotBytes", "4096"));
         try {
-            List<Thread> threads = new ArrayList<>();
-            List<Throwable> errors = new ArrayList<>();
-            for (int t = 0; t < 8; t++) {
-                final int id = t;
-                Thread th = new Thread(() -> {
-                    try (TaskScope scope = bridge.bindTask(100 + id)) {
-                        Random rnd = new Random(id);
-                        for (int size : new int[] {0, 1, 4095, 4096, 4097, 8192, 8193, 3 * 4096 + 17, 1 << 20}) {
-                            byte[] src = new byte[size + 64];
-                            rnd.nextBytes(src);
-                            try (DeviceBuffer buf = bridge.allocate(Math.max(1, size + 32))) {
-                                buf.copyFrom(src, 7, 5, size);           // a source and a device offset
-                                byte[] back = new byte[size + 64];
-                                buf.copyTo(back, 3, 5, size);
-                                byte[] want = new byte[size];
-                                System.arraycopy(src, 7, want, 0, size);
-                                byte[] got = new byte[size];
-                                System.arraycopy(back, 3, got, 0, size);
-                                assertArrayEquals(want, got, "thread " + id + ", " + size + " bytes");
-                            }
-                        }
-                        int[] ints = new int[50_000];                      // an int[] of several chunks
-                        for (int i = 0; i < ints.length; i++) ints[i] = i * 31 + id;
-                        try (DeviceBuffer buf = bridge.allocate(4L * ints.length)) {
-                            buf.copyFrom(ints);
-                            int[] back = new int[ints.length];
-                            buf.copyTo(back);
-                            assertArrayEquals(ints, back);
-                        }
-                        assertEquals(100 + id, scope.taskAttemptId());
-                    } catch (Throwable e) {
-                        synchronized (errors) {
-                            errors.add(e);
+            Concurrently.run(8, id -> {
+                try (TaskScope scope = bridge.bindTask(100 + id)) {
+                    Random rnd = new Random(id);
+                    for (int size : new int[] {0, 1, 4095, 4096, 4097, 8192, 8193, 3 * 4096 + 17, 1 << 20}) {
+                        byte[] src = new byte[size + 64];
+                        rnd.nextBytes(src);
+                        try (DeviceBuffer buf = bridge.allocate(Math.max(1, size + 32))) {
+                            buf.copyFrom(src, 7, 5, size);           // a source and a device offset
+                            byte[] back = new byte[size + 64];
+                            buf.copyTo(back, 3, 5, size);
+                            byte[] want = new byte[size];
+                            System.arraycopy(src, 7, want, 0, size);
+                            byte[] got = new byte[size];
+                            System.arraycopy(back, 3, got, 0, size);
+                            assertArrayEquals(want, got, "thread " + id + ", " + size + " bytes");
                         }
                     }
-                });
-                threads.add(th);
-                th.start();
-            }
-            for (Thread th : threads) th.join();
-            assertEquals(List.of(), errors);
+                    int[] ints = new int[50_000];                      // an int[] of several chunks
+                    for (int i = 0; i < ints.length; i++) ints[i] = i * 31 + id;
+                    try (DeviceBuffer buf = bridge.allocate(4L * ints.length)) {
+                        buf.copyFrom(ints);
+                        int[] back = new int[ints.length];
+                        buf.copyTo(back);
+                        assertArrayEquals(ints, back);
+                    }
+                    assertEquals(100 + id, scope.taskAttemptId());
+                }
+            });
         } finally {
             bridge.shutdown();
         }

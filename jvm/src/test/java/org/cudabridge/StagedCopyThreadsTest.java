@@ -5,8 +5,6 @@ import static org.junit.jupiter.api.Assertions.assertEquals;
 
 import java.lang.reflect.Field;
 import java.lang.reflect.Method;
-import java.util.ArrayList;
-import java.util.List;
 import java.util.Random;
 
 import org.junit.jupiter.api.Tag;
@@ -35,53 +33,40 @@ class StagedCopyThreadsTest {
         CudaBridge bridge = CudaBridge.start(BridgeOptions.fromSystemProperties()
                 .set("stagingSlots", "3").set("stagingSlotBytes", "1m").set("stagingCopyThreads", "4"));
         try {
-            List<Thread> threads = new ArrayList<>();
-            List<Throwable> errors = new ArrayList<>();
-            for (int t = 0; t < 16; t++) {
-                final int id = t;
-                Thread th = new Thread(() -> {
-                    try (TaskScope scope = bridge.bindTask(200 + id)) {
-                        Random rnd = new Random(id);
-                        int[] sizes = {0, 1, 524_287, 524_288, 600_001, 1 << 20, (1 << 20) + 1, (3 << 20) + 13};
-                        for (int k = 0; k < sizes.length; k++) {
-                            int size = sizes[(k + id) % sizes.length];   // threads meet different sizes at once
-                            byte[] src = new byte[size + 32];
-                            rnd.nextBytes(src);
-                            long off = (long) allocate.invoke(unsafe, (long) size + 1);
-                            try (DeviceBuffer buf = bridge.allocate(Math.max(1, size + 16))) {
-                                boolean heapIn = (k + id) % 2 == 0;
-                                if (heapIn) {
-                                    buf.copyFrom(src, 5, 9, size);
-                                } else {
-                                    copy.invoke(unsafe, src, base + 5, null, off, (long) size);
-                                    buf.copyFromAddress(off, size, 9);
-                                }
-                                byte[] got = new byte[size];
-                                if (heapIn) {            // out by the other kind
-                                    buf.copyToAddress(off, size, 9);
-                                    copy.invoke(unsafe, null, off, got, base, (long) size);
-                                } else {
-                                    buf.copyTo(got, 0, 9, size);
-                                }
-                                byte[] want = new byte[size];
-                                System.arraycopy(src, 5, want, 0, size);
-                                assertArrayEquals(want, got, "thread " + id + ", " + size + " bytes, heap in: " + heapIn);
-                            } finally {
-                                free.invoke(unsafe, off);
+            Concurrently.run(16, id -> {
+                try (TaskScope scope = bridge.bindTask(200 + id)) {
+                    Random rnd = new Random(id);
+                    int[] sizes = {0, 1, 524_287, 524_288, 600_001, 1 << 20, (1 << 20) + 1, (3 << 20) + 13};
+                    for (int k = 0; k < sizes.length; k++) {
+                        int size = sizes[(k + id) % sizes.length];   // threads meet different sizes at once
+                        byte[] src = new byte[size + 32];
+                        rnd.nextBytes(src);
+                        long off = (long) allocate.invoke(unsafe, (long) size + 1);
+                        try (DeviceBuffer buf = bridge.allocate(Math.max(1, size + 16))) {
+                            boolean heapIn = (k + id) % 2 == 0;
+                            if (heapIn) {
+                                buf.copyFrom(src, 5, 9, size);
+                            } else {
+                                copy.invoke(unsafe, src, base + 5, null, off, (long) size);
+                                buf.copyFromAddress(off, size, 9);
                             }
-                        }
-                        assertEquals(200 + id, scope.taskAttemptId());
-                    } catch (Throwable e) {
-                        synchronized (errors) {
-                            errors.add(e);
+                            byte[] got = new byte[size];
+                            if (heapIn) {            // out by the other kind
+                                buf.copyToAddress(off, size, 9);
+                                copy.invoke(unsafe, null, off, got, base, (long) size);
+                            } else {
+                                buf.copyTo(got, 0, 9, size);
+                            }
+                            byte[] want = new byte[size];
+                            System.arraycopy(src, 5, want, 0, size);
+                            assertArrayEquals(want, got, "thread " + id + ", " + size + " bytes, heap in: " + heapIn);
+                        } finally {
+                            free.invoke(unsafe, off);
                         }
                     }
-                });
-                threads.add(th);
-                th.start();
-            }
-            for (Thread th : threads) th.join();
-            assertEquals(List.of(), errors);
+                    assertEquals(200 + id, scope.taskAttemptId());
+                }
+            });
         } finally {
             bridge.shutdown();
         }
