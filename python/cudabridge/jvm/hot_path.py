@@ -455,19 +455,20 @@ class JavaHotPath:
             self._check_address("copy_address", address, nbytes, a.owner)
         finally:
             lease.inside.remove(get_ident())
-        if self._page_locked(address, nbytes):
-            return False   # asynchronous from the hot path
+        if self._locked_region(address, nbytes) is not None:
+            return False   # page-locked: asynchronous from the hot path
         self._counts["copies_address"] += 1
         return True
 
-    def _page_locked(self, address: int, nbytes: int) -> bool:
-        """Whether [address, address + nbytes) lies in one pinned buffer or registered region."""
+    def _locked_region(self, address: int, nbytes: int) -> tuple[int, Any] | None:
+        """(start, memory) of the pinned buffer or registered region [address, address + nbytes)
+        lies in, or None (pageable memory)."""
         bases = self._pinned_bases
         i = bisect.bisect_right(bases, address) - 1
         if i < 0:
-            return False
+            return None
         buf = self._pinned.get(bases[i])
-        return buf is not None and address + nbytes <= bases[i] + len(buf)
+        return (bases[i], buf) if buf is not None and address + nbytes <= bases[i] + len(buf) else None
 
     def _check_address(self, call: str, address: int, nbytes: int, task: int) -> None:
         """A copy by ``task`` into a range it (or no task) unregistered is refused: its memory may
@@ -485,18 +486,15 @@ class JavaHotPath:
         else the view itself (pageable: the backend's copy is then synchronous, as CUDA's is)."""
         if not self._pinned:
             return view
-        bases = self._pinned_bases
-        i = bisect.bisect_right(bases, address) - 1
-        if i >= 0:
-            base = bases[i]
-            buf = self._pinned.get(base)
-            if buf is not None and address + len(view) <= base + len(buf):
-                block = self._pinned_blocks.get(base)
-                if block is not None and stream is not None:
-                    block.streams.add(stream)   # its reuse waits for this stream (PinnedHostPool.free)
-                off = address - base
-                return memoryview(buf).cast("B")[off:off + len(view)]
-        return view
+        region = self._locked_region(address, len(view))
+        if region is None:
+            return view
+        base, buf = region
+        block = self._pinned_blocks.get(base)
+        if block is not None and stream is not None:
+            block.streams.add(stream)   # its reuse waits for this stream (PinnedHostPool.free)
+        off = address - base
+        return memoryview(buf).cast("B")[off:off + len(view)]
 
     # task end --------------------------------------------------------------------------------
     def forget_task(self, task: int) -> list[int]:
@@ -510,9 +508,10 @@ class JavaHotPath:
         return self._forget(b)
 
     def _forget(self, b: "TaskBinding") -> list[int]:
-        with self._pinned_lock:   # its unregistered ranges: past its release they may be anyone's memory
-            for base in [k for k, (_, by) in self._unregistered.items() if by == b.task_id]:
-                del self._unregistered[base]
+        if self._unregistered:   # its unregistered ranges: past its release they may be anyone's memory
+            with self._pinned_lock:
+                for base in [k for k, (_, by) in self._unregistered.items() if by == b.task_id]:
+                    del self._unregistered[base]
         for address in sorted(self._pinned_by_task.pop(b.task_id, ())):   # its pinned buffers, reclaimed
             try:
                 self.free_pinned(address)
