@@ -11,7 +11,7 @@ typedef int (*init_t)(unsigned); typedef int (*ctx_t)(void **, unsigned, int); t
 static double now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + t.tv_nsec * 1e-9; }
 static double bw(char *dst, char *src, size_t n, int threads) {
     double best = 1e9;
-    for (int r = 0; r < 30; r++) { double t0 = now(); cb_host_copy(dst, src, n, threads); double t = now() - t0; if (t < best) best = t; }
+    for (int r = 0; r < 30; r++) { double t0 = now(); cb_host_copy(dst, src, n, threads, 0); double t = now() - t0; if (t < best) best = t; }
     return n / best / 1e9;
 }
 int main(void) {

@@ -26,6 +26,36 @@
 #include <stddef.h>
 #include <string.h>
 
+/* Copies into a staging slot the device reads next use streaming (non-temporal) stores: the
+ * bytes go to memory without filling the cache with dirty lines that the DMA would then have to
+ * snoop out of it, one line at a time (measured on the H200: staged host->device copies ran at
+ * 20 GB/s while the same threads' plain copy ran at 33). CB_COPY_NO_STREAMING builds plain
+ * memcpy instead (and does where SSE2 is missing). */
+#if (defined(__x86_64__) || defined(__SSE2__)) && !defined(CB_COPY_NO_STREAMING)
+#include <emmintrin.h>
+#include <stdint.h>
+static void copy_streaming(char *dst, const char *src, size_t n) {
+    size_t head = (16 - ((uintptr_t)dst & 15)) & 15;   /* to a 16-byte aligned destination */
+    if (head > n) head = n;
+    memcpy(dst, src, head);
+    dst += head;
+    src += head;
+    n -= head;
+    for (; n >= 64; n -= 64, dst += 64, src += 64) {
+        __m128i a = _mm_loadu_si128((const __m128i *)src), b = _mm_loadu_si128((const __m128i *)(src + 16));
+        __m128i c = _mm_loadu_si128((const __m128i *)(src + 32)), d = _mm_loadu_si128((const __m128i *)(src + 48));
+        _mm_stream_si128((__m128i *)dst, a);
+        _mm_stream_si128((__m128i *)(dst + 16), b);
+        _mm_stream_si128((__m128i *)(dst + 32), c);
+        _mm_stream_si128((__m128i *)(dst + 48), d);
+    }
+    memcpy(dst, src, n);
+    _mm_sfence();   /* the streamed bytes are visible before anything this thread stores after */
+}
+#else
+static void copy_streaming(char *dst, const char *src, size_t n) { memcpy(dst, src, n); }
+#endif
+
 #define CB_COPY_MAX_THREADS 64
 #define CB_COPY_MIN_PART ((size_t)256 << 10)   /* smaller parts cost more in hand-offs than they save */
 #define CB_COPY_SPIN 20000                    /* idle polls before a helper sleeps (tens of us) */
@@ -35,6 +65,7 @@ typedef struct cb_copy_job {
     char *dst;
     const char *src;
     size_t n, part, parts;
+    int streaming;              /* copy_streaming rather than memcpy */
     atomic_size_t next_part;    /* the next part to claim */
     atomic_int users;           /* helpers holding a reference */
 } cb_copy_job;
@@ -54,7 +85,8 @@ static size_t copy_job_work(cb_copy_job *j) {
         if (p >= j->parts) return did;
         size_t at = p * j->part;
         size_t len = j->n - at < j->part ? j->n - at : j->part;
-        memcpy(j->dst + at, j->src + at, len);
+        if (j->streaming) copy_streaming(j->dst + at, j->src + at, len);
+        else memcpy(j->dst + at, j->src + at, len);
         did++;
     }
 }
@@ -115,17 +147,20 @@ static void copy_helpers_start(int threads) {
 }
 
 /* memcpy(dst, src, n) with up to `threads` threads (the caller and threads - 1 helpers) when n
- * is large enough to gain from it. Returns once every byte is copied. */
-static void cb_host_copy(void *dst, const void *src, size_t n, int threads) {
+ * is large enough to gain from it; with streaming stores when `streaming` (dst is read by a DMA
+ * next, not by this host). Returns once every byte is copied and visible. */
+static void cb_host_copy(void *dst, const void *src, size_t n, int threads, int streaming) {
     if (threads > CB_COPY_MAX_THREADS) threads = CB_COPY_MAX_THREADS;
     if (threads <= 1 || n < 2 * CB_COPY_MIN_PART) {
-        memcpy(dst, src, n);
+        if (streaming) copy_streaming(dst, src, n);
+        else memcpy(dst, src, n);
         return;
     }
     size_t part = (n + (size_t)threads - 1) / (size_t)threads;
     if (part < CB_COPY_MIN_PART) part = CB_COPY_MIN_PART;
     part = (part + 4095) & ~(size_t)4095;
-    cb_copy_job j = {.next = NULL, .dst = dst, .src = src, .n = n, .part = part, .parts = (n + part - 1) / part};
+    cb_copy_job j = {.next = NULL, .dst = dst, .src = src, .n = n, .part = part, .parts = (n + part - 1) / part,
+                     .streaming = streaming};
     atomic_init(&j.next_part, 0);
     atomic_init(&j.users, 0);
     pthread_mutex_lock(&g_copy_lock);

@@ -173,7 +173,7 @@ static int ring_to_device(const cb_driver *d, cb_ring *r, cb_host_side *h, jlong
          * helpers are native threads, not Java ones), no JNI call, no other wait inside it */
         char *src = host_side_enter(h);
         if (src == NULL) return -1;
-        cb_host_copy(r->host[k], src + off + done, n, threads);
+        cb_host_copy(r->host[k], src + off + done, n, threads, 1);   /* the DMA reads it next: stream it */
         host_side_leave(h, src, 0);
         rc = ring_dma(d, r, k, 1, dst + (unsigned long long)done, n, stream, call);
         if (rc != CB_CUDA_SUCCESS) return rc;
@@ -204,7 +204,7 @@ static int ring_from_device(const cb_driver *d, cb_ring *r, cb_host_side *h, jlo
         if ((rc = ring_slot_free(d, r, i, call)) != CB_CUDA_SUCCESS) return rc;
         char *dst = host_side_enter(h);
         if (dst == NULL) return -1;
-        cb_host_copy(dst + off + at, r->host[i], n, threads);
+        cb_host_copy(dst + off + at, r->host[i], n, threads, 0);
         host_side_leave(h, dst, 1);
         if (issued < chunks) {   /* the slot is free again: the next DMA into it */
             jlong nat = issued * (jlong)r->slot_bytes;

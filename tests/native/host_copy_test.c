@@ -1,7 +1,7 @@
 /* bridge/host_copy.h on its own (tests/test_host_copy.py builds and runs it, also under
  * ThreadSanitizer where the compiler has it): threads copying at once, sizes around the split
- * threshold and thread counts from 1 to past the helpers started, every byte checked, and no byte
- * past the end written. Prints "ok <copies split> <parts by helpers> <helpers>". */
+ * threshold and thread counts from 1 to past the helpers started, plain and streaming stores into
+ * destinations of every alignment, every byte checked, and no byte outside the range written. Prints "ok <copies split> <parts by helpers> <helpers>". */
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -15,8 +15,8 @@ static int failed;
 static void *caller(void *arg) {
     long id = (long)arg;
     unsigned seed = (unsigned)id * 7919u + 1u;
-    char *src = malloc(MAX_BYTES), *dst = malloc(MAX_BYTES + 1);
-    if (src == NULL || dst == NULL) {
+    char *src = malloc(MAX_BYTES), *buf = malloc(MAX_BYTES + 17);
+    if (src == NULL || buf == NULL) {
         failed = 1;
         return NULL;
     }
@@ -26,16 +26,17 @@ static void *caller(void *arg) {
     for (int it = 0; it < 60 && !failed; it++) {
         size_t n = it < 7 ? edges[it] : (size_t)rand_r(&seed) % MAX_BYTES;
         size_t off = (size_t)rand_r(&seed) % (MAX_BYTES - n + 1);   /* a different source each time */
-        memset(dst, 0x5a, MAX_BYTES + 1);
+        char *dst = buf + it % 17;   /* destinations of every alignment (streaming stores align first) */
+        memset(buf, 0x5a, MAX_BYTES + 17);
         int threads = 1 + (int)((unsigned)rand_r(&seed) % 12);
-        cb_host_copy(dst, src + off, n, threads);
-        if (memcmp(dst, src + off, n) != 0 || dst[n] != 0x5a) {
+        cb_host_copy(dst, src + off, n, threads, it % 2);   /* plain and streaming stores */
+        if (memcmp(dst, src + off, n) != 0 || dst[n] != 0x5a || (it % 17 && dst[-1] != 0x5a)) {
             fprintf(stderr, "caller %ld: %zu bytes over %d threads differ\n", id, n, threads);
             failed = 1;
         }
     }
     free(src);
-    free(dst);
+    free(buf);
     return NULL;
 }
 
