@@ -99,7 +99,10 @@ int main(void) {
                 int rc = 0;
                 const char *call = NULL;
                 c[n] = (cand){.kind = k, .threads = threads[t], .slots = shapes[s].slots, .slot_bytes = shapes[s].bytes};
-                c[n].ring = ring_take(&drv, ctx, shapes[s].slots, shapes[s].bytes, &rc, &call);
+                char *base = NULL;   /* the bridge takes it from the pinned pool; here, its own */
+                check(drv.cuMemHostAlloc((void **)&base, (size_t)shapes[s].slots * shapes[s].bytes,
+                                         CB_MEMHOSTALLOC_PORTABLE), "cuMemHostAlloc(ring)");
+                c[n].ring = ring_make(&drv, ctx, shapes[s].slots, shapes[s].bytes, base, &rc, &call);
                 if (c[n].ring == NULL) {
                     fprintf(stderr, "ring: %s %d\n", call, rc);
                     return 1;

@@ -68,7 +68,7 @@ static atomic_long g_states_created, g_states_deleted;
 /* Cached bound methods of the JavaHotPath, and helpers; owned references, never released. */
 static PyObject *m_stream, *m_allocate, *m_free, *m_free_many, *m_copy_in, *m_copy_out,
     *m_copy_in_direct, *m_copy_out_direct, *m_copy_device, *m_memset, *m_sync, *m_alloc_pinned,
-    *m_free_pinned, *m_address_staged, *m_ping, *m_thread_exit, *m_bind, *m_release, *m_release_many, *m_launch, *m_copy_in_address,
+    *m_free_pinned, *m_address_staged, *m_alloc_staging, *m_free_staging, *m_ping, *m_thread_exit, *m_bind, *m_release, *m_release_many, *m_launch, *m_copy_in_address,
     *m_copy_out_address, *f_error_info;
 /* The C twin's entry points (JavaHotPath.native_api), or NULL: launches then call m_launch. The
  * capsule is kept (never released) so the HotCore it holds outlives every call. */
@@ -827,7 +827,8 @@ static char *run_bootstrap(JNIEnv *env, jobjectArray pythonpath, const char *lib
              cache_method(hot, "copy_out_direct", &m_copy_out_direct) ||
              cache_method(hot, "copy_device", &m_copy_device) || cache_method(hot, "memset", &m_memset) ||
              cache_method(hot, "synchronize", &m_sync) || cache_method(hot, "alloc_pinned", &m_alloc_pinned) ||
-             cache_method(hot, "free_pinned", &m_free_pinned) || cache_method(hot, "address_staged", &m_address_staged) || cache_method(hot, "ping", &m_ping) ||
+             cache_method(hot, "free_pinned", &m_free_pinned) || cache_method(hot, "address_staged", &m_address_staged) ||
+             cache_method(hot, "alloc_staging", &m_alloc_staging) || cache_method(hot, "free_staging", &m_free_staging) || cache_method(hot, "ping", &m_ping) ||
              cache_method(hot, "thread_exit", &m_thread_exit) || cache_method(hot, "launch", &m_launch) ||
              cache_method(hot, "copy_in_address", &m_copy_in_address) ||
              cache_method(hot, "copy_out_address", &m_copy_out_address);
@@ -1480,12 +1481,37 @@ static void call_with_view(PyObject *fn, jlong handle, jlong devOffset, char *me
 static void staged_copy(JNIEnv *env, jlong handle, jlong devOffset, cb_host_side *host, jlong byteOffset,
                         jlong nbytes, int to_device) {
     const cb_driver *d = g_api->driver;
+    int slots = g_api->staging_slots;
+    size_t slot_bytes = (size_t)g_api->staging_slot_bytes;
     gil_section g;
     captured_error err = {0};
     if (gil_enter(env, &g) != 0) return;
     cb_copy_lease lease = {0};
     int entered = g_api->enter_copy(g_api->core, handle, devOffset, nbytes, to_device, &lease) == 0;
-    if (!entered) capture_python_error(&err);
+    cb_ring *r = NULL;
+    long long base = 0;   /* a new ring's block of the pinned pool, taken here, with the GIL */
+    if (!entered) {
+        capture_python_error(&err);
+    } else {
+        r = t_slot.ring;
+        if (r != NULL && (r->context != lease.context || r->n != slots || r->slot_bytes != slot_bytes)) {
+            ring_give(r);   /* another GPU's, or settings of another bridge */
+            r = t_slot.ring = NULL;
+        }
+        if (r == NULL) r = ring_find(lease.context, slots, slot_bytes);
+        if (r == NULL) {
+            long long pinned = 0;
+            PyObject *a = PyLong_FromLongLong((long long)slots * (long long)slot_bytes);
+            PyObject *res = a ? PyObject_Vectorcall(m_alloc_staging, &a, 1, NULL) : NULL;
+            Py_XDECREF(a);
+            if (res == NULL || parse_pair(res, &base, &pinned, &err) != 0) {
+                if (res == NULL) capture_python_error(&err);
+                g_api->leave_copy(g_api->core, &lease);
+                entered = 0;
+            }
+            Py_XDECREF(res);
+        }
+    }
     gil_exit(&g);
     if (!entered) {
         throw_captured(env, &err);
@@ -1496,24 +1522,27 @@ static void staged_copy(JNIEnv *env, jlong handle, jlong devOffset, cb_host_side
     cb_CUcontext prev = NULL;
     if ((rc = d->cuCtxGetCurrent(&prev)) != CB_CUDA_SUCCESS) call = "cuCtxGetCurrent";
     else if (prev != lease.context && (rc = d->cuCtxSetCurrent(lease.context)) != CB_CUDA_SUCCESS) call = "cuCtxSetCurrent";
-    if (rc == CB_CUDA_SUCCESS) {
-        size_t slot_bytes = (size_t)g_api->staging_slot_bytes;
-        cb_ring *r = t_slot.ring;
-        if (r != NULL && (r->context != lease.context || r->n != g_api->staging_slots || r->slot_bytes != slot_bytes)) {
-            ring_give(r);
-            r = t_slot.ring = NULL;
-        }
-        if (r == NULL) r = t_slot.ring = ring_take(d, lease.context, g_api->staging_slots, slot_bytes, &rc, &call);
-        if (r != NULL) {
-            int threads = g_api->staging_copy_threads;
-            rc = to_device ? ring_to_device(d, r, host, byteOffset, nbytes, lease.address, lease.stream, threads, &call)
-                           : ring_from_device(d, r, host, byteOffset, nbytes, lease.address, lease.stream, threads, &call);
-            if (rc > 0) t_slot.ring = NULL;   /* a driver call failed: the slots' state is unknown, drop it */
-        }
+    if (rc == CB_CUDA_SUCCESS && r == NULL) {
+        r = ring_make(d, lease.context, slots, slot_bytes, (char *)(intptr_t)base, &rc, &call);
+        if (r != NULL) base = 0;   /* the ring's now */
+    }
+    t_slot.ring = r;
+    if (r != NULL) {
+        int threads = g_api->staging_copy_threads;
+        rc = to_device ? ring_to_device(d, r, host, byteOffset, nbytes, lease.address, lease.stream, threads, &call)
+                       : ring_from_device(d, r, host, byteOffset, nbytes, lease.address, lease.stream, threads, &call);
+        if (rc > 0) t_slot.ring = NULL;   /* a driver call failed: the slots' state is unknown, drop it */
     }
     if (prev != NULL && prev != lease.context) d->cuCtxSetCurrent(prev);
     if (gil_enter(env, &g) != 0) return;   /* cannot happen: this thread has its Python state */
     g_api->leave_copy(g_api->core, &lease);
+    if (base != 0) {   /* no ring was made over it: back to the pool */
+        PyObject *a = PyLong_FromLongLong(base);
+        PyObject *res = a ? PyObject_Vectorcall(m_free_staging, &a, 1, NULL) : NULL;
+        if (res == NULL) PyErr_Clear();   /* best effort: the failure below is what the caller hears */
+        Py_XDECREF(res);
+        Py_XDECREF(a);
+    }
     if (rc > 0) {
         g_api->driver_failed(g_api->core, call, rc);
         capture_python_error(&err);

@@ -22,10 +22,14 @@
  *    data, and nothing of a task is queued once its release has begun;
  *  - a ring belongs to one context (its events do); a thread whose copy is for another GPU's
  *    buffer gives its ring back and takes one for that context;
+ *  - a ring's slots are one block of the pinned pool (memory/pinned_pool.py, taken through the hot
+ *    path's alloc_staging), so staging shows in the pool's statistics and comes out of its
+ *    reservation (the pool's fallbacks, counted, apply when it cannot serve it);
  *  - rings outlive threads: a thread that ends gives its ring back to a free list, where the next
  *    thread takes it, so the pinned memory held is bounded by the threads that copy at once, not
- *    by the threads that ever did. A ring whose driver call failed is dropped, never reused (its
- *    slots' state is unknown; a failure there is the GPU's sticky error in practice).
+ *    by the threads that ever did. A ring whose driver call failed is dropped, never reused, and
+ *    its block is never given back (its slots' state is unknown; a failure there is the GPU's
+ *    sticky error in practice).
  * The GIL is not held here: the caller holds the copy's lease, which a release waits for.
  */
 #ifndef CB_STAGING_RING_H
@@ -43,7 +47,8 @@ typedef struct cb_ring {
     cb_CUcontext context;
     int n;
     size_t slot_bytes;
-    char *host[CB_STAGING_MAX_SLOTS];          /* pinned, portable */
+    char *base;                                /* n x slot_bytes of the pinned pool, the ring's for good */
+    char *host[CB_STAGING_MAX_SLOTS];          /* slot i: base + i x slot_bytes */
     cb_CUevent event[CB_STAGING_MAX_SLOTS];
     int busy[CB_STAGING_MAX_SLOTS];            /* an event after a DMA of this slot is pending */
     int cursor;                                /* the slot a host->device copy starts at: the one after
@@ -55,10 +60,8 @@ static pthread_mutex_t g_rings_lock = PTHREAD_MUTEX_INITIALIZER;
 static cb_ring *g_free_rings;
 static atomic_long g_rings_created, g_staged_chunks;
 
-/* A ring for context ctx (current on this thread) with n slots of slot_bytes: one from the free
- * list, else a new one. NULL with *rc and *call set when the driver refuses. */
-static cb_ring *ring_take(const cb_driver *d, cb_CUcontext ctx, int n, size_t slot_bytes, int *rc,
-                          const char **call) {
+/* A ring of the free list for context ctx with n slots of slot_bytes, or NULL. No driver call. */
+static cb_ring *ring_find(cb_CUcontext ctx, int n, size_t slot_bytes) {
     pthread_mutex_lock(&g_rings_lock);
     for (cb_ring **p = &g_free_rings; *p != NULL; p = &(*p)->next) {
         cb_ring *r = *p;
@@ -70,6 +73,14 @@ static cb_ring *ring_take(const cb_driver *d, cb_CUcontext ctx, int n, size_t sl
         }
     }
     pthread_mutex_unlock(&g_rings_lock);
+    return NULL;
+}
+
+/* A new ring for context ctx (current on this thread) over base, n x slot_bytes of pinned memory
+ * the caller took from the pinned pool. NULL with *rc and *call set when the driver refuses; base
+ * is then still the caller's to give back (nothing was queued with it). */
+static cb_ring *ring_make(const cb_driver *d, cb_CUcontext ctx, int n, size_t slot_bytes, char *base, int *rc,
+                          const char **call) {
     cb_ring *r = calloc(1, sizeof *r);
     if (r == NULL) {
         *rc = 2; /* CUDA_ERROR_OUT_OF_MEMORY */
@@ -79,25 +90,16 @@ static cb_ring *ring_take(const cb_driver *d, cb_CUcontext ctx, int n, size_t sl
     r->context = ctx;
     r->n = n;
     r->slot_bytes = slot_bytes;
+    r->base = base;
     for (int i = 0; i < n; i++) {
-        *rc = d->cuMemHostAlloc((void **)&r->host[i], slot_bytes, CB_MEMHOSTALLOC_PORTABLE);
-        if (*rc != CB_CUDA_SUCCESS) {
-            *call = "cuMemHostAlloc(staging slot)";
-            break;
-        }
+        r->host[i] = base + (size_t)i * slot_bytes;
         *rc = d->cuEventCreate(&r->event[i], CB_EVENT_DISABLE_TIMING);
         if (*rc != CB_CUDA_SUCCESS) {
             *call = "cuEventCreate(staging slot)";
-            break;
+            for (int j = 0; j < i; j++) d->cuEventDestroy(r->event[j]);
+            free(r);
+            return NULL;
         }
-    }
-    if (*rc != CB_CUDA_SUCCESS) {   /* nothing was queued with them: free what was made */
-        for (int i = 0; i < n; i++) {
-            if (r->host[i] != NULL) d->cuMemFreeHost(r->host[i]);
-            if (r->event[i] != NULL) d->cuEventDestroy(r->event[i]);
-        }
-        free(r);
-        return NULL;
     }
     atomic_fetch_add(&g_rings_created, 1);
     return r;

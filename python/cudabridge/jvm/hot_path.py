@@ -101,6 +101,7 @@ class JavaHotPath:
         self._registered: set[int] = set()          # bases in _pinned that register_host added
         self._pinned_blocks: dict[int, PinnedBlock] = {}   # address -> block of alloc_pinned
         self._pinned_by_task: dict[int, set[int]] = {}     # owning task -> its blocks' addresses
+        self._staging: dict[int, PinnedBlock] = {}          # address -> block of a JNI staging ring
         self.pinned_pool = PinnedHostPool(service.backend, parse_bytes(service.config.pinned_pool))
         # base -> (size, task) of recently unregistered regions: copies by that task (any, for
         # task 0) into them are refused until the task's release or a new registration
@@ -362,6 +363,24 @@ class JavaHotPath:
             if lease is not None:
                 lease.inside.remove(get_ident())
         return block.address, block.pinned
+
+    def alloc_staging(self, nbytes: int) -> tuple[int, bool]:
+        """Pinned memory for a staging ring of the JNI side (bridge/staging_ring.h): a block of
+        the pinned pool, like a pinned buffer (in its statistics, under its fallbacks), owned by
+        no task. The ring keeps it for the process's life (rings pass from thread to thread);
+        :meth:`free_staging` gives it back when no ring could be made over it. Returns the
+        address and whether it is page-locked."""
+        block = self.pinned_pool.allocate(nbytes)
+        with self._pinned_lock:
+            self._staging[block.address] = block
+        return block.address, block.pinned
+
+    def free_staging(self, address: int) -> None:
+        with self._pinned_lock:
+            block = self._staging.pop(address, None)
+        if block is None:
+            raise InvalidArgument(f"free_staging: {address!r} is not a staging block of this bridge")
+        self.pinned_pool.free(block)   # no DMA ever used it: free at once
 
     def free_pinned(self, address: int) -> None:
         """Back to the pinned pool, reused once the copies queued from or into it have passed."""

@@ -2,6 +2,7 @@ package org.cudabridge;
 
 import static org.junit.jupiter.api.Assertions.assertArrayEquals;
 import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import java.lang.reflect.Field;
 import java.lang.reflect.Method;
@@ -67,6 +68,11 @@ class StagedCopyThreadsTest {
                     assertEquals(200 + id, scope.taskAttemptId());
                 }
             });
+            if (bridge.describe().contains("\"backend\": \"cuda\"")) {
+                // the C rings' slots come from the pinned pool: at least one ring of 3 x 1 MiB is held in it
+                long inUse = bridge.statistics().get("pinned_in_use_bytes");
+                assertTrue(inUse >= 3L << 20, "pinned_in_use_bytes " + inUse);
+            }
         } finally {
             bridge.shutdown();
         }
