@@ -1,4 +1,4 @@
-/* bridge/host_copy.h on its own (tests/test_host_copy.py builds and runs it, also under
+/* bridge/host_copy.h on its own (tests/test_native_copies.py builds and runs it, also under
  * ThreadSanitizer where the compiler has it): threads copying at once, sizes around the split
  * threshold and thread counts from 1 to past the helpers started, plain and streaming stores into
  * destinations of every alignment, every byte checked, and no byte outside the range written. Prints "ok <copies split> <parts by helpers> <helpers>". */
