@@ -174,6 +174,44 @@ def test_a_thread_that_never_touched_cuda_launches(gpu):
     service.release_task(5)
 
 
+def test_the_c_synchronize_waits_without_the_gil_and_clears_the_launch_log(gpu):
+    """synchronize's C twin: the stream waited for in C (counted by the core), the stream's launch
+    log cleared as the reference clears it, other Python threads running meanwhile; an unknown
+    task goes to the reference, which refuses it in its own words."""
+    service, native, python = gpu
+    saxpy = service.load_module(ModuleSource.of(SOURCE)).kernel("saxpy")
+    kid = native.register_kernel(saxpy)
+    b = service.bind_task(6)
+    x, _ = native.allocate(6, 4096)
+    native.launch(6, kid, (1, 1, 1, 32, 1, 1), 0, (x, x, 8, 0), bytes([0, 0, 3, F32]), (0,) * 4)
+    log = service.registry.launch_log
+    assert log.candidates(b.stream)[0] == ["saxpy"]
+    service.backend.spin_async(b.stream, 0.3)                # the wait takes 0.3 s...
+    ticks = []
+    stop = threading.Event()
+
+    def tick():
+        while not stop.wait(0.001):
+            ticks.append(1)
+    ticker = threading.Thread(target=tick)
+    ticker.start()
+    core_before = native._core.counts()["synchronizes"]
+    native.synchronize(6)
+    stop.set()
+    ticker.join()
+    assert native._core.counts()["synchronizes"] == core_before + 1   # the C twin waited, not the reference
+    assert len(ticks) > 50                                    # ...and Python ran meanwhile: the GIL was free
+    assert log.candidates(b.stream) == ([], 0)
+    outcomes = []
+    for hot in (native, python):
+        with pytest.raises(CudaBridgeError) as info:
+            hot.synchronize(99)
+        outcomes.append((type(info.value), str(info.value)))
+    assert outcomes[0] == outcomes[1]
+    native.free(x)
+    service.release_task(6)
+
+
 def test_a_faulting_kernel_is_named_at_the_next_synchronize_and_everything_fails_fast_after():
     """In a process of its own: the fault leaves the process's CUDA context unusable."""
     script = textwrap.dedent(f"""

@@ -47,7 +47,7 @@
 #define SMALL_BATCH 16          /* free_many checks duplicates pairwise up to this many */
 
 static PyObject *s_stream, *s_gpu, *s_id, *s_ptr, *s_binding, *s_inside, *s_open, *s_task_id, *s_get,
-    *s_refusal, *s_insert, *s_pop, *s_refusal_many, *s_free, *s_allocate, *s_free_many, *s_launch, *s_record,
+    *s_refusal, *s_insert, *s_pop, *s_refusal_many, *s_free, *s_allocate, *s_free_many, *s_launch, *s_record, *s_synchronize, *s_clear,
     *s_recent, *s_owner, *s_size, *s_state, *s_limits, *s_max_dynamic_shared;
 
 typedef struct {
@@ -60,10 +60,10 @@ typedef struct {
     PyObject *allocators[MAX_GPUS];     /* per GPU ordinal: pool.allocate(size, stream, owner) */
     PyObject *frees[MAX_GPUS];          /* per GPU ordinal: pool.free(allocation) */
     PyObject *set_device;               /* backend.set_device, or NULL with one GPU */
-    PyObject *ref_stream, *ref_allocate, *ref_free, *ref_free_many;  /* the Python reference */
+    PyObject *ref_stream, *ref_allocate, *ref_free, *ref_free_many, *ref_synchronize;  /* the Python reference */
     PyObject *ref_launch;               /* the reference launch, or NULL: no native kernels then */
     PyObject *launch_failed;            /* launch_failed(kernel id, CUresult) -> the exception to raise */
-    PyObject *log_recent, *log_record;  /* the LaunchLog's dict (stream -> names) and its record */
+    PyObject *log_recent, *log_record, *log_clear;  /* the LaunchLog's dict (stream -> names), record, clear */
     PyObject *refuse_unusable;          /* set_unusable: call name -> DeviceUnusable; NULL while usable */
     PyObject *enter_buffer;             /* enable_copies: JavaHotPath._enter_buffer; NULL: no staged copies */
     PyObject *copy_failed;              /* enable_copies: (call, CUresult) -> the exception to raise */
@@ -72,7 +72,7 @@ typedef struct {
     struct native_kernel **kernels;     /* by kernel id (add_kernel); NULL: launched by the reference */
     Py_ssize_t nkernels;
     cb_CUcontext contexts[MAX_GPUS];    /* each GPU's primary context, retained at its first kernel */
-    long long allocations, frees_count, batched_frees, batches, launches, launches_referred;
+    long long allocations, frees_count, batched_frees, batches, launches, launches_referred, synchronizes;
     cb_native_api api;                  /* handed out as the native_api capsule */
 } HotCore;
 
@@ -95,8 +95,8 @@ typedef struct native_kernel {
 
 #define HC_FIELDS(X) X(lease_get); X(lease_refusal); X(h_insert); X(h_pop); X(h_get); X(h_refusal); \
     X(h_refusal_many); X(set_device); X(ref_stream); X(ref_allocate); X(ref_free); X(ref_free_many); \
-    X(ref_launch); X(launch_failed); X(log_recent); X(log_record); X(refuse_unusable); X(enter_buffer); \
-    X(copy_failed)
+    X(ref_synchronize); X(ref_launch); X(launch_failed); X(log_recent); X(log_record); X(log_clear); \
+    X(refuse_unusable); X(enter_buffer); X(copy_failed)
 
 static int hc_traverse(HotCore *self, visitproc visit, void *arg) {
 #define V(f) Py_VISIT(self->f)
@@ -216,7 +216,8 @@ static int hc_init(HotCore *self, PyObject *args, PyObject *kwds) {
         take_callable(reference, s_stream, "reference", &self->ref_stream) < 0 ||
         take_callable(reference, s_allocate, "reference", &self->ref_allocate) < 0 ||
         take_callable(reference, s_free, "reference", &self->ref_free) < 0 ||
-        take_callable(reference, s_free_many, "reference", &self->ref_free_many) < 0)
+        take_callable(reference, s_free_many, "reference", &self->ref_free_many) < 0 ||
+        take_callable(reference, s_synchronize, "reference", &self->ref_synchronize) < 0)
         return -1;
     if (fill_per_gpu(allocators, self->allocators, "allocators") < 0 || fill_per_gpu(frees, self->frees, "frees") < 0)
         return -1;
@@ -236,7 +237,8 @@ static int hc_init(HotCore *self, PyObject *args, PyObject *kwds) {
     }
     if (launch_log != Py_None) {
         if (take_callable(reference, s_launch, "reference", &self->ref_launch) < 0 ||
-            take_callable(launch_log, s_record, "launch_log", &self->log_record) < 0)
+            take_callable(launch_log, s_record, "launch_log", &self->log_record) < 0 ||
+            take_callable(launch_log, s_clear, "launch_log", &self->log_clear) < 0)
             return -1;
         PyObject *recent = PyObject_GetAttr(launch_log, s_recent);
         if (recent == NULL) return -1;
@@ -933,6 +935,53 @@ static PyObject *hc_launch(HotCore *self, PyObject *const *args, size_t nargsf, 
     Py_RETURN_NONE;
 }
 
+/* synchronize(task): waits for the task's stream with the GIL released (cuStreamSynchronize in its
+ * GPU's primary context), then clears the stream's launch log, as the reference does after a
+ * completed wait. Everything else goes to the reference: no driver (the emulated device, or
+ * copies not enabled), no launch log, an unusable GPU, a task it cannot look up (the reference
+ * raises the right error), and a wait that failed (a kernel fault: the reference waits again,
+ * gets the sticky error, and raises KernelFault naming the candidates). */
+static PyObject *hc_synchronize(HotCore *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (self->enter_buffer == NULL || self->log_clear == NULL || self->refuse_unusable != NULL || kwnames != NULL ||
+        nargs != 1 || !PyLong_CheckExact(args[0]))
+        return PyObject_Vectorcall(self->ref_synchronize, args, nargs, kwnames);
+    PyObject *lease = lookup_lease(self, args[0]);
+    PyObject *b = lease ? PyObject_GetAttr(lease, s_binding) : NULL;
+    Py_XDECREF(lease);
+    int ok = b != NULL;
+    long long gpu = ok ? int_attr(b, s_gpu, &ok) : -1;
+    PyObject *stream_obj = ok ? PyObject_GetAttr(b, s_stream) : NULL;
+    Py_XDECREF(b);
+    unsigned long long stream = stream_obj ? PyLong_AsUnsignedLongLong(stream_obj) : 0;
+    if (stream_obj == NULL || PyErr_Occurred() || gpu < 0 || gpu >= MAX_GPUS || retain_context(self, (int)gpu) < 0) {
+        PyErr_Clear();
+        Py_XDECREF(stream_obj);
+        return PyObject_Vectorcall(self->ref_synchronize, args, nargs, kwnames);
+    }
+    cb_CUcontext prev = NULL, ctx = self->contexts[gpu];
+    cb_CUresult rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = g_driver.cuCtxGetCurrent(&prev);
+    int switched = rc == CB_CUDA_SUCCESS && prev != ctx;   /* as the launch: a thread with none keeps it */
+    if (switched) rc = g_driver.cuCtxSetCurrent(ctx);
+    if (prev == NULL) switched = 0;
+    if (rc == CB_CUDA_SUCCESS) rc = g_driver.cuStreamSynchronize((cb_CUstream)(uintptr_t)stream);
+    if (switched) g_driver.cuCtxSetCurrent(prev);
+    Py_END_ALLOW_THREADS
+    if (rc != CB_CUDA_SUCCESS) {
+        Py_DECREF(stream_obj);
+        return PyObject_Vectorcall(self->ref_synchronize, args, nargs, kwnames);
+    }
+    self->synchronizes++;
+    int logged = PyDict_Contains(self->log_recent, stream_obj);   /* else the log has nothing of it */
+    PyObject *r = logged > 0 ? PyObject_CallOneArg(self->log_clear, stream_obj) : NULL;
+    Py_DECREF(stream_obj);
+    if (logged < 0 || (logged > 0 && r == NULL)) return NULL;
+    Py_XDECREF(r);
+    Py_RETURN_NONE;
+}
+
 /* copies ----------------------------------------------------------------------------------------
  * What the JNI library's staged copies (bridge/staging_ring.h) need from here: the buffer, its
  * task's lease entered the way every queued operation enters it (the reference's own
@@ -1080,7 +1129,7 @@ static PyObject *hc_set_unusable(HotCore *self, PyObject *refusal) {
 }
 
 static PyObject *hc_counts(HotCore *self, PyObject *unused) {
-    return Py_BuildValue("{sLsLsLsLsLsLsLsL}", "allocations", self->allocations, "frees", self->frees_count,
+    return Py_BuildValue("{sLsLsLsLsLsLsLsLsL}", "synchronizes", self->synchronizes, "allocations", self->allocations, "frees", self->frees_count,
                          "batched_frees", self->batched_frees, "batches", self->batches, "launches", self->launches,
                          "launches_referred", self->launches_referred, "copies_in", self->copies_in,
                          "copies_out", self->copies_out);
@@ -1092,6 +1141,8 @@ static PyMethodDef hc_methods[] = {
     {"free", FASTCALL_KW(hc_free), "free(hid), as JavaHotPath.free."},
     {"free_many", FASTCALL_KW(hc_free_many), "free_many(hids) -> count, as JavaHotPath.free_many."},
     {"stream", FASTCALL_KW(hc_stream), "stream(task) -> (stream, GPU ordinal), as JavaHotPath.stream."},
+    {"synchronize", FASTCALL_KW(hc_synchronize), "synchronize(task), as JavaHotPath.synchronize (the wait "
+     "without the GIL)."},
     {"launch", FASTCALL_KW(hc_launch), "launch(task, kernel_id, dims, shared, values, kinds, offsets), as "
      "JavaHotPath.launch."},
     {"add_kernel", (PyCFunction)hc_add_kernel, METH_VARARGS, "add_kernel(kernel_id, kernel, name, function, gpu, "
@@ -1131,6 +1182,7 @@ PyMODINIT_FUNC PyInit__hotcore(void) {
     INTERN(s_get, "get"); INTERN(s_refusal, "refusal"); INTERN(s_insert, "insert"); INTERN(s_pop, "pop");
     INTERN(s_refusal_many, "refusal_many"); INTERN(s_free, "free"); INTERN(s_allocate, "allocate");
     INTERN(s_free_many, "free_many"); INTERN(s_launch, "launch"); INTERN(s_record, "record");
+    INTERN(s_synchronize, "synchronize"); INTERN(s_clear, "clear");
     INTERN(s_recent, "recent"); INTERN(s_owner, "owner"); INTERN(s_size, "size"); INTERN(s_state, "_state");
     INTERN(s_limits, "limits"); INTERN(s_max_dynamic_shared, "max_dynamic_shared");
 #undef INTERN

@@ -60,7 +60,7 @@ log = logging.getLogger(__name__)
 __all__ = ["JavaHotPath", "GPU_BITS", "GPU_MASK", "MAX_GPUS"]
 
 # The reference methods the C twin replaces (and calls for the argument forms it does not take).
-TWINNED = ("stream", "allocate", "free", "free_many", "launch")
+TWINNED = ("stream", "allocate", "free", "free_many", "launch", "synchronize")
 
 
 # The kind codes Java sends (org.cudabridge.CudaKernel's KINDS, same order).
