@@ -212,3 +212,20 @@ def test_cli_prints_jar_and_classpath(harness):
     expected = [str(jvm_build.jar_path()), *([str(plugin)] if plugin.is_file() else []), str(jvm_build.jpype_jar())]
     assert entries == expected    # the Spark plugin's jar too, where dev/setup built it
     assert all(Path(e).is_file() for e in entries)
+
+
+def test_every_header_the_bridge_library_includes_is_shipped_and_watched():
+    """build_native rebuilds the library when one of HEADER_NAMES changes and ships them beside
+    its source: a header of the source's folder that it includes (directly or through another)
+    but that is missing there would neither trigger a rebuild nor travel with an install."""
+    import re
+
+    src = jvm_build.c_source()
+    seen: set[str] = set()
+    todo = [src.name]
+    while todo:
+        for inc in re.findall(r'#include "([^"]+)"', (src.parent / todo.pop()).read_text()):
+            if (src.parent / inc).is_file() and inc not in seen:
+                seen.add(inc)
+                todo.append(inc)
+    assert seen == set(jvm_build.HEADER_NAMES)
