@@ -1636,7 +1636,8 @@ JNIEXPORT void JNICALL Java_org_cudabridge_NativeBridge_copyOut(JNIEnv *env, jcl
     } while (done < nbytes);
 }
 
-/* Direct ByteBuffers: no staging; asynchronous on the buffer's stream where the memory is pinned. */
+/* A direct ByteBuffer's memory from bufOffset, nbytes of it inside the buffer; NULL with a Java
+ * exception pending otherwise. */
 static char *direct_range(JNIEnv *env, jobject buf, jlong bufOffset, jlong nbytes) {
     if (buf == NULL) {
         throw_plain(env, c_npe, "java/lang/NullPointerException", "cudabridge copy: ByteBuffer is null");
@@ -1656,14 +1657,59 @@ static char *direct_range(JNIEnv *env, jobject buf, jlong bufOffset, jlong nbyte
     return addr + bufOffset;
 }
 
+
+/* A copy between a buffer and host memory Java owns outside the heap (a direct ByteBuffer's, or
+ * an address). On a GPU, pageable memory goes through the thread's staging ring (the driver's own
+ * pageable copy is one thread's memcpy with no overlap) and page-locked memory to the hot path's
+ * fn (asynchronous); the hot path's address_staged decides, and refuses first what the copy
+ * would (a bad handle or range, a range this task unregistered). Elsewhere fn copies it. */
+static void host_memory_copy(JNIEnv *env, PyObject *fn, jlong handle, jlong devOffset, char *mem, jlong nbytes,
+                             int to_device) {
+    HOT_ENTER(, 0)
+    int staged = 0;
+    if (g_api != NULL && g_api->driver != NULL && nbytes > 0) {
+        PyObject *a[4] = {PyLong_FromLongLong(handle), PyLong_FromLongLong(devOffset),
+                          PyLong_FromLongLong((long long)(intptr_t)mem), PyLong_FromLongLong(nbytes)};
+        PyObject *r = NULL;
+        if (a[0] && a[1] && a[2] && a[3]) r = PyObject_Vectorcall(m_address_staged, a, 4, NULL);
+        for (int i = 0; i < 4; i++) Py_XDECREF(a[i]);
+        if (r == NULL) capture_python_error(&err);
+        else {
+            staged = PyObject_IsTrue(r);
+            Py_DECREF(r);
+            if (staged < 0) capture_python_error(&err);
+        }
+    }
+    if (!err.kind && !staged) call_with_view(fn, handle, devOffset, mem, (size_t)nbytes, 1, (jlong)(intptr_t)mem, &err);
+    HOT_LEAVE()
+    if (err.kind || !staged) {
+        throw_captured(env, &err);
+        return;
+    }
+    cb_host_side host = {env, NULL, mem};
+    staged_copy(env, handle, devOffset, &host, 0, nbytes, to_device);
+}
+
+/* Direct ByteBuffers: pinned ones (allocatePinned) asynchronously on the buffer's stream, others
+ * staged (host_memory_copy). */
 static void direct_copy(JNIEnv *env, PyObject *fn, jlong handle, jlong devOffset, jobject buf, jlong bufOffset,
                         jlong nbytes) {
     char *mem = direct_range(env, buf, bufOffset, nbytes);
     if (mem == NULL) return;
-    HOT_ENTER(, 0)
-    call_with_view(fn, handle, devOffset, mem, (size_t)nbytes, 1, (jlong)(intptr_t)mem, &err);
-    HOT_LEAVE()
-    throw_captured(env, &err);
+    host_memory_copy(env, fn, handle, devOffset, mem, nbytes, fn == m_copy_in_direct);
+}
+
+/* static native void copyInAddress(long handle, long devOffset, long address, long nbytes) and
+ * copyOutAddress: memory Java code owns outside the heap (an Arrow buffer's memoryAddress(), an
+ * off-heap column vector, Unsafe). The address cannot be checked: a wrong one crashes the JVM, as
+ * any native copy would. Asynchronous from and into a registered region (registerHost). */
+static void address_copy(JNIEnv *env, PyObject *fn, jlong handle, jlong devOffset, jlong address, jlong nbytes) {
+    if (address == 0 || nbytes < 0) {
+        throw_plain(env, c_iae, "java/lang/IllegalArgumentException",
+                    "cudabridge copy: the host address must not be 0 and the size not negative");
+        return;
+    }
+    host_memory_copy(env, fn, handle, devOffset, (char *)(intptr_t)address, nbytes, fn == m_copy_in_address);
 }
 
 JNIEXPORT void JNICALL Java_org_cudabridge_NativeBridge_copyInDirect(JNIEnv *env, jclass cls, jlong handle,
@@ -1678,45 +1724,6 @@ JNIEXPORT void JNICALL Java_org_cudabridge_NativeBridge_copyOutDirect(JNIEnv *en
                                                                       jlong nbytes) {
     (void)cls;
     direct_copy(env, m_copy_out_direct, handle, devOffset, buf, bufOffset, nbytes);
-}
-
-/* static native void copyInAddress(long handle, long devOffset, long address, long nbytes) and
- * copyOutAddress: memory Java code owns outside the heap (an Arrow buffer's memoryAddress(), an
- * off-heap column vector, Unsafe). The address cannot be checked: a wrong one crashes the JVM, as
- * any native copy would. Asynchronous from and into a registered region (registerHost). */
-static void address_copy(JNIEnv *env, PyObject *fn, jlong handle, jlong devOffset, jlong address, jlong nbytes) {
-    if (address == 0 || nbytes < 0) {
-        throw_plain(env, c_iae, "java/lang/IllegalArgumentException",
-                    "cudabridge copy: the host address must not be 0 and the size not negative");
-        return;
-    }
-    int to_device = fn == m_copy_in_address;
-    HOT_ENTER(, 0)
-    int staged = 0;
-    if (g_api != NULL && g_api->driver != NULL && nbytes > 0) {
-        /* Pageable memory on a GPU is staged here (the ring), page-locked memory is copied by the
-         * hot path asynchronously; either way the refusals (a bad handle or range, a range this
-         * task unregistered) come from the hot path first. */
-        PyObject *a[4] = {PyLong_FromLongLong(handle), PyLong_FromLongLong(devOffset), PyLong_FromLongLong(address),
-                          PyLong_FromLongLong(nbytes)};
-        PyObject *r = NULL;
-        if (a[0] && a[1] && a[2] && a[3]) r = PyObject_Vectorcall(m_address_staged, a, 4, NULL);
-        for (int i = 0; i < 4; i++) Py_XDECREF(a[i]);
-        if (r == NULL) capture_python_error(&err);
-        else {
-            staged = PyObject_IsTrue(r);
-            Py_DECREF(r);
-            if (staged < 0) capture_python_error(&err);
-        }
-    }
-    if (!err.kind && !staged) call_with_view(fn, handle, devOffset, (char *)(intptr_t)address, (size_t)nbytes, 1, address, &err);
-    HOT_LEAVE()
-    if (err.kind || !staged) {
-        throw_captured(env, &err);
-        return;
-    }
-    cb_host_side host = {env, NULL, (char *)(intptr_t)address};
-    staged_copy(env, handle, devOffset, &host, 0, nbytes, to_device);
 }
 
 JNIEXPORT void JNICALL Java_org_cudabridge_NativeBridge_copyInAddress(JNIEnv *env, jclass cls, jlong handle,

@@ -102,6 +102,8 @@ def test_a_range_a_task_unregistered_is_refused_to_that_task_until_its_release(h
     hp.unregister_host(base, 1)
     with pytest.raises(InvalidArgument, match="unregistered .*by task 1"):
         hp.copy_in_address(h1, 0, base, raw(base, 32))
+    with pytest.raises(InvalidArgument, match="unregistered .*by task 1"):
+        hp.copy_out_direct(h1, 0, base, raw(base, 32))          # a direct ByteBuffer over it: the same
     before = hp.counters["copies_address"]
     hp.copy_in_address(h2, 0, base, raw(base, 32))              # another task: its own (pageable) memory
     assert hp.counters["copies_address"] == before + 1

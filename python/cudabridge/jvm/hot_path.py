@@ -286,9 +286,11 @@ class JavaHotPath:
 
     def copy_in_direct(self, hid: int, offset: int, address: int, view: memoryview) -> None:
         """Direct ByteBuffer to device, asynchronous on the buffer's stream when the memory is
-        pinned (the Java caller keeps the ByteBuffer alive and unchanged until a synchronize)."""
+        pinned (the Java caller keeps the ByteBuffer alive and unchanged until a synchronize).
+        Refused, as a copy by address is, into a range the buffer's task unregistered."""
         a, lease = self._enter_buffer(hid, "copy_in", offset, len(view))
         try:
+            self._check_address("copy_in", address, len(view), a.owner)
             self._counts["copies_direct"] += 1
             self._backend.copy_to_device_async(a.ptr + offset, self._host(address, view, a.stream), a.stream)
         finally:
@@ -297,6 +299,7 @@ class JavaHotPath:
     def copy_out_direct(self, hid: int, offset: int, address: int, view: memoryview) -> None:
         a, lease = self._enter_buffer(hid, "copy_out", offset, len(view))
         try:
+            self._check_address("copy_out", address, len(view), a.owner)
             self._counts["copies_direct"] += 1
             self._backend.copy_from_device_async(self._host(address, view, a.stream), a.ptr + offset, a.stream)
         finally:
@@ -464,10 +467,10 @@ class JavaHotPath:
             lease.inside.remove(get_ident())
 
     def address_staged(self, hid: int, offset: int, address: int, nbytes: int) -> bool:
-        """Whether the JNI side copies [address, address + nbytes) to or from buffer ``hid`` through
-        its pinned staging ring rather than through :meth:`copy_in_address` /
-        :meth:`copy_out_address`: true for memory that is not page-locked (the driver would stage
-        it with one thread and no overlap). Refuses first what those would refuse: a dead handle,
+        """Whether the JNI side copies [address, address + nbytes) (memory by address, or a direct
+        ByteBuffer's) to or from buffer ``hid`` through its pinned staging ring rather than
+        through :meth:`copy_in_address` / :meth:`copy_in_direct` and their out twins: true for
+        memory that is not page-locked (the driver would stage it with one thread and no overlap). Refuses first what those would refuse: a dead handle,
         a range outside the buffer, a range the buffer's task unregistered. Only asked on a GPU."""
         a, lease = self._enter_buffer(hid, "copy_address", offset, nbytes)
         try:

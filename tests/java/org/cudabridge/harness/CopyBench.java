@@ -15,8 +15,8 @@ import org.cudabridge.TaskScope;
 /**
  * Java side of bench/bench_copies.py: for each size, the median time of a copy and the synchronize
  * after it (end to end: the asynchronous ones are only done then), both directions, from a Java heap
- * array, a pinned buffer of the pinned pool, registered off-heap memory and unregistered off-heap
- * memory; then, in the same round and process, the anchors timed from Python
+ * array, a pinned buffer of the pinned pool, registered off-heap memory, unregistered off-heap
+ * memory and a plain direct ByteBuffer (allocateDirect), and allocatePinned + close; then, in the same round and process, the anchors timed from Python
  * (tools.copy_bench: the host's memcpy, and CuPy's pinned and pageable cudaMemcpyAsync on a GPU).
  * Prints one line {@code BENCH <json>}: per round, {candidate: {size: median ns}}.
  * Args: sizes (comma-separated bytes), repetitions per size, rounds.
@@ -60,7 +60,7 @@ public final class CopyBench {
         CudaBridge b = CudaBridge.start();
         StringBuilder out = new StringBuilder("{\"rounds\": [");
         String[] modes = {"heap_in", "heap_out", "pinned_in", "pinned_out", "registered_in", "registered_out",
-                "address_in", "address_out", "pinned_alloc"};
+                "address_in", "address_out", "direct_in", "direct_out", "pinned_alloc"};
         int k = sizes.length;
         try (TaskScope t = b.bindTask(1)) {
             // every buffer made once and kept over the rounds (a region is registered once, never per round)
@@ -70,6 +70,7 @@ public final class CopyBench {
             DeviceBuffer[] dev = new DeviceBuffer[k];
             PinnedBuffer[] pin = new PinnedBuffer[k];
             HostRegistration[] h = new HostRegistration[k];
+            ByteBuffer[] direct = new ByteBuffer[k];   // ByteBuffer.allocateDirect: pageable
             for (int s = 0; s < k; s++) {
                 heap[s] = new byte[(int) sizes[s]];
                 reg[s] = (long) allocate.invoke(unsafe, sizes[s]);
@@ -77,6 +78,7 @@ public final class CopyBench {
                 dev[s] = b.allocate(sizes[s]);
                 pin[s] = b.allocatePinned(sizes[s]);
                 h[s] = b.registerHost(reg[s], sizes[s]);
+                direct[s] = ByteBuffer.allocateDirect((int) sizes[s]);
             }
             for (int r = 0; r < rounds; r++) {
                 StringBuilder row = new StringBuilder();
@@ -96,8 +98,11 @@ public final class CopyBench {
                     ns[5][s] = median(b, () -> d.copyToAddress(ra, n, 0), reps);
                     ns[6][s] = median(b, () -> d.copyFromAddress(pa, n, 0), reps);
                     ns[7][s] = median(b, () -> d.copyToAddress(pa, n, 0), reps);
+                    ByteBuffer db = direct[s];
+                    ns[8][s] = median(b, () -> d.copyFrom(db, 0), reps);
+                    ns[9][s] = median(b, () -> d.copyTo(db, 0), reps);
                     // allocatePinned + close from the pool (no copy ran, so the block is free again at once)
-                    ns[8][s] = median(b, () -> b.allocatePinned(n).close(), reps, false);
+                    ns[10][s] = median(b, () -> b.allocatePinned(n).close(), reps, false);
                 }
                 for (int m = 0; m < modes.length; m++) {
                     row.append(m > 0 ? ", " : "").append('"').append(modes[m]).append("\": {");

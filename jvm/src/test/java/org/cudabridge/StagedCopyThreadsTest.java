@@ -6,6 +6,7 @@ import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import java.lang.reflect.Field;
 import java.lang.reflect.Method;
+import java.nio.ByteBuffer;
 import java.util.Random;
 
 import org.junit.jupiter.api.Tag;
@@ -14,9 +15,9 @@ import org.junit.jupiter.api.Test;
 /**
  * Sixteen threads, each its own task, mixing sizes around the split threshold (chunks of 512 KiB
  * and more have their host copy split over stagingCopyThreads threads: bridge/host_copy.h) with
- * 1 MiB slots, through both staged sources: Java heap arrays, and pageable off-heap memory copied
- * by address (Unsafe's, as Arrow's is). Every copy goes in by one kind and out by the other, and
- * every byte is checked. On a GPU these are the C ring and its helper threads; on the emulated
+ * 1 MiB slots, through every staged source: Java heap arrays, pageable off-heap memory copied by
+ * address (Unsafe's, as Arrow's is), and plain direct ByteBuffers (allocateDirect). Copies go in
+ * by one kind and out by another, and every byte is checked. On a GPU these are the C ring and its helper threads; on the emulated
  * device the Python path runs the same checks.
  */
 @Tag("own-jvm")
@@ -44,23 +45,26 @@ class StagedCopyThreadsTest {
                         rnd.nextBytes(src);
                         long off = (long) allocate.invoke(unsafe, (long) size + 1);
                         try (DeviceBuffer buf = bridge.allocate(Math.max(1, size + 16))) {
-                            boolean heapIn = (k + id) % 2 == 0;
-                            if (heapIn) {
-                                buf.copyFrom(src, 5, 9, size);
-                            } else {
-                                copy.invoke(unsafe, src, base + 5, null, off, (long) size);
-                                buf.copyFromAddress(off, size, 9);
-                            }
+                            int kind = (k + id) % 3;   // 0: heap in, address out; 1: the reverse; 2: direct both ways
                             byte[] got = new byte[size];
-                            if (heapIn) {            // out by the other kind
+                            if (kind == 0) {
+                                buf.copyFrom(src, 5, 9, size);
                                 buf.copyToAddress(off, size, 9);
                                 copy.invoke(unsafe, null, off, got, base, (long) size);
-                            } else {
+                            } else if (kind == 1) {
+                                copy.invoke(unsafe, src, base + 5, null, off, (long) size);
+                                buf.copyFromAddress(off, size, 9);
                                 buf.copyTo(got, 0, 9, size);
+                            } else {
+                                ByteBuffer in = ByteBuffer.allocateDirect(size).put(src, 5, size).flip();
+                                ByteBuffer out = ByteBuffer.allocateDirect(size);
+                                buf.copyFrom(in, 9);
+                                buf.copyTo(out, 9);
+                                out.get(got);
                             }
                             byte[] want = new byte[size];
                             System.arraycopy(src, 5, want, 0, size);
-                            assertArrayEquals(want, got, "thread " + id + ", " + size + " bytes, heap in: " + heapIn);
+                            assertArrayEquals(want, got, "thread " + id + ", " + size + " bytes, kind " + kind);
                         } finally {
                             free.invoke(unsafe, off);
                         }
