@@ -134,7 +134,7 @@ def test_a_tasks_pinned_buffers_are_reclaimed_at_its_release(fast_path):
     from cudabridge.service import CudaBridgeService
 
     with CudaBridgeService(ServiceConfig(backend="emulated", emulated_memory="64m", streams_per_gpu=2,
-                                         high_priority_streams=0, pinned_pool="1m")) as service:
+                                         high_priority_streams=0, pinned_pool="1m", staging_slot_bytes="64k")) as service:
         hp = JavaHotPath(service, fast_path=fast_path)
         service.bind_task(1)
         owned, pinned = hp.alloc_pinned(4096, 1)
@@ -173,7 +173,7 @@ def test_staging_rings_take_their_memory_from_the_pinned_pool():
     from cudabridge.service import CudaBridgeService
 
     with CudaBridgeService(ServiceConfig(backend="emulated", emulated_memory="64m", streams_per_gpu=2,
-                                         high_priority_streams=0, pinned_pool="1m")) as service:
+                                         high_priority_streams=0, pinned_pool="1m", staging_slot_bytes="64k")) as service:
         hp = JavaHotPath(service)
         address, pinned = hp.alloc_staging(4 * 64 * KiB)
         assert pinned and hp.pinned_pool.in_use_bytes == 256 * KiB and hp.pinned_pool.reserved_bytes == 1 << 20

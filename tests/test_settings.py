@@ -111,3 +111,17 @@ def test_values_are_checked_by_type(key, value, ok):
     else:
         with pytest.raises(InvalidArgument, match=re.escape(config.BY_KEY[key].name)):
             check_value(key, value)
+
+
+def test_a_staging_ring_larger_than_the_pinned_pool_is_refused():
+    """A staging ring is one block of the pinned pool: stagingSlots x stagingSlotBytes above a
+    non-zero pinnedPool could never come from it, and is refused naming the three keys."""
+    from cudabridge.config import ServiceConfig
+
+    with pytest.raises(InvalidArgument, match="stagingSlots x .*stagingSlotBytes .*pinnedPool"):
+        ServiceConfig(pinned_pool="8m")                          # the default ring: 4 x 4 MiB
+    with pytest.raises(InvalidArgument, match="pinnedPool"):
+        ServiceConfig.from_mapping({"spark.cudabridge.pinnedPool": "16m", "spark.cudabridge.stagingSlots": "5"})
+    assert ServiceConfig(pinned_pool="16m").staging_slots == 4   # exactly one ring: fine
+    assert ServiceConfig(pinned_pool="0").pinned_pool == "0"     # no pool: rings allocate their own
+    assert ServiceConfig(pinned_pool="1m", staging_slots=2, staging_slot_bytes="512k").pinned_pool == "1m"

@@ -238,6 +238,14 @@ class _ServiceConfigBase:
     def __post_init__(self) -> None:
         for field, s in SERVICE.items():
             object.__setattr__(self, field, check_value(s.key, getattr(self, field)))
+        # a staging ring is one block of the pinned pool: one that can never fit it is a mistake
+        pool = parse_bytes(self.pinned_pool)   # type: ignore[attr-defined]
+        ring = self.staging_slots * parse_bytes(self.staging_slot_bytes)   # type: ignore[attr-defined]
+        if 0 < pool < ring:
+            raise InvalidArgument(
+                f"{SPARK_PREFIX}stagingSlots x {SPARK_PREFIX}stagingSlotBytes ({ring} bytes) is more than "
+                f"{SPARK_PREFIX}pinnedPool ({pool} bytes): a thread's staging ring is one block of the pinned pool "
+                f"and could never come from it; raise pinnedPool (0 disables the pool) or lower the ring")
 
     def limit(self) -> tuple[int | None, float]:
         """(bytes, 1.0) or (None, fraction) from ``pool_limit``."""
