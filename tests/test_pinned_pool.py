@@ -181,8 +181,10 @@ def test_staging_rings_take_their_memory_from_the_pinned_pool():
         assert hp.pinned_pool.fallbacks_host_alloc == 1
         with pytest.raises(InvalidArgument, match="not a staging block"):
             hp.free_staging(address + 1)
+        assert hp.staging_blocks == 2
         hp.free_staging(address)
         hp.free_staging(big)
+        assert hp.staging_blocks == 0
         assert hp.pinned_pool.in_use_bytes == 0
         with pytest.raises(InvalidArgument, match="not a staging block"):
             hp.free_staging(address)                       # given back already

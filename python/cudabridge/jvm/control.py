@@ -215,7 +215,7 @@ class BridgeControl:
         reports = self.service.close()
         self.hot._live.clear()
         try:   # the streams are drained: the reserved pinned memory can go
-            self.hot.pinned_pool.close()
+            self.hot.pinned_pool.close(kept=self.hot.staging_blocks)
         except Exception:   # a sticky error: the process is on its way out anyway
             log.warning("pinned pool: releasing its memory failed", exc_info=True)
         return len(reports)

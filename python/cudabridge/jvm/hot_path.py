@@ -378,6 +378,11 @@ class JavaHotPath:
             self._staging[block.address] = block
         return block.address, block.pinned
 
+    @property
+    def staging_blocks(self) -> int:
+        """Pinned pool blocks the JNI side's staging rings hold (for the process's life)."""
+        return len(self._staging)
+
     def free_staging(self, address: int) -> None:
         with self._pinned_lock:
             block = self._staging.pop(address, None)
