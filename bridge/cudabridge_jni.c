@@ -1668,11 +1668,12 @@ static void host_memory_copy(JNIEnv *env, PyObject *fn, jlong handle, jlong devO
     HOT_ENTER(, 0)
     int staged = 0;
     if (g_api != NULL && g_api->driver != NULL && nbytes > 0) {
-        PyObject *a[4] = {PyLong_FromLongLong(handle), PyLong_FromLongLong(devOffset),
-                          PyLong_FromLongLong((long long)(intptr_t)mem), PyLong_FromLongLong(nbytes)};
+        PyObject *a[5] = {PyLong_FromLongLong(handle), PyLong_FromLongLong(devOffset),
+                          PyLong_FromLongLong((long long)(intptr_t)mem), PyLong_FromLongLong(nbytes),
+                          PyBool_FromLong(to_device)};
         PyObject *r = NULL;
-        if (a[0] && a[1] && a[2] && a[3]) r = PyObject_Vectorcall(m_address_staged, a, 4, NULL);
-        for (int i = 0; i < 4; i++) Py_XDECREF(a[i]);
+        if (a[0] && a[1] && a[2] && a[3] && a[4]) r = PyObject_Vectorcall(m_address_staged, a, 5, NULL);
+        for (int i = 0; i < 5; i++) Py_XDECREF(a[i]);
         if (r == NULL) capture_python_error(&err);
         else {
             staged = PyObject_IsTrue(r);

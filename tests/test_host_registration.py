@@ -131,18 +131,23 @@ def test_address_staged_says_which_copies_the_jni_side_stages_and_refuses_what_t
     pinned, _ = hp.alloc_pinned(4096)
     hp.register_host(base, 4096)
     before = hp.counters["copies_address"]
-    assert hp.address_staged(h, 0, base + 4096, 4096) is True          # pageable: staged
+    assert hp.address_staged(h, 0, base + 4096, 4096, True) is True          # pageable: staged
     assert hp.counters["copies_address"] == before + 1
-    assert hp.address_staged(h, 0, base, 4096) is False                # registered
-    assert hp.address_staged(h, 0, pinned + 8, 64) is False            # inside a pinned buffer
-    assert hp.address_staged(h, 0, base + 4000, 200) is True           # runs past the region: pageable
+    assert hp.address_staged(h, 0, base, 4096, False) is False                # registered
+    assert hp.address_staged(h, 0, pinned + 8, 64, True) is False            # inside a pinned buffer
+    assert hp.address_staged(h, 0, base + 4000, 200, False) is True           # runs past the region: pageable
     for args, error in [((h, 4000, base, 200), "outside the buffer"), ((h + 99, 0, base, 16), "handle"),
                         ((h, -1, base, 16), "outside the buffer")]:
         with pytest.raises(InvalidArgument, match=error):
-            hp.address_staged(*args)
+            hp.address_staged(*args, True)
+        with pytest.raises(InvalidArgument) as staged:         # the words of the copy it stands for
+            hp.address_staged(*args, False)
+        with pytest.raises(InvalidArgument) as direct:
+            hp.copy_out_direct(args[0], args[1], args[2], raw(args[2], args[3]) if args[3] > 0 else memoryview(b""))
+        assert str(staged.value) == str(direct.value)
     hp.unregister_host(base, 1)
-    with pytest.raises(InvalidArgument, match="unregistered"):
-        hp.address_staged(h, 0, base, 64)
+    with pytest.raises(InvalidArgument, match="copy_in: .*unregistered"):
+        hp.address_staged(h, 0, base, 64, True)
     assert hp.counters["copies_address"] == before + 2                  # the refusals counted nothing
     hp.free_pinned(pinned)
     hp.free(h)

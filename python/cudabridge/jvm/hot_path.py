@@ -471,15 +471,16 @@ class JavaHotPath:
         finally:
             lease.inside.remove(get_ident())
 
-    def address_staged(self, hid: int, offset: int, address: int, nbytes: int) -> bool:
+    def address_staged(self, hid: int, offset: int, address: int, nbytes: int, to_device: bool) -> bool:
         """Whether the JNI side copies [address, address + nbytes) (memory by address, or a direct
         ByteBuffer's) to or from buffer ``hid`` through its pinned staging ring rather than
         through :meth:`copy_in_address` / :meth:`copy_in_direct` and their out twins: true for
         memory that is not page-locked (the driver would stage it with one thread and no overlap). Refuses first what those would refuse: a dead handle,
         a range outside the buffer, a range the buffer's task unregistered. Only asked on a GPU."""
-        a, lease = self._enter_buffer(hid, "copy_address", offset, nbytes)
+        call = "copy_in" if to_device else "copy_out"   # the copy's own words for a refusal
+        a, lease = self._enter_buffer(hid, call, offset, nbytes)
         try:
-            self._check_address("copy_address", address, nbytes, a.owner)
+            self._check_address(call, address, nbytes, a.owner)
         finally:
             lease.inside.remove(get_ident())
         if self._locked_region(address, nbytes) is not None:
