@@ -68,8 +68,8 @@ static atomic_long g_states_created, g_states_deleted;
 /* Cached bound methods of the JavaHotPath, and helpers; owned references, never released. */
 static PyObject *m_stream, *m_allocate, *m_free, *m_free_many, *m_copy_in, *m_copy_out,
     *m_copy_in_direct, *m_copy_out_direct, *m_copy_device, *m_memset, *m_sync, *m_alloc_pinned,
-    *m_free_pinned, *m_address_staged, *m_alloc_staging, *m_free_staging, *m_ping, *m_thread_exit, *m_bind, *m_release, *m_release_many, *m_launch, *m_copy_in_address,
-    *m_copy_out_address, *f_error_info;
+    *m_free_pinned, *m_address_staged, *m_alloc_staging, *m_free_staging, *m_ping, *m_thread_exit, *m_bind,
+    *m_release, *m_release_many, *m_launch, *m_copy_in_address, *m_copy_out_address, *f_error_info;
 /* The C twin's entry points (JavaHotPath.native_api), or NULL: launches then call m_launch. The
  * capsule is kept (never released) so the HotCore it holds outlives every call. */
 static const cb_native_api *g_api;
@@ -827,8 +827,10 @@ static char *run_bootstrap(JNIEnv *env, jobjectArray pythonpath, const char *lib
              cache_method(hot, "copy_out_direct", &m_copy_out_direct) ||
              cache_method(hot, "copy_device", &m_copy_device) || cache_method(hot, "memset", &m_memset) ||
              cache_method(hot, "synchronize", &m_sync) || cache_method(hot, "alloc_pinned", &m_alloc_pinned) ||
-             cache_method(hot, "free_pinned", &m_free_pinned) || cache_method(hot, "address_staged", &m_address_staged) ||
-             cache_method(hot, "alloc_staging", &m_alloc_staging) || cache_method(hot, "free_staging", &m_free_staging) || cache_method(hot, "ping", &m_ping) ||
+             cache_method(hot, "free_pinned", &m_free_pinned) ||
+             cache_method(hot, "address_staged", &m_address_staged) ||
+             cache_method(hot, "alloc_staging", &m_alloc_staging) ||
+             cache_method(hot, "free_staging", &m_free_staging) || cache_method(hot, "ping", &m_ping) ||
              cache_method(hot, "thread_exit", &m_thread_exit) || cache_method(hot, "launch", &m_launch) ||
              cache_method(hot, "copy_in_address", &m_copy_in_address) ||
              cache_method(hot, "copy_out_address", &m_copy_out_address);
@@ -1475,9 +1477,10 @@ static void call_with_view(PyObject *fn, jlong handle, jlong devOffset, char *me
 }
 
 /* static native void copyIn(long handle, long devOffset, Object array, long byteOffset, long nbytes, int elemSize) */
-/* A heap-array copy through this thread's pinned staging ring (staging_ring.h), on a GPU: the
- * buffer's task lease entered with the GIL held (one Python call), the chunks and DMAs run
- * without it, the lease left (and any driver error raised) with it again. Not gated: it waits. */
+/* A copy of a heap array or of pageable memory (host) through this thread's pinned staging ring
+ * (staging_ring.h), on a GPU: the buffer's task lease entered with the GIL held (one Python call;
+ * a second, alloc_staging, when the thread needs a new ring), the chunks and DMAs run without it,
+ * the lease left (and any driver error raised) with it again. Not gated: it waits. */
 static void staged_copy(JNIEnv *env, jlong handle, jlong devOffset, cb_host_side *host, jlong byteOffset,
                         jlong nbytes, int to_device) {
     const cb_driver *d = g_api->driver;
@@ -1656,7 +1659,6 @@ static char *direct_range(JNIEnv *env, jobject buf, jlong bufOffset, jlong nbyte
     }
     return addr + bufOffset;
 }
-
 
 /* A copy between a buffer and host memory Java owns outside the heap (a direct ByteBuffer's, or
  * an address). On a GPU, pageable memory goes through the thread's staging ring (the driver's own
