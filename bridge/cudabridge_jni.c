@@ -68,7 +68,7 @@ static atomic_long g_states_created, g_states_deleted;
 /* Cached bound methods of the JavaHotPath, and helpers; owned references, never released. */
 static PyObject *m_stream, *m_allocate, *m_free, *m_free_many, *m_copy_in, *m_copy_out,
     *m_copy_in_direct, *m_copy_out_direct, *m_copy_device, *m_memset, *m_sync, *m_alloc_pinned,
-    *m_free_pinned, *m_address_staged, *m_alloc_staging, *m_free_staging, *m_ping, *m_thread_exit, *m_bind,
+    *m_free_pinned, *m_address_staged, *m_direct_staged, *m_alloc_staging, *m_free_staging, *m_ping, *m_thread_exit, *m_bind,
     *m_release, *m_release_many, *m_launch, *m_copy_in_address, *m_copy_out_address, *f_error_info;
 /* The C twin's entry points (JavaHotPath.native_api), or NULL: launches then call m_launch. The
  * capsule is kept (never released) so the HotCore it holds outlives every call. */
@@ -829,6 +829,7 @@ static char *run_bootstrap(JNIEnv *env, jobjectArray pythonpath, const char *lib
              cache_method(hot, "synchronize", &m_sync) || cache_method(hot, "alloc_pinned", &m_alloc_pinned) ||
              cache_method(hot, "free_pinned", &m_free_pinned) ||
              cache_method(hot, "address_staged", &m_address_staged) ||
+             cache_method(hot, "direct_staged", &m_direct_staged) ||
              cache_method(hot, "alloc_staging", &m_alloc_staging) ||
              cache_method(hot, "free_staging", &m_free_staging) || cache_method(hot, "ping", &m_ping) ||
              cache_method(hot, "thread_exit", &m_thread_exit) || cache_method(hot, "launch", &m_launch) ||
@@ -1490,7 +1491,8 @@ static void staged_copy(JNIEnv *env, jlong handle, jlong devOffset, cb_host_side
     captured_error err = {0};
     if (gil_enter(env, &g) != 0) return;
     cb_copy_lease lease = {0};
-    int entered = g_api->enter_copy(g_api->core, handle, devOffset, nbytes, to_device, &lease) == 0;
+    int entered = g_api->enter_copy(g_api->core, handle, devOffset, nbytes, to_device, host->array != NULL,
+                                    &lease) == 0;
     cb_ring *r = NULL;
     long long base = 0;   /* a new ring's block of the pinned pool, taken here, with the GIL */
     if (!entered) {
@@ -1663,7 +1665,7 @@ static char *direct_range(JNIEnv *env, jobject buf, jlong bufOffset, jlong nbyte
 /* A copy between a buffer and host memory Java owns outside the heap (a direct ByteBuffer's, or
  * an address). On a GPU, pageable memory goes through the thread's staging ring (the driver's own
  * pageable copy is one thread's memcpy with no overlap) and page-locked memory to the hot path's
- * fn (asynchronous); the hot path's address_staged decides, and refuses first what the copy
+ * fn (asynchronous); the hot path's address_staged (direct_staged) decides, counts it, and refuses first what the copy
  * would (a bad handle or range, a range this task unregistered). Elsewhere fn copies it. */
 static void host_memory_copy(JNIEnv *env, PyObject *fn, jlong handle, jlong devOffset, char *mem, jlong nbytes,
                              int to_device) {
@@ -1674,7 +1676,8 @@ static void host_memory_copy(JNIEnv *env, PyObject *fn, jlong handle, jlong devO
                           PyLong_FromLongLong((long long)(intptr_t)mem), PyLong_FromLongLong(nbytes),
                           PyBool_FromLong(to_device)};
         PyObject *r = NULL;
-        if (a[0] && a[1] && a[2] && a[3] && a[4]) r = PyObject_Vectorcall(m_address_staged, a, 5, NULL);
+        PyObject *decide = fn == m_copy_in_direct || fn == m_copy_out_direct ? m_direct_staged : m_address_staged;
+        if (a[0] && a[1] && a[2] && a[3] && a[4]) r = PyObject_Vectorcall(decide, a, 5, NULL);
         for (int i = 0; i < 5; i++) Py_XDECREF(a[i]);
         if (r == NULL) capture_python_error(&err);
         else {

@@ -121,8 +121,9 @@ def test_a_range_a_task_unregistered_is_refused_to_that_task_until_its_release(h
 
 
 def test_address_staged_says_which_copies_the_jni_side_stages_and_refuses_what_the_copies_refuse(hot):
-    """On a GPU the JNI side asks address_staged first: pageable memory goes through its pinned
-    staging ring, page-locked memory through copy_in_address / copy_out_address."""
+    """On a GPU the JNI side asks address_staged (direct_staged for a direct ByteBuffer) first:
+    pageable memory goes through its pinned staging ring, counted there under the copy's own kind,
+    page-locked memory through copy_in_address / copy_in_direct and their out twins."""
     hp, service = hot
     service.bind_task(1)
     h, _ = hp.allocate(1, 4096)
@@ -136,6 +137,10 @@ def test_address_staged_says_which_copies_the_jni_side_stages_and_refuses_what_t
     assert hp.address_staged(h, 0, base, 4096, False) is False                # registered
     assert hp.address_staged(h, 0, pinned + 8, 64, True) is False            # inside a pinned buffer
     assert hp.address_staged(h, 0, base + 4000, 200, False) is True           # runs past the region: pageable
+    direct_before = hp.counters["copies_direct"]
+    assert hp.direct_staged(h, 0, base + 4096, 64, True) is True              # a direct buffer's: its own counter
+    assert hp.direct_staged(h, 0, base, 64, True) is False
+    assert hp.counters["copies_direct"] == direct_before + 1
     for args, error in [((h, 4000, base, 200), "outside the buffer"), ((h + 99, 0, base, 16), "handle"),
                         ((h, -1, base, 16), "outside the buffer")]:
         with pytest.raises(InvalidArgument, match=error):
@@ -149,6 +154,7 @@ def test_address_staged_says_which_copies_the_jni_side_stages_and_refuses_what_t
     with pytest.raises(InvalidArgument, match="copy_in: .*unregistered"):
         hp.address_staged(h, 0, base, 64, True)
     assert hp.counters["copies_address"] == before + 2                  # the refusals counted nothing
+    assert hp.counters["copies_direct"] == direct_before + 1
     hp.free_pinned(pinned)
     hp.free(h)
     service.release_task(1)

@@ -988,7 +988,7 @@ static PyObject *hc_synchronize(HotCore *self, PyObject *const *args, size_t nar
  * _enter_buffer: one Python call per copy, none per chunk), and the service's words for a driver
  * error. */
 
-static int enter_copy(void *core, long long handle, long long offset, long long nbytes, int to_device,
+static int enter_copy(void *core, long long handle, long long offset, long long nbytes, int to_device, int heap,
                       cb_copy_lease *out) {
     HotCore *self = (HotCore *)core;
     if (self->refuse_unusable != NULL) {
@@ -1031,8 +1031,8 @@ static int enter_copy(void *core, long long handle, long long offset, long long 
     out->address = (unsigned long long)ptr + (unsigned long long)offset;
     out->stream = (cb_CUstream)(uintptr_t)(unsigned long long)stream;
     out->context = self->contexts[gpu];
-    if (to_device) self->copies_in++;
-    else self->copies_out++;
+    if (heap && to_device) self->copies_in++;
+    else if (heap) self->copies_out++;
     Py_DECREF(r);
     return 0;
 }

@@ -472,11 +472,21 @@ class JavaHotPath:
             lease.inside.remove(get_ident())
 
     def address_staged(self, hid: int, offset: int, address: int, nbytes: int, to_device: bool) -> bool:
-        """Whether the JNI side copies [address, address + nbytes) (memory by address, or a direct
-        ByteBuffer's) to or from buffer ``hid`` through its pinned staging ring rather than
-        through :meth:`copy_in_address` / :meth:`copy_in_direct` and their out twins: true for
-        memory that is not page-locked (the driver would stage it with one thread and no overlap). Refuses first what those would refuse: a dead handle,
-        a range outside the buffer, a range the buffer's task unregistered. Only asked on a GPU."""
+        """Whether the JNI side copies [address, address + nbytes) (memory by address) to or from
+        buffer ``hid`` through its pinned staging ring rather than through
+        :meth:`copy_in_address` / :meth:`copy_out_address`: true for memory that is not
+        page-locked (the driver would stage it with one thread and no overlap). A staged copy is
+        counted here (``copies_address``), as those count theirs. Refuses first, in the copy's own
+        words, what those would refuse: a dead handle, a range outside the buffer, a range the
+        buffer's task unregistered. Only asked on a GPU."""
+        return self._staged("copies_address", hid, offset, address, nbytes, to_device)
+
+    def direct_staged(self, hid: int, offset: int, address: int, nbytes: int, to_device: bool) -> bool:
+        """:meth:`address_staged` for a direct ByteBuffer's memory (counted as ``copies_direct``,
+        against :meth:`copy_in_direct` / :meth:`copy_out_direct`)."""
+        return self._staged("copies_direct", hid, offset, address, nbytes, to_device)
+
+    def _staged(self, counter: str, hid: int, offset: int, address: int, nbytes: int, to_device: bool) -> bool:
         call = "copy_in" if to_device else "copy_out"   # the copy's own words for a refusal
         a, lease = self._enter_buffer(hid, call, offset, nbytes)
         try:
@@ -485,7 +495,7 @@ class JavaHotPath:
             lease.inside.remove(get_ident())
         if self._locked_region(address, nbytes) is not None:
             return False   # page-locked: asynchronous from the hot path
-        self._counts["copies_address"] += 1
+        self._counts[counter] += 1
         return True
 
     def _locked_region(self, address: int, nbytes: int) -> tuple[int, Any] | None:

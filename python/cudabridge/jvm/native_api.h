@@ -12,7 +12,7 @@
 #define CB_NATIVE_API_H
 
 #define CB_NATIVE_API_CAPSULE "cudabridge.jvm._hotcore.native_api"
-#define CB_NATIVE_API_VERSION 3
+#define CB_NATIVE_API_VERSION 4
 #define CB_LAUNCH_MAX_ARGS 512
 #define CB_STAGING_MAX_SLOTS 16  /* slots in one thread's staging ring */   /* a kernel's parameters take at most 4 KiB: 512 of 8 bytes */
 
@@ -42,8 +42,9 @@ typedef struct {
     long long staging_slot_bytes;
     int staging_copy_threads;    /* threads a large chunk's host copy is split over (1: the caller's alone) */
     /* The buffer behind handle, live, with [offset, offset + nbytes) inside it, its task's lease
-     * entered (JavaHotPath._enter_buffer); to_device says the direction (counted). */
-    int (*enter_copy)(void *core, long long handle, long long offset, long long nbytes, int to_device,
+     * entered (JavaHotPath._enter_buffer); to_device says the direction; heap: a heap-array copy,
+     * counted here as copies_in / copies_out (address_staged counts the others). */
+    int (*enter_copy)(void *core, long long handle, long long offset, long long nbytes, int to_device, int heap,
                       cb_copy_lease *out);
     void (*leave_copy)(void *core, cb_copy_lease *lease);
     /* Raises the service's error for a driver call's failure (a sticky one marks the GPU
