@@ -102,7 +102,12 @@ public final class CopyBench {
                     ns[8][s] = median(b, () -> d.copyFrom(db, 0), reps);
                     ns[9][s] = median(b, () -> d.copyTo(db, 0), reps);
                     // allocatePinned + close from the pool (no copy ran, so the block is free again at once)
-                    ns[10][s] = median(b, () -> b.allocatePinned(n).close(), reps, false);
+                    // a few microseconds each: warmed up and sampled 10x more than the copies, so that
+                    // the JIT and caches are warm and the median is steady
+                    for (int w = 0; w < 10 * reps; w++) {
+                        b.allocatePinned(n).close();
+                    }
+                    ns[10][s] = median(b, () -> b.allocatePinned(n).close(), 10 * reps, false);
                 }
                 for (int m = 0; m < modes.length; m++) {
                     row.append(m > 0 ? ", " : "").append('"').append(modes[m]).append("\": {");
