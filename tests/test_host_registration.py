@@ -136,7 +136,10 @@ def test_address_staged_says_which_copies_the_jni_side_stages_and_refuses_what_t
     assert hp.counters["copies_address"] == before + 1
     assert hp.address_staged(h, 0, base, 4096, False) is False                # registered
     assert hp.address_staged(h, 0, pinned + 8, 64, True) is False            # inside a pinned buffer
-    assert hp.address_staged(h, 0, base + 4000, 200, False) is True           # runs past the region: pageable
+    with pytest.raises(InvalidArgument, match="runs past the page-locked"):   # half in the region
+        hp.address_staged(h, 0, base + 4000, 200, False)
+    with pytest.raises(InvalidArgument, match="runs past the page-locked"):   # from before it into it
+        hp.address_staged(h, 0, base - 8, 16, True)
     direct_before = hp.counters["copies_direct"]
     assert hp.direct_staged(h, 0, base + 4096, 64, True) is True              # a direct buffer's: its own counter
     assert hp.direct_staged(h, 0, base, 64, True) is False
@@ -153,7 +156,7 @@ def test_address_staged_says_which_copies_the_jni_side_stages_and_refuses_what_t
     hp.unregister_host(base, 1)
     with pytest.raises(InvalidArgument, match="copy_in: .*unregistered"):
         hp.address_staged(h, 0, base, 64, True)
-    assert hp.counters["copies_address"] == before + 2                  # the refusals counted nothing
+    assert hp.counters["copies_address"] == before + 1                  # the refusals counted nothing
     assert hp.counters["copies_direct"] == direct_before + 1
     hp.free_pinned(pinned)
     hp.free(h)

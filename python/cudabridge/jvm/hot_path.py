@@ -509,8 +509,22 @@ class JavaHotPath:
         return (bases[i], buf) if buf is not None and address + nbytes <= bases[i] + len(buf) else None
 
     def _check_address(self, call: str, address: int, nbytes: int, task: int) -> None:
-        """A copy by ``task`` into a range it (or no task) unregistered is refused: its memory may
-        be freed."""
+        """Refused: a range that runs past (or into) a registered region or pinned buffer without
+        lying inside it (host memory is either one region's or none's); a copy by ``task`` into a
+        range it (or no task) unregistered (its memory may be freed)."""
+        end = address + nbytes
+        if nbytes > 0 and self._pinned_bases:
+            # regions never overlap: a range that overlaps one without lying inside it overlaps the
+            # last region starting before the range's end
+            bases = self._pinned_bases
+            i = bisect.bisect_left(bases, end) - 1
+            buf = self._pinned.get(bases[i]) if i >= 0 else None
+            if buf is not None:
+                base, size = bases[i], len(buf)
+                if address < base + size and not (base <= address and end <= base + size):
+                    raise InvalidArgument(f"{call}: [{address:#x}, +{nbytes}) runs past the page-locked "
+                                          f"[{base:#x}, +{size}) (a registered region or a pinned buffer): a "
+                                          f"copy's host range lies inside one region or outside them all")
         if not self._unregistered:
             return
         for base, (size, by) in list(self._unregistered.items()):

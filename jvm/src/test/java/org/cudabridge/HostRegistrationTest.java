@@ -84,6 +84,9 @@ class HostRegistrationTest extends RunningBridge {
             HostRegistration r = bridge.registerHost(mem, 4096);
             CudaBridgeException overlap = assertThrows(CudaBridgeException.class, () -> bridge.registerHost(mem + 8, 16));
             assertTrue(overlap.getMessage().contains("overlaps"), overlap.getMessage());
+            CudaBridgeException past = assertThrows(CudaBridgeException.class,   // half in the region, half past it
+                    () -> buf.copyFromAddress(mem + 4000, 200, 0));
+            assertTrue(past.getMessage().contains("runs past the page-locked"), past.getMessage());
             r.close();
             r.close();                                          // again: a no-op
             CudaBridgeException gone = assertThrows(CudaBridgeException.class, () -> buf.copyFromAddress(mem, 64, 0));
