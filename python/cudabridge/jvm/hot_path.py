@@ -288,22 +288,10 @@ class JavaHotPath:
         """Direct ByteBuffer to device, asynchronous on the buffer's stream when the memory is
         pinned (the Java caller keeps the ByteBuffer alive and unchanged until a synchronize).
         Refused, as a copy by address is, into a range the buffer's task unregistered."""
-        a, lease = self._enter_buffer(hid, "copy_in", offset, len(view))
-        try:
-            self._check_address("copy_in", address, len(view), a.owner)
-            self._counts["copies_direct"] += 1
-            self._backend.copy_to_device_async(a.ptr + offset, self._host(address, view, a.stream), a.stream)
-        finally:
-            lease.inside.remove(get_ident())
+        self._host_memory_copy("copies_direct", True, hid, offset, address, view)
 
     def copy_out_direct(self, hid: int, offset: int, address: int, view: memoryview) -> None:
-        a, lease = self._enter_buffer(hid, "copy_out", offset, len(view))
-        try:
-            self._check_address("copy_out", address, len(view), a.owner)
-            self._counts["copies_direct"] += 1
-            self._backend.copy_from_device_async(self._host(address, view, a.stream), a.ptr + offset, a.stream)
-        finally:
-            lease.inside.remove(get_ident())
+        self._host_memory_copy("copies_direct", False, hid, offset, address, view)
 
     def copy_device(self, dst: int, dst_offset: int, src: int, src_offset: int, nbytes: int) -> None:
         """Device to device, on the destination's stream; when the source lives on another
@@ -452,22 +440,28 @@ class JavaHotPath:
         """Off-heap memory at ``address`` to device: asynchronous on the buffer's stream from a
         registered region (keep the memory unchanged until a synchronize), staged by the driver
         before returning from pageable memory."""
-        a, lease = self._enter_buffer(hid, "copy_in", offset, len(view))
-        try:
-            self._check_address("copy_in", address, len(view), a.owner)
-            self._counts["copies_address"] += 1
-            self._backend.copy_to_device_async(a.ptr + offset, self._host(address, view, a.stream), a.stream)
-        finally:
-            lease.inside.remove(get_ident())
+        self._host_memory_copy("copies_address", True, hid, offset, address, view)
 
     def copy_out_address(self, hid: int, offset: int, address: int, view: memoryview) -> None:
         """Device to off-heap memory at ``address``: asynchronous into a registered region (read it
         after a synchronize), complete on return into pageable memory."""
-        a, lease = self._enter_buffer(hid, "copy_out", offset, len(view))
+        self._host_memory_copy("copies_address", False, hid, offset, address, view)
+
+    def _host_memory_copy(self, counter: str, to_device: bool, hid: int, offset: int, address: int,
+                          view: memoryview) -> None:
+        """One copy between buffer ``hid`` and host memory Java owns outside the heap (a direct
+        ByteBuffer's, or by address) over ``view``: refused as :meth:`_check_address` says,
+        counted as ``counter``, queued on the buffer's stream inside its task's lease."""
+        call = "copy_in" if to_device else "copy_out"
+        a, lease = self._enter_buffer(hid, call, offset, len(view))
         try:
-            self._check_address("copy_out", address, len(view), a.owner)
-            self._counts["copies_address"] += 1
-            self._backend.copy_from_device_async(self._host(address, view, a.stream), a.ptr + offset, a.stream)
+            region = self._check_address(call, address, len(view), a.owner)
+            self._counts[counter] += 1
+            host = self._host(address, view, a.stream, region)
+            if to_device:
+                self._backend.copy_to_device_async(a.ptr + offset, host, a.stream)
+            else:
+                self._backend.copy_from_device_async(host, a.ptr + offset, a.stream)
         finally:
             lease.inside.remove(get_ident())
 
@@ -490,60 +484,52 @@ class JavaHotPath:
         call = "copy_in" if to_device else "copy_out"   # the copy's own words for a refusal
         a, lease = self._enter_buffer(hid, call, offset, nbytes)
         try:
-            self._check_address(call, address, nbytes, a.owner)
+            region = self._check_address(call, address, nbytes, a.owner)
         finally:
             lease.inside.remove(get_ident())
-        if self._locked_region(address, nbytes) is not None:
+        if region is not None:
             return False   # page-locked: asynchronous from the hot path
         self._counts[counter] += 1
         return True
 
-    def _locked_region(self, address: int, nbytes: int) -> tuple[int, Any] | None:
+    def _check_address(self, call: str, address: int, nbytes: int, task: int) -> tuple[int, Any] | None:
         """(start, memory) of the pinned buffer or registered region [address, address + nbytes)
-        lies in, or None (pageable memory)."""
-        bases = self._pinned_bases
-        i = bisect.bisect_right(bases, address) - 1
-        if i < 0:
-            return None
-        buf = self._pinned.get(bases[i])
-        return (bases[i], buf) if buf is not None and address + nbytes <= bases[i] + len(buf) else None
-
-    def _check_address(self, call: str, address: int, nbytes: int, task: int) -> None:
-        """Refused: a range that runs past (or into) a registered region or pinned buffer without
-        lying inside it (host memory is either one region's or none's); a copy by ``task`` into a
-        range it (or no task) unregistered (its memory may be freed)."""
+        lies in, or None (pageable memory). Refused: a range that runs past (or into) such a region
+        without lying inside it (host memory is either one region's or none's); a copy by
+        ``task`` into a range it (or no task) unregistered (its memory may be freed)."""
         end = address + nbytes
-        if nbytes > 0 and self._pinned_bases:
-            # regions never overlap: a range that overlaps one without lying inside it overlaps the
-            # last region starting before the range's end
-            bases = self._pinned_bases
-            i = bisect.bisect_left(bases, end) - 1
-            buf = self._pinned.get(bases[i]) if i >= 0 else None
-            if buf is not None:
-                base, size = bases[i], len(buf)
-                if address < base + size and not (base <= address and end <= base + size):
-                    raise InvalidArgument(f"{call}: [{address:#x}, +{nbytes}) runs past the page-locked "
-                                          f"[{base:#x}, +{size}) (a registered region or a pinned buffer): a "
-                                          f"copy's host range lies inside one region or outside them all")
+        region = None
+        # regions never overlap: the one a range lies in, or one it overlaps without lying inside
+        # it, is the last region starting before the range's end (its first byte, when empty)
+        bases = self._pinned_bases
+        i = bisect.bisect_left(bases, address + max(nbytes, 1)) - 1
+        buf = self._pinned.get(bases[i]) if i >= 0 else None
+        if buf is not None:
+            base, size = bases[i], len(buf)
+            if base <= address and end <= base + size:
+                region = base, buf
+            elif nbytes > 0 and address < base + size:
+                raise InvalidArgument(f"{call}: [{address:#x}, +{nbytes}) runs past the page-locked "
+                                      f"[{base:#x}, +{size}) (a registered region or a pinned buffer): a "
+                                      f"copy's host range lies inside one region or outside them all")
         if not self._unregistered:
-            return
+            return region
         for base, (size, by) in list(self._unregistered.items()):
             if address < base + size and base < address + max(nbytes, 1) and by in (0, task):
                 raise InvalidArgument(f"{call}: [{address:#x}, +{nbytes}) is in [{base:#x}, +{size}), unregistered "
                                       f"(unregister_host) by {'task ' + str(by) if by else 'the executor'}: its "
                                       f"memory may have been freed (register it again if it is a new allocation)")
+        return region
 
-    def _host(self, address: int, view: memoryview, stream: int | None = None) -> Any:
-        """The pinned buffer behind ``address`` (sliced to the view's size) when there is one,
-        else the view itself (pageable: the backend's copy is then synchronous, as CUDA's is)."""
-        if not self._pinned:
-            return view
-        region = self._locked_region(address, len(view))
+    def _host(self, address: int, view: memoryview, stream: int, region: tuple[int, Any] | None) -> Any:
+        """The pinned buffer behind ``address`` (``region``, from :meth:`_check_address`; sliced to
+        the view's size) when there is one, else the view itself (pageable: the backend's copy is
+        then synchronous, as CUDA's is)."""
         if region is None:
             return view
         base, buf = region
         block = self._pinned_blocks.get(base)
-        if block is not None and stream is not None:
+        if block is not None:
             block.streams.add(stream)   # its reuse waits for this stream (PinnedHostPool.free)
         off = address - base
         return memoryview(buf).cast("B")[off:off + len(view)]
