@@ -119,23 +119,24 @@ class PinnedHostPool:
         try:
             own = self._backend.alloc_pinned(nbytes)
             kind = HOST_ALLOC
-            with self._lock:
-                self.fallbacks_host_alloc += 1
-                first = self.fallbacks_host_alloc == 1
-            if first:
+            if self._counted("fallbacks_host_alloc"):
                 log.info("pinned pool (%d bytes) could not serve %d bytes: cudaHostAlloc serves it (counted as "
                          "pinned_fallbacks_host_alloc; a larger spark.cudabridge.pinnedPool avoids it)",
                          self.capacity, nbytes)
         except CudaError as exc:
             own = (ctypes.c_char * nbytes)()
             kind = PAGEABLE
-            with self._lock:
-                self.fallbacks_pageable += 1
-                first = self.fallbacks_pageable == 1
-            if first:
+            if self._counted("fallbacks_pageable"):
                 log.warning("pinned memory for %d bytes failed (%s): pageable memory serves it (copies from it "
                             "are staged, not asynchronous; counted as pinned_fallbacks_pageable)", nbytes, exc)
         return PinnedBlock(ctypes.addressof(own), nbytes, kind, memoryview(own).cast("B"), own=own)
+
+    def _counted(self, counter: str) -> bool:
+        """Counts one more fallback of a kind; True for the first (logged once)."""
+        with self._lock:
+            n = getattr(self, counter) + 1
+            setattr(self, counter, n)
+        return n == 1
 
     # giving back -----------------------------------------------------------------------------
     def free(self, block: PinnedBlock) -> None:
