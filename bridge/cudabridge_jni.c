@@ -342,14 +342,46 @@ static inline void gil_exit(gil_section *g) {
     }
 }
 
+/* A staging ring's block back to the pinned pool (alloc_staging's free_staging; GIL held). Best
+ * effort: it runs where no one can be told (a thread's end), or after a failure the caller reports. */
+static void give_staging(long long base) {
+    PyObject *a = PyLong_FromLongLong(base);
+    PyObject *res = a != NULL && m_free_staging != NULL ? PyObject_Vectorcall(m_free_staging, &a, 1, NULL) : NULL;
+    if (res == NULL) PyErr_Clear();
+    Py_XDECREF(res);
+    Py_XDECREF(a);
+}
+
+/* ring_retire (staging_ring.h) on any thread, without the GIL: r's context current for it, the
+ * thread's own put back after. Its block, or 0 when it is dropped (a driver call failed). */
+static long long retire_ring(const cb_driver *d, cb_ring *r) {
+    cb_CUcontext prev = NULL, ctx = r->context;
+    int rc = d->cuCtxGetCurrent(&prev);
+    if (rc == CB_CUDA_SUCCESS && prev != ctx) rc = d->cuCtxSetCurrent(ctx);
+    if (rc != CB_CUDA_SUCCESS) return 0;
+    const char *call = NULL;
+    char *base = ring_retire(d, r, &rc, &call);
+    if (prev != NULL && prev != ctx) d->cuCtxSetCurrent(prev);
+    return (long long)(intptr_t)base;
+}
+
 /* Runs when a thread that used the bridge ends (after the JVM has detached it). */
 static void slot_destructor(void *arg) {
     thread_slot *slot = (thread_slot *)arg;
     if (slot == NULL) return;
+    /* its staging ring: the slots' last DMAs waited for (no GIL), the block back to the pool */
+    long long ring_base = slot->ring != NULL && g_api != NULL ? retire_ring(g_api->driver, slot->ring) : 0;
+    slot->ring = NULL;
     PyThreadState *ts = slot->ts;
+    if (ts == NULL && ring_base != 0 && Py_IsInitialized()) {   /* a thread that borrowed another's state */
+        PyGILState_STATE gs = PyGILState_Ensure();
+        give_staging(ring_base);
+        PyGILState_Release(gs);
+    }
     if (ts != NULL) {
         slot->ts = NULL;
         PyEval_RestoreThread(ts);
+        if (ring_base != 0) give_staging(ring_base);
         if (m_thread_exit != NULL) {
             PyObject *ident = PyLong_FromUnsignedLong(PyThread_get_thread_ident());
             PyObject *r = ident ? PyObject_CallOneArg(m_thread_exit, ident) : NULL;
@@ -364,9 +396,15 @@ static void slot_destructor(void *arg) {
     free(slot->stage);
     slot->stage = NULL;
     slot->stage_cap = 0;
-    ring_give(slot->ring);   /* for the next thread that copies: pinned memory stays bounded */
-    slot->ring = NULL;
     slot->keyed = 0;
+}
+
+/* Makes sure the slot's destructor runs when this thread ends (best effort: without the key, what
+ * the slot holds outlives the thread). */
+static void keep_slot(void) {
+    if (!t_slot.keyed && pthread_once(&g_key_once, make_key) == 0 && g_key_error == 0 &&
+        pthread_setspecific(g_slot_key, &t_slot) == 0)
+        t_slot.keyed = 1;
 }
 
 static char *stage_buffer(size_t n) {
@@ -379,9 +417,7 @@ static char *stage_buffer(size_t n) {
     free(t_slot.stage);
     t_slot.stage = p;
     t_slot.stage_cap = cap;
-    if (!t_slot.keyed && pthread_once(&g_key_once, make_key) == 0 && g_key_error == 0 &&
-        pthread_setspecific(g_slot_key, &t_slot) == 0)
-        t_slot.keyed = 1; /* so the buffer is freed with the thread even without a Python state */
+    keep_slot();   /* so the buffer is freed with the thread even without a Python state */
     return p;
 }
 
@@ -1493,17 +1529,17 @@ static void staged_copy(JNIEnv *env, jlong handle, jlong devOffset, cb_host_side
     cb_copy_lease lease = {0};
     int entered = g_api->enter_copy(g_api->core, handle, devOffset, nbytes, to_device, host->array != NULL,
                                     &lease) == 0;
-    cb_ring *r = NULL;
+    cb_ring *r = NULL, *old = NULL;
     long long base = 0;   /* a new ring's block of the pinned pool, taken here, with the GIL */
+    long long old_base = 0;   /* the retired ring's, given back with the GIL again */
     if (!entered) {
         capture_python_error(&err);
     } else {
         r = t_slot.ring;
         if (r != NULL && (r->context != lease.context || r->n != slots || r->slot_bytes != slot_bytes)) {
-            ring_give(r);   /* another GPU's, or settings of another bridge */
+            old = r;   /* another GPU's, or settings of another bridge: retired below, without the GIL */
             r = t_slot.ring = NULL;
         }
-        if (r == NULL) r = ring_find(lease.context, slots, slot_bytes);
         if (r == NULL) {
             long long pinned = 0;
             PyObject *a = PyLong_FromLongLong((long long)slots * (long long)slot_bytes);
@@ -1518,7 +1554,12 @@ static void staged_copy(JNIEnv *env, jlong handle, jlong devOffset, cb_host_side
         }
     }
     gil_exit(&g);
+    if (old != NULL) old_base = retire_ring(d, old);
     if (!entered) {
+        if (old_base != 0 && gil_enter(env, &g) == 0) {
+            give_staging(old_base);
+            gil_exit(&g);
+        }
         throw_captured(env, &err);
         return;
     }
@@ -1532,6 +1573,7 @@ static void staged_copy(JNIEnv *env, jlong handle, jlong devOffset, cb_host_side
         if (r != NULL) base = 0;   /* the ring's now */
     }
     t_slot.ring = r;
+    if (r != NULL) keep_slot();   /* its destructor gives the ring back when the thread ends */
     if (r != NULL) {
         int threads = g_api->staging_copy_threads;
         rc = to_device ? ring_to_device(d, r, host, byteOffset, nbytes, lease.address, lease.stream, threads, &call)
@@ -1541,13 +1583,8 @@ static void staged_copy(JNIEnv *env, jlong handle, jlong devOffset, cb_host_side
     if (prev != NULL && prev != lease.context) d->cuCtxSetCurrent(prev);
     if (gil_enter(env, &g) != 0) return;   /* cannot happen: this thread has its Python state */
     g_api->leave_copy(g_api->core, &lease);
-    if (base != 0) {   /* no ring was made over it: back to the pool */
-        PyObject *a = PyLong_FromLongLong(base);
-        PyObject *res = a ? PyObject_Vectorcall(m_free_staging, &a, 1, NULL) : NULL;
-        if (res == NULL) PyErr_Clear();   /* best effort: the failure below is what the caller hears */
-        Py_XDECREF(res);
-        Py_XDECREF(a);
-    }
+    if (base != 0) give_staging(base);   /* no ring was made over it */
+    if (old_base != 0) give_staging(old_base);
     if (rc > 0) {
         g_api->driver_failed(g_api->core, call, rc);
         capture_python_error(&err);

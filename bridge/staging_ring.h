@@ -25,11 +25,12 @@
  *  - a ring's slots are one block of the pinned pool (memory/pinned_pool.py, taken through the hot
  *    path's alloc_staging), so staging shows in the pool's statistics and comes out of its
  *    reservation (the pool's fallbacks, counted, apply when it cannot serve it);
- *  - rings outlive threads: a thread that ends gives its ring back to a free list, where the next
- *    thread takes it, so the pinned memory held is bounded by the threads that copy at once, not
- *    by the threads that ever did. A ring whose driver call failed is dropped, never reused, and
- *    its block is never given back (its slots' state is unknown; a failure there is the GPU's
- *    sticky error in practice).
+ *  - a ring is its thread's until the thread ends, or until the thread copies for another GPU (or
+ *    under other ring settings): then ring_retire waits for its slots' last DMAs and destroys their
+ *    events, and the caller gives its block back to the pinned pool (alloc_staging's free_staging),
+ *    so the pinned memory staging holds is bounded by the threads alive that copied. A ring whose
+ *    driver call failed is dropped, never reused, and its block is never given back (its slots'
+ *    state is unknown; a failure there is the GPU's sticky error in practice).
  * The GIL is not held here: the caller holds the copy's lease, which a release waits for.
  */
 #ifndef CB_STAGING_RING_H
@@ -43,11 +44,10 @@
 #include "native_api.h"
 
 typedef struct cb_ring {
-    struct cb_ring *next;                      /* in the free list */
     cb_CUcontext context;
     int n;
     size_t slot_bytes;
-    char *base;                                /* n x slot_bytes of the pinned pool, the ring's for good */
+    char *base;                                /* n x slot_bytes of the pinned pool, the ring's until retired */
     char *host[CB_STAGING_MAX_SLOTS];          /* slot i: base + i x slot_bytes */
     cb_CUevent event[CB_STAGING_MAX_SLOTS];
     int busy[CB_STAGING_MAX_SLOTS];            /* an event after a DMA of this slot is pending */
@@ -56,25 +56,7 @@ typedef struct cb_ring {
                                                   wait for each other's DMA */
 } cb_ring;
 
-static pthread_mutex_t g_rings_lock = PTHREAD_MUTEX_INITIALIZER;
-static cb_ring *g_free_rings;
-static atomic_long g_rings_created, g_staged_chunks;
-
-/* A ring of the free list for context ctx with n slots of slot_bytes, or NULL. No driver call. */
-static cb_ring *ring_find(cb_CUcontext ctx, int n, size_t slot_bytes) {
-    pthread_mutex_lock(&g_rings_lock);
-    for (cb_ring **p = &g_free_rings; *p != NULL; p = &(*p)->next) {
-        cb_ring *r = *p;
-        if (r->context == ctx && r->n == n && r->slot_bytes == slot_bytes) {
-            *p = r->next;
-            pthread_mutex_unlock(&g_rings_lock);
-            r->next = NULL;
-            return r;
-        }
-    }
-    pthread_mutex_unlock(&g_rings_lock);
-    return NULL;
-}
+static atomic_long g_rings_created, g_rings_retired, g_staged_chunks;
 
 /* A new ring for context ctx (current on this thread) over base, n x slot_bytes of pinned memory
  * the caller took from the pinned pool. NULL with *rc and *call set when the driver refuses; base
@@ -105,13 +87,20 @@ static cb_ring *ring_make(const cb_driver *d, cb_CUcontext ctx, int n, size_t sl
     return r;
 }
 
-/* Back to the free list (a thread that ends, or changes context). No driver call: safe at exit. */
-static void ring_give(cb_ring *r) {
-    if (r == NULL) return;
-    pthread_mutex_lock(&g_rings_lock);
-    r->next = g_free_rings;
-    g_free_rings = r;
-    pthread_mutex_unlock(&g_rings_lock);
+/* Ends ring r (its context current on this thread): waits for every slot's last DMA, destroys the
+ * events and frees r. Returns its block, now untouched by any DMA, for the caller to give back to the
+ * pinned pool; NULL when a driver call failed (*rc and *call say which): the block's state is then
+ * unknown and it is dropped with the ring. */
+static char *ring_retire(const cb_driver *d, cb_ring *r, int *rc, const char **call) {
+    char *base = r->base;
+    *rc = CB_CUDA_SUCCESS;
+    for (int i = 0; i < r->n && *rc == CB_CUDA_SUCCESS; i++)
+        if (r->busy[i] && (*rc = d->cuEventSynchronize(r->event[i])) != CB_CUDA_SUCCESS)
+            *call = "cuEventSynchronize(retired staging slot)";
+    for (int i = 0; i < r->n; i++) d->cuEventDestroy(r->event[i]);   /* nothing waits on them now */
+    free(r);
+    atomic_fetch_add(&g_rings_retired, 1);
+    return *rc == CB_CUDA_SUCCESS ? base : NULL;
 }
 
 /* Waits until slot i may be touched (its last DMA done). */

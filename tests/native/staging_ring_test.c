@@ -8,7 +8,9 @@
  *  - chunk order: a copy's DMAs are queued in address order, each right after the previous;
  *  - slot reuse only after its event: a host->device DMA finds its slot as it was when queued
  *    (the model hashes the slot at both moments);
- *  - a failing driver call stops the copy and says which call failed.
+ *  - a failing driver call stops the copy and says which call failed;
+ *  - ring_retire returns the block only once every DMA queued from its slots has run, destroys
+ *    each slot's event, and drops the block when a wait fails.
  * Prints "ok <operations run>". */
 #include <jni.h>
 #include <stdio.h>
@@ -37,7 +39,7 @@ static pthread_cond_t q_cond = PTHREAD_COND_INITIALIZER;
 static op *q_head, *q_tail;
 static long q_enqueued, q_done;
 static long event_seq[MAX_EVENTS + 1];
-static int n_events;
+static int n_events, n_destroyed, fail_sync;
 static char *devmem;
 static long reused_early, ops_run, fail_at = -1, copies_seen;
 static unsigned long long last_end;   /* where the last queued DMA of the current copy ended */
@@ -113,6 +115,7 @@ static cb_CUresult ev_create(cb_CUevent *e, unsigned flags) {
 }
 static cb_CUresult ev_destroy(cb_CUevent e) {
     (void)e;
+    n_destroyed++;
     return 0;
 }
 static cb_CUresult ev_record(cb_CUevent e, cb_CUstream s) {
@@ -123,6 +126,7 @@ static cb_CUresult ev_record(cb_CUevent e, cb_CUstream s) {
     return 0;
 }
 static cb_CUresult ev_sync(cb_CUevent e) {
+    if (fail_sync) return 700;
     pthread_mutex_lock(&q_lock);
     while (q_done < event_seq[(intptr_t)e]) pthread_cond_wait(&q_cond, &q_lock);
     pthread_mutex_unlock(&q_lock);
@@ -222,6 +226,39 @@ int main(void) {
     CHECK(rc == 700 && call != NULL && strstr(call, "cuMemcpyHtoDAsync") != NULL, "a failed DMA: rc %d, call %s", rc,
           call ? call : "(none)");
     CHECK(copies_seen == 3, "the copy went on after its DMA failed (%ld DMA calls)", copies_seen);
+    drain();
+
+    /* retiring a ring: its block comes back only after the DMAs queued from its slots have run */
+    cb_ring *old = make(&d, 4, k4);
+    char *old_base = old->base;
+    last_end = DEV_BASE;
+    fail_at = -1;
+    rc = ring_to_device(&d, old, &in, 0, (jlong)(4 * k4), DEV_BASE, NULL, 1, &call);
+    CHECK(rc == 0, "a copy before retiring: rc %d", rc);
+    pthread_mutex_lock(&q_lock);
+    long queued = q_enqueued, done_before = q_done;
+    pthread_mutex_unlock(&q_lock);
+    CHECK(done_before < queued, "the model ran the DMAs before the retire (make DELAY_US longer)");
+    int destroyed = n_destroyed;
+    char *back_base = ring_retire(&d, old, &rc, &call);
+    pthread_mutex_lock(&q_lock);
+    long done_after = q_done;
+    pthread_mutex_unlock(&q_lock);
+    CHECK(back_base == old_base && rc == 0, "ring_retire gave back %p (rc %d), not its block %p", (void *)back_base, rc,
+          (void *)old_base);
+    CHECK(done_after >= queued, "ring_retire returned with %ld of its DMAs not run", queued - done_after);
+    CHECK(n_destroyed - destroyed == 4, "ring_retire destroyed %d events, not the ring's 4", n_destroyed - destroyed);
+    free(old_base);
+    /* a wait that fails: the block's state is unknown, so it is dropped, and the call is named */
+    cb_ring *bad = make(&d, 2, k4);
+    last_end = DEV_BASE;
+    rc = ring_to_device(&d, bad, &in, 0, (jlong)(2 * k4), DEV_BASE, NULL, 1, &call);
+    fail_sync = 1;
+    call = NULL;
+    char *dropped = ring_retire(&d, bad, &rc, &call);
+    fail_sync = 0;
+    CHECK(dropped == NULL && rc == 700 && call != NULL && strstr(call, "cuEventSynchronize") != NULL,
+          "a failed wait at retire: block %p, rc %d, call %s", (void *)dropped, rc, call ? call : "(none)");
     drain();
     if (failures) return 1;
     printf("ok %ld\n", ops_run);

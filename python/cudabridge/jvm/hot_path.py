@@ -358,9 +358,9 @@ class JavaHotPath:
     def alloc_staging(self, nbytes: int) -> tuple[int, bool]:
         """Pinned memory for a staging ring of the JNI side (bridge/staging_ring.h): a block of
         the pinned pool, like a pinned buffer (in its statistics, under its fallbacks), owned by
-        no task. The ring keeps it for the process's life (rings pass from thread to thread);
-        :meth:`free_staging` gives it back when no ring could be made over it. Returns the
-        address and whether it is page-locked."""
+        no task. The ring keeps it until its thread ends (or copies for another GPU);
+        :meth:`free_staging` gives it back then, its DMAs all waited for, or when no ring could be
+        made over it. Returns the address and whether it is page-locked."""
         block = self.pinned_pool.allocate(nbytes)
         with self._pinned_lock:
             self._staging[block.address] = block
@@ -368,7 +368,7 @@ class JavaHotPath:
 
     @property
     def staging_blocks(self) -> int:
-        """Pinned pool blocks the JNI side's staging rings hold (for the process's life)."""
+        """Pinned pool blocks the JNI side's staging rings hold (one per thread alive that copied)."""
         return len(self._staging)
 
     def free_staging(self, address: int) -> None:
@@ -376,7 +376,7 @@ class JavaHotPath:
             block = self._staging.pop(address, None)
         if block is None:
             raise InvalidArgument(f"free_staging: {address!r} is not a staging block of this bridge")
-        self.pinned_pool.free(block)   # no DMA ever used it: free at once
+        self.pinned_pool.free(block)   # no DMA uses it any more (its ring's were waited for): free at once
 
     def free_pinned(self, address: int) -> None:
         """Back to the pinned pool, reused once the copies queued from or into it have passed."""

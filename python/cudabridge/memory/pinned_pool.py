@@ -204,13 +204,13 @@ class PinnedHostPool:
         """Release the reserved memory (after the service's streams are drained), unless blocks of
         it are still handed out: Java may still write through a ByteBuffer over one, and freed
         memory under it would crash the JVM, so it stays reserved until the process ends.
-        ``kept``: how many of the blocks out the caller holds for the process's life on purpose
-        (the JNI side's staging rings); only others are worth an INFO line."""
+        ``kept``: how many of the blocks out the caller holds on purpose (the JNI side's staging
+        rings, each held until its thread ends); only others are worth an INFO line."""
         with self._lock:
             if self._pool_blocks_out:
                 log.log(logging.INFO if self._pool_blocks_out > kept else logging.DEBUG,
-                        "pinned pool: %d block(s) still held at close (%d of them staging rings, kept for "
-                        "the process's life); its memory stays reserved", self._pool_blocks_out, kept)
+                        "pinned pool: %d block(s) still held at close (%d of them staging rings of threads "
+                        "still alive); its memory stays reserved", self._pool_blocks_out, kept)
                 return
             for _, events in self._pending:
                 for e in events:
