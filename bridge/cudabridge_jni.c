@@ -68,7 +68,7 @@ static atomic_long g_states_created, g_states_deleted;
 /* Cached bound methods of the JavaHotPath, and helpers; owned references, never released. */
 static PyObject *m_stream, *m_allocate, *m_free, *m_free_many, *m_copy_in, *m_copy_out,
     *m_copy_in_direct, *m_copy_out_direct, *m_copy_device, *m_memset, *m_sync, *m_alloc_pinned,
-    *m_free_pinned, *m_address_staged, *m_direct_staged, *m_alloc_staging, *m_free_staging, *m_ping, *m_thread_exit, *m_bind,
+    *m_free_pinned, *m_alloc_staging, *m_free_staging, *m_ping, *m_thread_exit, *m_bind,
     *m_release, *m_release_many, *m_launch, *m_copy_in_address, *m_copy_out_address, *f_error_info;
 /* The C twin's entry points (JavaHotPath.native_api), or NULL: launches then call m_launch. The
  * capsule is kept (never released) so the HotCore it holds outlives every call. */
@@ -864,8 +864,6 @@ static char *run_bootstrap(JNIEnv *env, jobjectArray pythonpath, const char *lib
              cache_method(hot, "copy_device", &m_copy_device) || cache_method(hot, "memset", &m_memset) ||
              cache_method(hot, "synchronize", &m_sync) || cache_method(hot, "alloc_pinned", &m_alloc_pinned) ||
              cache_method(hot, "free_pinned", &m_free_pinned) ||
-             cache_method(hot, "address_staged", &m_address_staged) ||
-             cache_method(hot, "direct_staged", &m_direct_staged) ||
              cache_method(hot, "alloc_staging", &m_alloc_staging) ||
              cache_method(hot, "free_staging", &m_free_staging) || cache_method(hot, "ping", &m_ping) ||
              cache_method(hot, "thread_exit", &m_thread_exit) || cache_method(hot, "launch", &m_launch) ||
@@ -1514,12 +1512,15 @@ static void call_with_view(PyObject *fn, jlong handle, jlong devOffset, char *me
 }
 
 /* static native void copyIn(long handle, long devOffset, Object array, long byteOffset, long nbytes, int elemSize) */
-/* A copy of a heap array or of pageable memory (host) through this thread's pinned staging ring
- * (staging_ring.h), on a GPU: the buffer's task lease entered with the GIL held (one Python call;
- * a second, alloc_staging, when the thread needs a new ring), the chunks and DMAs run without it,
- * the lease left (and any driver error raised) with it again. Not gated: it waits. */
-static void staged_copy(JNIEnv *env, jlong handle, jlong devOffset, cb_host_side *host, jlong byteOffset,
-                        jlong nbytes, int to_device) {
+/* A copy on a GPU, in C (native_api.h's enter_copy says how): the buffer's task lease entered
+ * with the GIL held (no Python frame when the hot path's C twin takes it as it stands). Page-locked
+ * host memory outside the heap is then one asynchronous DMA on the buffer's stream, queued with the
+ * GIL still held, as a launch is; anything else (a heap array, pageable memory) goes through this
+ * thread's pinned staging ring (staging_ring.h): a second Python call, alloc_staging, when the
+ * thread needs a new ring, the chunks and DMAs without the GIL. The lease is left (and any driver
+ * error raised) with the GIL. Not gated: a staged copy waits. */
+static void gpu_copy(JNIEnv *env, jlong handle, jlong devOffset, cb_host_side *host, jlong byteOffset,
+                     jlong nbytes, int to_device, int kind) {
     const cb_driver *d = g_api->driver;
     int slots = g_api->staging_slots;
     size_t slot_bytes = (size_t)g_api->staging_slot_bytes;
@@ -1527,8 +1528,30 @@ static void staged_copy(JNIEnv *env, jlong handle, jlong devOffset, cb_host_side
     captured_error err = {0};
     if (gil_enter(env, &g) != 0) return;
     cb_copy_lease lease = {0};
-    int entered = g_api->enter_copy(g_api->core, handle, devOffset, nbytes, to_device, host->array != NULL,
-                                    &lease) == 0;
+    int entered = g_api->enter_copy(g_api->core, handle, devOffset, nbytes, to_device, kind,
+                                    (unsigned long long)(uintptr_t)host->raw, &lease) == 0;
+    if (entered && lease.pagelocked) {
+        const char *call = NULL;
+        cb_CUcontext prev = NULL;
+        int rc = d->cuCtxGetCurrent(&prev);
+        if (rc != CB_CUDA_SUCCESS) call = "cuCtxGetCurrent";
+        else if (prev != lease.context && (rc = d->cuCtxSetCurrent(lease.context)) != CB_CUDA_SUCCESS) call = "cuCtxSetCurrent";
+        if (rc == CB_CUDA_SUCCESS) {
+            rc = to_device ? d->cuMemcpyHtoDAsync(lease.address, host->raw, (size_t)nbytes, lease.stream)
+                           : d->cuMemcpyDtoHAsync(host->raw, lease.address, (size_t)nbytes, lease.stream);
+            if (rc != CB_CUDA_SUCCESS) call = to_device ? "cuMemcpyHtoDAsync" : "cuMemcpyDtoHAsync";
+            /* a thread with no context keeps this one, as the launch does: the next call costs no switch */
+            if (prev != NULL && prev != lease.context) d->cuCtxSetCurrent(prev);
+        }
+        g_api->leave_copy(g_api->core, &lease);
+        if (rc != CB_CUDA_SUCCESS) {
+            g_api->driver_failed(g_api->core, call, rc);
+            capture_python_error(&err);
+        }
+        gil_exit(&g);
+        if (rc != CB_CUDA_SUCCESS) throw_captured(env, &err);
+        return;
+    }
     cb_ring *r = NULL, *old = NULL;
     long long base = 0;   /* a new ring's block of the pinned pool, taken here, with the GIL */
     long long old_base = 0;   /* the retired ring's, given back with the GIL again */
@@ -1605,7 +1628,7 @@ JNIEXPORT void JNICALL Java_org_cudabridge_NativeBridge_copyIn(JNIEnv *env, jcla
     }
     if (g_api != NULL && g_api->driver != NULL && nbytes > 0) {   /* a GPU: pinned staging, pipelined */
         cb_host_side host = {env, (jarray)array, NULL};
-        staged_copy(env, handle, devOffset, &host, byteOffset, nbytes, 1);
+        gpu_copy(env, handle, devOffset, &host, byteOffset, nbytes, 1, CB_HOST_HEAP);
         return;
     }
     jlong done = 0;
@@ -1647,7 +1670,7 @@ JNIEXPORT void JNICALL Java_org_cudabridge_NativeBridge_copyOut(JNIEnv *env, jcl
     }
     if (g_api != NULL && g_api->driver != NULL && nbytes > 0) {   /* a GPU: pinned staging, pipelined */
         cb_host_side host = {env, (jarray)array, NULL};
-        staged_copy(env, handle, devOffset, &host, byteOffset, nbytes, 0);
+        gpu_copy(env, handle, devOffset, &host, byteOffset, nbytes, 0, CB_HOST_HEAP);
         return;
     }
     jlong done = 0;
@@ -1699,38 +1722,21 @@ static char *direct_range(JNIEnv *env, jobject buf, jlong bufOffset, jlong nbyte
     return addr + bufOffset;
 }
 
-/* A copy between a buffer and host memory Java owns outside the heap (a direct ByteBuffer's, or
- * an address). On a GPU, pageable memory goes through the thread's staging ring (the driver's own
- * pageable copy is one thread's memcpy with no overlap) and page-locked memory to the hot path's
- * fn (asynchronous); the hot path's address_staged (direct_staged) decides, counts it, and refuses first what the copy
- * would (a bad handle or range, a range this task unregistered). Elsewhere fn copies it. */
+/* A copy between a buffer and host memory Java owns outside the heap (a direct ByteBuffer's:
+ * CB_HOST_DIRECT, or an address: CB_HOST_ADDRESS). On a GPU it runs in C (gpu_copy: one DMA from or
+ * into page-locked memory, the staging ring for pageable memory, the driver's own pageable copy
+ * being one thread's memcpy with no overlap); elsewhere fn copies it (the hot path's Python). */
 static void host_memory_copy(JNIEnv *env, PyObject *fn, jlong handle, jlong devOffset, char *mem, jlong nbytes,
-                             int to_device) {
-    HOT_ENTER(, 0)
-    int staged = 0;
-    if (g_api != NULL && g_api->driver != NULL && nbytes > 0) {
-        PyObject *a[5] = {PyLong_FromLongLong(handle), PyLong_FromLongLong(devOffset),
-                          PyLong_FromLongLong((long long)(intptr_t)mem), PyLong_FromLongLong(nbytes),
-                          PyBool_FromLong(to_device)};
-        PyObject *r = NULL;
-        PyObject *decide = fn == m_copy_in_direct || fn == m_copy_out_direct ? m_direct_staged : m_address_staged;
-        if (a[0] && a[1] && a[2] && a[3] && a[4]) r = PyObject_Vectorcall(decide, a, 5, NULL);
-        for (int i = 0; i < 5; i++) Py_XDECREF(a[i]);
-        if (r == NULL) capture_python_error(&err);
-        else {
-            staged = PyObject_IsTrue(r);
-            Py_DECREF(r);
-            if (staged < 0) capture_python_error(&err);
-        }
-    }
-    if (!err.kind && !staged) call_with_view(fn, handle, devOffset, mem, (size_t)nbytes, 1, (jlong)(intptr_t)mem, &err);
-    HOT_LEAVE()
-    if (err.kind || !staged) {
-        throw_captured(env, &err);
+                             int to_device, int kind) {
+    if (atomic_load_explicit(&g_ready, memory_order_acquire) && g_api != NULL && g_api->driver != NULL && nbytes > 0) {
+        cb_host_side host = {env, NULL, mem};
+        gpu_copy(env, handle, devOffset, &host, 0, nbytes, to_device, kind);
         return;
     }
-    cb_host_side host = {env, NULL, mem};
-    staged_copy(env, handle, devOffset, &host, 0, nbytes, to_device);
+    HOT_ENTER(, 0)
+    call_with_view(fn, handle, devOffset, mem, (size_t)nbytes, 1, (jlong)(intptr_t)mem, &err);
+    HOT_LEAVE()
+    if (err.kind) throw_captured(env, &err);
 }
 
 /* Direct ByteBuffers: pinned ones (allocatePinned) asynchronously on the buffer's stream, others
@@ -1739,7 +1745,7 @@ static void direct_copy(JNIEnv *env, PyObject *fn, jlong handle, jlong devOffset
                         jlong nbytes) {
     char *mem = direct_range(env, buf, bufOffset, nbytes);
     if (mem == NULL) return;
-    host_memory_copy(env, fn, handle, devOffset, mem, nbytes, fn == m_copy_in_direct);
+    host_memory_copy(env, fn, handle, devOffset, mem, nbytes, fn == m_copy_in_direct, CB_HOST_DIRECT);
 }
 
 /* static native void copyInAddress(long handle, long devOffset, long address, long nbytes) and
@@ -1752,7 +1758,8 @@ static void address_copy(JNIEnv *env, PyObject *fn, jlong handle, jlong devOffse
                     "cudabridge copy: the host address must not be 0 and the size not negative");
         return;
     }
-    host_memory_copy(env, fn, handle, devOffset, (char *)(intptr_t)address, nbytes, fn == m_copy_in_address);
+    host_memory_copy(env, fn, handle, devOffset, (char *)(intptr_t)address, nbytes, fn == m_copy_in_address,
+                     CB_HOST_ADDRESS);
 }
 
 JNIEXPORT void JNICALL Java_org_cudabridge_NativeBridge_copyInDirect(JNIEnv *env, jclass cls, jlong handle,

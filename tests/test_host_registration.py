@@ -6,6 +6,7 @@ and copies into an unregistered range are refused and change nothing."""
 from __future__ import annotations
 
 import ctypes
+import threading
 
 import pytest
 
@@ -120,44 +121,58 @@ def test_a_range_a_task_unregistered_is_refused_to_that_task_until_its_release(h
         service.release_task(task)
 
 
-def test_address_staged_says_which_copies_the_jni_side_stages_and_refuses_what_the_copies_refuse(hot):
-    """On a GPU the JNI side asks address_staged (direct_staged for a direct ByteBuffer) first:
-    pageable memory goes through its pinned staging ring, counted there under the copy's own kind,
-    page-locked memory through copy_in_address / copy_in_direct and their out twins."""
+def test_enter_host_copy_says_which_copies_are_page_locked_and_refuses_what_the_copies_refuse(hot):
+    """On a GPU the JNI side copies host memory outside the heap in C; what the C twin does not
+    take goes to enter_host_copy, the reference: the buffer's lease entered (the caller leaves it),
+    the copy counted under its own kind, and whether the range is page-locked (one asynchronous
+    DMA; a pinned buffer then waits for the buffer's stream before its reuse) or pageable (the
+    thread's staging ring); refusals in the words of the copy it stands for."""
     hp, service = hot
     service.bind_task(1)
-    h, _ = hp.allocate(1, 4096)
+    h, ptr = hp.allocate(1, 4096)
     mem = (ctypes.c_char * 8192)()
     base = ctypes.addressof(mem)
     pinned, _ = hp.alloc_pinned(4096)
     hp.register_host(base, 4096)
+
+    def enter(*args):
+        a, lease, pagelocked = hp.enter_host_copy(*args)
+        assert threading.get_ident() in lease.inside    # entered: a release waits for the copy
+        lease.inside.remove(threading.get_ident())
+        return a, pagelocked
+
     before = hp.counters["copies_address"]
-    assert hp.address_staged(h, 0, base + 4096, 4096, True) is True          # pageable: staged
+    a, pagelocked = enter(h, 0, base + 4096, 4096, True, False)   # pageable: staged
+    assert (a.ptr, pagelocked) == (ptr, False)
     assert hp.counters["copies_address"] == before + 1
-    assert hp.address_staged(h, 0, base, 4096, False) is False                # registered
-    assert hp.address_staged(h, 0, pinned + 8, 64, True) is False            # inside a pinned buffer
+    assert enter(h, 0, base, 4096, False, False)[1] is True        # registered
+    block = hp._pinned_blocks[pinned]
+    block.streams.clear()
+    assert enter(h, 0, pinned + 8, 64, True, False)[1] is True     # inside a pinned buffer
+    assert block.streams == {a.stream}                             # its reuse waits for the copy's stream
     with pytest.raises(InvalidArgument, match="runs past the page-locked"):   # half in the region
-        hp.address_staged(h, 0, base + 4000, 200, False)
+        enter(h, 0, base + 4000, 200, False, False)
     with pytest.raises(InvalidArgument, match="runs past the page-locked"):   # from before it into it
-        hp.address_staged(h, 0, base - 8, 16, True)
+        enter(h, 0, base - 8, 16, True, False)
     direct_before = hp.counters["copies_direct"]
-    assert hp.direct_staged(h, 0, base + 4096, 64, True) is True              # a direct buffer's: its own counter
-    assert hp.direct_staged(h, 0, base, 64, True) is False
-    assert hp.counters["copies_direct"] == direct_before + 1
+    assert enter(h, 0, base + 4096, 64, True, True)[1] is False    # a direct buffer's: its own counter
+    assert enter(h, 0, base, 64, True, True)[1] is True
+    assert hp.counters["copies_direct"] == direct_before + 2
     for args, error in [((h, 4000, base, 200), "outside the buffer"), ((h + 99, 0, base, 16), "handle"),
                         ((h, -1, base, 16), "outside the buffer")]:
         with pytest.raises(InvalidArgument, match=error):
-            hp.address_staged(*args, True)
-        with pytest.raises(InvalidArgument) as staged:         # the words of the copy it stands for
-            hp.address_staged(*args, False)
+            enter(*args, True, False)
+        with pytest.raises(InvalidArgument) as entered:         # the words of the copy it stands for
+            enter(*args, False, True)
         with pytest.raises(InvalidArgument) as direct:
             hp.copy_out_direct(args[0], args[1], args[2], raw(args[2], args[3]) if args[3] > 0 else memoryview(b""))
-        assert str(staged.value) == str(direct.value)
+        assert str(entered.value) == str(direct.value)
     hp.unregister_host(base, 1)
     with pytest.raises(InvalidArgument, match="copy_in: .*unregistered"):
-        hp.address_staged(h, 0, base, 64, True)
-    assert hp.counters["copies_address"] == before + 1                  # the refusals counted nothing
-    assert hp.counters["copies_direct"] == direct_before + 1
+        enter(h, 0, base, 64, True, False)
+    assert hp.counters["copies_address"] == before + 3                  # the refusals counted nothing
+    assert hp.counters["copies_direct"] == direct_before + 2
+    assert not service.registry.leases.lease_of(1).inside               # and left no lease entered
     hp.free_pinned(pinned)
     hp.free(h)
     service.release_task(1)

@@ -48,7 +48,7 @@
 
 static PyObject *s_stream, *s_gpu, *s_id, *s_ptr, *s_binding, *s_inside, *s_open, *s_task_id, *s_get,
     *s_refusal, *s_insert, *s_pop, *s_refusal_many, *s_free, *s_allocate, *s_free_many, *s_launch, *s_record, *s_synchronize, *s_clear,
-    *s_recent, *s_owner, *s_size, *s_state, *s_limits, *s_max_dynamic_shared;
+    *s_recent, *s_owner, *s_size, *s_state, *s_limits, *s_max_dynamic_shared, *s_streams;
 
 typedef struct {
     PyObject_HEAD
@@ -65,10 +65,15 @@ typedef struct {
     PyObject *launch_failed;            /* launch_failed(kernel id, CUresult) -> the exception to raise */
     PyObject *log_recent, *log_record, *log_clear;  /* the LaunchLog's dict (stream -> names), record, clear */
     PyObject *refuse_unusable;          /* set_unusable: call name -> DeviceUnusable; NULL while usable */
-    PyObject *enter_buffer;             /* enable_copies: JavaHotPath._enter_buffer; NULL: no staged copies */
+    PyObject *enter_buffer;             /* enable_copies: JavaHotPath._enter_buffer; NULL: no C copies */
+    PyObject *enter_host_copy;          /* enable_copies: JavaHotPath.enter_host_copy, the reference */
     PyObject *copy_failed;              /* enable_copies: (call, CUresult) -> the exception to raise */
+    /* enable_copies: the hot path's page-locked regions, as _check_address reads them: sorted
+     * bases (list), base -> memory (dict), base -> pinned block (dict), unregistered base ->
+     * (size, task) (dict) */
+    PyObject *reg_bases, *reg_memory, *reg_blocks, *reg_unregistered;
     int staging_slots, staging_copy_threads;
-    long long staging_slot_bytes, copies_in, copies_out;
+    long long staging_slot_bytes, copies_in, copies_out, copies_direct, copies_address, copies_referred;
     struct native_kernel **kernels;     /* by kernel id (add_kernel); NULL: launched by the reference */
     Py_ssize_t nkernels;
     cb_CUcontext contexts[MAX_GPUS];    /* each GPU's primary context, retained at its first kernel */
@@ -96,7 +101,8 @@ typedef struct native_kernel {
 #define HC_FIELDS(X) X(lease_get); X(lease_refusal); X(h_insert); X(h_pop); X(h_get); X(h_refusal); \
     X(h_refusal_many); X(set_device); X(ref_stream); X(ref_allocate); X(ref_free); X(ref_free_many); \
     X(ref_synchronize); X(ref_launch); X(launch_failed); X(log_recent); X(log_record); X(log_clear); \
-    X(refuse_unusable); X(enter_buffer); X(copy_failed)
+    X(refuse_unusable); X(enter_buffer); X(enter_host_copy); X(copy_failed); X(reg_bases); X(reg_memory); \
+    X(reg_blocks); X(reg_unregistered)
 
 static int hc_traverse(HotCore *self, visitproc visit, void *arg) {
 #define V(f) Py_VISIT(self->f)
@@ -983,32 +989,170 @@ static PyObject *hc_synchronize(HotCore *self, PyObject *const *args, size_t nar
 }
 
 /* copies ----------------------------------------------------------------------------------------
- * What the JNI library's staged copies (bridge/staging_ring.h) need from here: the buffer, its
- * task's lease entered the way every queued operation enters it (the reference's own
- * _enter_buffer: one Python call per copy, none per chunk), and the service's words for a driver
- * error. */
+ * What the JNI library's copies on a GPU need from here (native_api.h): the buffer, its task's
+ * lease entered the way every queued operation enters it, and for host memory outside the heap
+ * whether the range is page-locked (one asynchronous DMA) or pageable (the thread's staging ring,
+ * bridge/staging_ring.h); then the service's words for a driver error. The C path below takes a
+ * copy whose every check passes as it stands, with no Python frame; anything else (a dead handle,
+ * a range outside the buffer or running past a region, a task not open, a range the task
+ * unregistered, an object not as documented) goes whole to the reference, JavaHotPath's
+ * _enter_buffer (heap arrays) or enter_host_copy, which refuses it in its own words or takes it:
+ * both paths give the same outcome for the same input. */
 
-static int enter_copy(void *core, long long handle, long long offset, long long nbytes, int to_device, int heap,
-                      cb_copy_lease *out) {
-    HotCore *self = (HotCore *)core;
-    if (self->refuse_unusable != NULL) {
-        refuse_unusable(self, to_device ? "copy_in" : "copy_out");
+/* The page-locked region [address, address + nbytes) lies in, as JavaHotPath._check_address finds
+ * it: 1 inside the region starting at *base (of *size bytes), 0 pageable, -1 for the reference (a
+ * range that runs past a region or into one, or one `task` (or no task) unregistered, or tables not
+ * as documented). Regions never overlap: the one a range can touch is the last starting before
+ * its end. No Python code runs here: the tables are read as one state, between two of their
+ * writers' steps at worst, as the reference reads them. */
+static int find_region(HotCore *self, unsigned long long address, unsigned long long nbytes, long long task,
+                       unsigned long long *base, unsigned long long *size) {
+    PyObject *bases = self->reg_bases;
+    if (!PyList_CheckExact(bases) || !PyDict_CheckExact(self->reg_memory) || !PyDict_CheckExact(self->reg_unregistered))
         return -1;
+    unsigned long long end = address + nbytes, probe = address + (nbytes > 0 ? nbytes : 1);
+    Py_ssize_t lo = 0, hi = PyList_GET_SIZE(bases);
+    while (lo < hi) {   /* bisect_left(bases, probe) */
+        Py_ssize_t mid = lo + (hi - lo) / 2;
+        unsigned long long v = PyLong_AsUnsignedLongLong(PyList_GET_ITEM(bases, mid));
+        if (v == (unsigned long long)-1 && PyErr_Occurred()) return -1;
+        if (v < probe) lo = mid + 1;
+        else hi = mid;
     }
-    long gpu = (long)((unsigned long long)handle & GPU_MASK);
-    if (retain_context(self, (int)gpu) < 0) return -1;
-    PyObject *a[4] = {PyLong_FromLongLong(handle), PyUnicode_FromString(to_device ? "copy_in" : "copy_out"),
-                      PyLong_FromLongLong(offset), PyLong_FromLongLong(nbytes)};
+    int found = 0;
+    if (lo > 0) {
+        PyObject *key = PyList_GET_ITEM(bases, lo - 1);
+        Py_INCREF(key);
+        unsigned long long b = PyLong_AsUnsignedLongLong(key);
+        PyObject *mem = b == (unsigned long long)-1 && PyErr_Occurred() ? NULL : PyDict_GetItemWithError(self->reg_memory, key);
+        Py_ssize_t n = mem != NULL ? PyObject_Size(mem) : -1;   /* a ctypes array or a memoryview: no frame */
+        Py_DECREF(key);
+        if (PyErr_Occurred()) return -1;
+        if (n >= 0) {   /* else removed meanwhile: pageable, as the reference finds it */
+            if (b <= address && end <= b + (unsigned long long)n) {
+                *base = b;
+                *size = (unsigned long long)n;
+                found = 1;
+            } else if (nbytes > 0 && address < b + (unsigned long long)n) {
+                return -1;   /* runs past the region: the reference refuses it */
+            }
+        }
+    }
+    Py_ssize_t pos = 0;
+    PyObject *k, *v;
+    while (PyDict_Next(self->reg_unregistered, &pos, &k, &v)) {   /* base -> (size, task) */
+        if (!PyTuple_CheckExact(v) || PyTuple_GET_SIZE(v) != 2) return -1;
+        unsigned long long b = PyLong_AsUnsignedLongLong(k);
+        long long sz = PyLong_AsLongLong(PyTuple_GET_ITEM(v, 0));
+        long long by = PyLong_AsLongLong(PyTuple_GET_ITEM(v, 1));
+        if (PyErr_Occurred()) return -1;
+        if (address < b + (unsigned long long)sz && b < probe && (by == 0 || by == task)) return -1;
+    }
+    return found;
+}
+
+/* The C path of enter_copy: 1 entered (out filled; *pinned_block the pool block the range lies in,
+ * a new reference, or NULL), 0 not taken (nothing held, no error: the reference decides), -1 an
+ * error (nothing held). */
+static int fast_enter_copy(HotCore *self, long long handle, long long offset, long long nbytes, int kind,
+                           unsigned long long host, cb_copy_lease *out, PyObject **pinned_block) {
+    if (offset < 0 || nbytes < 0) return 0;
+    PyObject *h = PyLong_FromLongLong(handle);
+    PyObject *a = h != NULL ? PyObject_CallOneArg(self->h_get, h) : NULL;
+    Py_XDECREF(h);
+    if (a == NULL) return -1;
+    if (a == Py_None) {
+        Py_DECREF(a);
+        return 0;
+    }
+    int ok = 1;
+    PyObject *owner = int_attr(a, s_state, &ok) == 0 && ok ? PyObject_GetAttr(a, s_owner) : NULL;
+    if (owner == NULL || !PyLong_CheckExact(owner)) {
+        Py_XDECREF(owner);
+        Py_DECREF(a);
+        PyErr_Clear();
+        return 0;
+    }
+    PyObject *lease, *inside;
+    unsigned long ident;
+    if (enter_lease(self, owner, &lease, &inside, &ident) < 0) {   /* not bound, or its release begun */
+        Py_DECREF(owner);
+        Py_DECREF(a);
+        PyErr_Clear();
+        return 0;
+    }
+    /* inside the lease: the allocation read again (a free on another thread may have run) */
+    long long task = PyLong_AsLongLong(owner);
+    long long state = int_attr(a, s_state, &ok);
+    long long size = ok ? int_attr(a, s_size, &ok) : 0;
+    long long ptr = ok ? int_attr(a, s_ptr, &ok) : 0;
+    PyObject *stream = ok ? PyObject_GetAttr(a, s_stream) : NULL;
+    unsigned long long st = stream != NULL ? PyLong_AsUnsignedLongLong(stream) : 0;
+    int taken = stream != NULL && !PyErr_Occurred() && state == 0 && offset <= size && nbytes <= size - offset;
+    int pagelocked = 0;
+    PyObject *block = NULL;
+    if (taken && kind != CB_HOST_HEAP) {
+        unsigned long long base = 0, rsize = 0;
+        int found = find_region(self, host, (unsigned long long)nbytes, task, &base, &rsize);
+        taken = found >= 0;
+        pagelocked = found == 1;
+        if (pagelocked && PyDict_CheckExact(self->reg_blocks)) {   /* a pinned buffer: its reuse waits for stream */
+            PyObject *key = PyLong_FromUnsignedLongLong(base);
+            block = key != NULL ? PyDict_GetItemWithError(self->reg_blocks, key) : NULL;
+            Py_XDECREF(key);
+            Py_XINCREF(block);
+            PyObject *streams = block != NULL ? PyObject_GetAttr(block, s_streams) : NULL;
+            if (block != NULL && (streams == NULL || !PySet_CheckExact(streams) || PySet_Add(streams, stream) < 0))
+                taken = 0;
+            Py_XDECREF(streams);
+        }
+        if (PyErr_Occurred()) taken = 0;
+    }
+    Py_XDECREF(stream);
+    Py_DECREF(owner);
+    Py_DECREF(a);
+    if (!taken) {
+        PyErr_Clear();
+        Py_XDECREF(block);
+        leave_lease(inside, ident);
+        Py_DECREF(inside);
+        Py_DECREF(lease);
+        return 0;
+    }
+    out->lease = lease;
+    out->inside = inside;
+    out->ident = ident;
+    out->address = (unsigned long long)ptr + (unsigned long long)offset;
+    out->stream = (cb_CUstream)(uintptr_t)st;
+    out->pagelocked = pagelocked;
+    *pinned_block = block;
+    return 1;
+}
+
+/* The reference: _enter_buffer (a heap array) or enter_host_copy, whose (allocation, lease[,
+ * page-locked]) is unpacked into out; -1 with its refusal raised. */
+static int refer_enter_copy(HotCore *self, long long handle, long long offset, long long nbytes, int to_device,
+                            int kind, unsigned long long host, cb_copy_lease *out) {
     PyObject *r = NULL;
-    if (a[0] && a[1] && a[2] && a[3]) r = PyObject_Vectorcall(self->enter_buffer, a, 4, NULL);
-    for (int i = 0; i < 4; i++) Py_XDECREF(a[i]);
+    if (kind == CB_HOST_HEAP) {
+        PyObject *a[4] = {PyLong_FromLongLong(handle), PyUnicode_FromString(to_device ? "copy_in" : "copy_out"),
+                          PyLong_FromLongLong(offset), PyLong_FromLongLong(nbytes)};
+        if (a[0] && a[1] && a[2] && a[3]) r = PyObject_Vectorcall(self->enter_buffer, a, 4, NULL);
+        for (int i = 0; i < 4; i++) Py_XDECREF(a[i]);
+    } else {
+        PyObject *a[6] = {PyLong_FromLongLong(handle), PyLong_FromLongLong(offset), PyLong_FromUnsignedLongLong(host),
+                          PyLong_FromLongLong(nbytes), PyBool_FromLong(to_device), PyBool_FromLong(kind == CB_HOST_DIRECT)};
+        if (a[0] && a[1] && a[2] && a[3] && a[4] && a[5]) r = PyObject_Vectorcall(self->enter_host_copy, a, 6, NULL);
+        for (int i = 0; i < 6; i++) Py_XDECREF(a[i]);
+    }
     if (r == NULL) return -1;
-    /* (allocation, lease), the lease entered on this thread: left on every way out from here */
-    PyObject *alloc = PyTuple_CheckExact(r) && PyTuple_GET_SIZE(r) == 2 ? PyTuple_GET_ITEM(r, 0) : NULL;
+    /* (allocation, lease[, page-locked]), the lease entered on this thread: left on every way out from here */
+    Py_ssize_t want = kind == CB_HOST_HEAP ? 2 : 3;
+    PyObject *alloc = PyTuple_CheckExact(r) && PyTuple_GET_SIZE(r) == want ? PyTuple_GET_ITEM(r, 0) : NULL;
     PyObject *lease = alloc ? PyTuple_GET_ITEM(r, 1) : NULL;
     PyObject *inside = lease ? PyObject_GetAttr(lease, s_inside) : NULL;
     if (inside == NULL || !PyList_CheckExact(inside)) {
-        if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "enter_copy: _enter_buffer's result is not as documented");
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "enter_copy: the reference's result is not as documented");
         Py_XDECREF(inside);
         Py_DECREF(r);
         return -1;
@@ -1016,8 +1160,9 @@ static int enter_copy(void *core, long long handle, long long offset, long long 
     int ok = 1;
     long long ptr = int_attr(alloc, s_ptr, &ok);
     long long stream = ok ? int_attr(alloc, s_stream, &ok) : 0;
+    int pagelocked = ok && want == 3 ? PyObject_IsTrue(PyTuple_GET_ITEM(r, 2)) : 0;
     unsigned long ident = PyThread_get_thread_ident();
-    if (!ok) {
+    if (!ok || pagelocked < 0) {
         leave_lease(inside, ident);
         Py_DECREF(inside);
         Py_DECREF(r);
@@ -1030,10 +1175,41 @@ static int enter_copy(void *core, long long handle, long long offset, long long 
     out->ident = ident;
     out->address = (unsigned long long)ptr + (unsigned long long)offset;
     out->stream = (cb_CUstream)(uintptr_t)(unsigned long long)stream;
-    out->context = self->contexts[gpu];
-    if (heap && to_device) self->copies_in++;
-    else if (heap) self->copies_out++;
+    out->pagelocked = pagelocked;
     Py_DECREF(r);
+    return 0;
+}
+
+static int enter_copy(void *core, long long handle, long long offset, long long nbytes, int to_device, int kind,
+                      unsigned long long host, cb_copy_lease *out) {
+    HotCore *self = (HotCore *)core;
+    if (self->refuse_unusable != NULL) {
+        refuse_unusable(self, to_device ? "copy_in" : "copy_out");
+        return -1;
+    }
+    if (kind != CB_HOST_HEAP && kind != CB_HOST_DIRECT && kind != CB_HOST_ADDRESS) {
+        PyErr_Format(PyExc_ValueError, "enter_copy: host memory kind %d", kind);
+        return -1;
+    }
+    long gpu = (long)((unsigned long long)handle & GPU_MASK);
+    if (retain_context(self, (int)gpu) < 0) return -1;
+    PyObject *block = NULL;
+    int taken = fast_enter_copy(self, handle, offset, nbytes, kind, host, out, &block);
+    if (taken < 0) return -1;
+    Py_XDECREF(block);   /* the stream is in its set; the dict keeps the block */
+    if (!taken) {
+        if (refer_enter_copy(self, handle, offset, nbytes, to_device, kind, host, out) < 0) return -1;
+        self->copies_referred++;
+    }
+    out->context = self->contexts[gpu];
+    /* counted here but for what the reference counts itself (enter_host_copy) */
+    if (kind == CB_HOST_HEAP) {
+        if (to_device) self->copies_in++;
+        else self->copies_out++;
+    } else if (taken) {
+        if (kind == CB_HOST_DIRECT) self->copies_direct++;
+        else self->copies_address++;
+    }
     return 0;
 }
 
@@ -1058,16 +1234,25 @@ static int driver_failed(void *core, const char *call, int rc) {
 /* enable_copies(enter_buffer, copy_failed, slots, slot_bytes, copy_threads): the JNI library's
  * heap-array copies go through pinned staging from now on (a CUDA device: the driver loads here). */
 static PyObject *hc_enable_copies(HotCore *self, PyObject *args) {
-    PyObject *enter, *failed;
+    PyObject *enter, *enter_host, *failed, *regions;
     int slots, copy_threads;
     long long slot_bytes;
-    if (!PyArg_ParseTuple(args, "OOiLi:enable_copies", &enter, &failed, &slots, &slot_bytes, &copy_threads)) return NULL;
+    if (!PyArg_ParseTuple(args, "OOOO!iLi:enable_copies", &enter, &enter_host, &failed, &PyTuple_Type, &regions,
+                          &slots, &slot_bytes, &copy_threads))
+        return NULL;
     if (copy_threads < 1 || copy_threads > 64) {
         PyErr_Format(PyExc_ValueError, "enable_copies: 1 to 64 copy threads, got %d", copy_threads);
         return NULL;
     }
-    if (!PyCallable_Check(enter) || !PyCallable_Check(failed)) {
-        PyErr_SetString(PyExc_TypeError, "enable_copies: enter_buffer and copy_failed must be callable");
+    if (!PyCallable_Check(enter) || !PyCallable_Check(enter_host) || !PyCallable_Check(failed)) {
+        PyErr_SetString(PyExc_TypeError, "enable_copies: enter_buffer, enter_host_copy and copy_failed must be callable");
+        return NULL;
+    }
+    if (PyTuple_GET_SIZE(regions) != 4 || !PyList_CheckExact(PyTuple_GET_ITEM(regions, 0)) ||
+        !PyDict_CheckExact(PyTuple_GET_ITEM(regions, 1)) || !PyDict_CheckExact(PyTuple_GET_ITEM(regions, 2)) ||
+        !PyDict_CheckExact(PyTuple_GET_ITEM(regions, 3))) {
+        PyErr_SetString(PyExc_TypeError, "enable_copies: regions is (bases list, memory dict, blocks dict, "
+                                         "unregistered dict)");
         return NULL;
     }
     if (slots < 1 || slots > CB_STAGING_MAX_SLOTS || slot_bytes < 4096 || slot_bytes > (1LL << 30)) {
@@ -1079,10 +1264,15 @@ static PyObject *hc_enable_copies(HotCore *self, PyObject *args) {
         PyErr_Format(PyExc_RuntimeError, "the CUDA driver's entry points: %s", g_driver.failure);
         return NULL;
     }
-    Py_INCREF(enter);
-    Py_XSETREF(self->enter_buffer, enter);
-    Py_INCREF(failed);
-    Py_XSETREF(self->copy_failed, failed);
+#define TAKE(field, obj) do { PyObject *o_ = (obj); Py_INCREF(o_); Py_XSETREF(self->field, o_); } while (0)
+    TAKE(enter_buffer, enter);
+    TAKE(enter_host_copy, enter_host);
+    TAKE(copy_failed, failed);
+    TAKE(reg_bases, PyTuple_GET_ITEM(regions, 0));
+    TAKE(reg_memory, PyTuple_GET_ITEM(regions, 1));
+    TAKE(reg_blocks, PyTuple_GET_ITEM(regions, 2));
+    TAKE(reg_unregistered, PyTuple_GET_ITEM(regions, 3));
+#undef TAKE
     self->staging_slots = slots;
     self->staging_slot_bytes = slot_bytes;
     self->staging_copy_threads = copy_threads;
@@ -1129,10 +1319,12 @@ static PyObject *hc_set_unusable(HotCore *self, PyObject *refusal) {
 }
 
 static PyObject *hc_counts(HotCore *self, PyObject *unused) {
-    return Py_BuildValue("{sLsLsLsLsLsLsLsLsL}", "synchronizes", self->synchronizes, "allocations", self->allocations, "frees", self->frees_count,
-                         "batched_frees", self->batched_frees, "batches", self->batches, "launches", self->launches,
-                         "launches_referred", self->launches_referred, "copies_in", self->copies_in,
-                         "copies_out", self->copies_out);
+    return Py_BuildValue("{sLsLsLsLsLsLsLsLsLsLsLsL}", "synchronizes", self->synchronizes, "allocations",
+                         self->allocations, "frees", self->frees_count, "batched_frees", self->batched_frees,
+                         "batches", self->batches, "launches", self->launches, "launches_referred",
+                         self->launches_referred, "copies_in", self->copies_in, "copies_out", self->copies_out,
+                         "copies_direct", self->copies_direct, "copies_address", self->copies_address,
+                         "copies_referred", self->copies_referred);
 }
 
 #define FASTCALL_KW(f) (PyCFunction)(void (*)(void))(f), METH_FASTCALL | METH_KEYWORDS
@@ -1184,7 +1376,7 @@ PyMODINIT_FUNC PyInit__hotcore(void) {
     INTERN(s_free_many, "free_many"); INTERN(s_launch, "launch"); INTERN(s_record, "record");
     INTERN(s_synchronize, "synchronize"); INTERN(s_clear, "clear");
     INTERN(s_recent, "recent"); INTERN(s_owner, "owner"); INTERN(s_size, "size"); INTERN(s_state, "_state");
-    INTERN(s_limits, "limits"); INTERN(s_max_dynamic_shared, "max_dynamic_shared");
+    INTERN(s_limits, "limits"); INTERN(s_max_dynamic_shared, "max_dynamic_shared"); INTERN(s_streams, "streams");
 #undef INTERN
     if (PyType_Ready(&HotCoreType) < 0) return NULL;
     PyObject *m = PyModule_Create(&hotcore_module);

@@ -72,7 +72,8 @@ class JavaHotPath:
 
     # Calls counted per kind (statistics ``bridge_<kind>``); the C twin counts the first four.
     COUNTERS = ("allocations", "frees", "batched_frees", "batches", "copies_in", "copies_out", "copies_direct",
-                "memsets", "synchronizes", "launches", "launches_referred", "copies_address", "pinned_reclaimed")
+                "memsets", "synchronizes", "launches", "launches_referred", "copies_address", "pinned_reclaimed",
+                "copies_referred")
 
     def __init__(self, service: "CudaBridgeService", fast_path: str = "auto") -> None:
         fast_path = FastPath.parse(fast_path, "fast_path")
@@ -141,10 +142,13 @@ class JavaHotPath:
         if self._backend.name == "cuda":   # heap-array copies from Java through pinned staging (C)
             cfg = self._service.config
             try:
-                core.enable_copies(self._enter_buffer, self._copy_failed, cfg.staging_slots,
-                                   parse_bytes(cfg.staging_slot_bytes), cfg.staging_copy_threads)
+                # the page-locked regions' tables, read by the C twin as _check_address reads them
+                regions = (self._pinned_bases, self._pinned, self._pinned_blocks, self._unregistered)
+                core.enable_copies(self._enter_buffer, self.enter_host_copy, self._copy_failed, regions,
+                                   cfg.staging_slots, parse_bytes(cfg.staging_slot_bytes),
+                                   cfg.staging_copy_threads)
             except RuntimeError as exc:   # no driver entry points: copies take the Python path
-                log.warning("heap-array copies from Java are staged through Python: %s", exc)
+                log.warning("copies from Java go through Python: %s", exc)
         return core
 
     def _device_unusable(self, refusal: Any) -> None:
@@ -452,11 +456,8 @@ class JavaHotPath:
         """One copy between buffer ``hid`` and host memory Java owns outside the heap (a direct
         ByteBuffer's, or by address) over ``view``: refused as :meth:`_check_address` says,
         counted as ``counter``, queued on the buffer's stream inside its task's lease."""
-        call = "copy_in" if to_device else "copy_out"
-        a, lease = self._enter_buffer(hid, call, offset, len(view))
+        a, lease, region = self._enter_host_copy(counter, to_device, hid, offset, address, len(view))
         try:
-            region = self._check_address(call, address, len(view), a.owner)
-            self._counts[counter] += 1
             host = self._host(address, view, a.stream, region)
             if to_device:
                 self._backend.copy_to_device_async(a.ptr + offset, host, a.stream)
@@ -465,32 +466,38 @@ class JavaHotPath:
         finally:
             lease.inside.remove(get_ident())
 
-    def address_staged(self, hid: int, offset: int, address: int, nbytes: int, to_device: bool) -> bool:
-        """Whether the JNI side copies [address, address + nbytes) (memory by address) to or from
-        buffer ``hid`` through its pinned staging ring rather than through
-        :meth:`copy_in_address` / :meth:`copy_out_address`: true for memory that is not
-        page-locked (the driver would stage it with one thread and no overlap). A staged copy is
-        counted here (``copies_address``), as those count theirs. Refuses first, in the copy's own
-        words, what those would refuse: a dead handle, a range outside the buffer, a range the
-        buffer's task unregistered. Only asked on a GPU."""
-        return self._staged("copies_address", hid, offset, address, nbytes, to_device)
-
-    def direct_staged(self, hid: int, offset: int, address: int, nbytes: int, to_device: bool) -> bool:
-        """:meth:`address_staged` for a direct ByteBuffer's memory (counted as ``copies_direct``,
-        against :meth:`copy_in_direct` / :meth:`copy_out_direct`)."""
-        return self._staged("copies_direct", hid, offset, address, nbytes, to_device)
-
-    def _staged(self, counter: str, hid: int, offset: int, address: int, nbytes: int, to_device: bool) -> bool:
+    def _enter_host_copy(self, counter: str, to_device: bool, hid: int, offset: int, address: int,
+                         nbytes: int) -> tuple["Allocation", "TaskLease", tuple[int, Any] | None]:
+        """Buffer ``hid``'s allocation with its task's lease entered (the caller leaves it once
+        the copy is queued) and the page-locked region [address, address + nbytes) lies in (None:
+        pageable), after :meth:`_check_address`'s refusals, in the copy's own words; the copy
+        counted as ``counter``."""
         call = "copy_in" if to_device else "copy_out"   # the copy's own words for a refusal
         a, lease = self._enter_buffer(hid, call, offset, nbytes)
         try:
             region = self._check_address(call, address, nbytes, a.owner)
-        finally:
+        except BaseException:
             lease.inside.remove(get_ident())
-        if region is not None:
-            return False   # page-locked: asynchronous from the hot path
+            raise
         self._counts[counter] += 1
-        return True
+        return a, lease, region
+
+    def enter_host_copy(self, hid: int, offset: int, address: int, nbytes: int, to_device: bool,
+                        direct: bool) -> tuple["Allocation", "TaskLease", bool]:
+        """The reference of the C twin's ``enter_copy`` for host memory outside the heap (on a
+        GPU the JNI side copies it in C; the twin refers here what it does not take as it
+        stands): :meth:`_enter_host_copy` for memory by address (a direct ByteBuffer's:
+        ``direct``, counted as ``copies_direct``), returning (allocation, lease entered, whether
+        the range is page-locked). Page-locked memory is then copied with one asynchronous DMA on
+        the allocation's stream (a pinned buffer's reuse waits for that stream, recorded here),
+        pageable memory through the thread's staging ring. The caller leaves the lease."""
+        a, lease, region = self._enter_host_copy("copies_direct" if direct else "copies_address", to_device,
+                                                 hid, offset, address, nbytes)
+        if region is not None:
+            block = self._pinned_blocks.get(region[0])
+            if block is not None:
+                block.streams.add(a.stream)   # its reuse waits for this stream (PinnedHostPool.free)
+        return a, lease, region is not None
 
     def _check_address(self, call: str, address: int, nbytes: int, task: int) -> tuple[int, Any] | None:
         """(start, memory) of the pinned buffer or registered region [address, address + nbytes)

@@ -12,11 +12,17 @@
 #define CB_NATIVE_API_H
 
 #define CB_NATIVE_API_CAPSULE "cudabridge.jvm._hotcore.native_api"
-#define CB_NATIVE_API_VERSION 4
+#define CB_NATIVE_API_VERSION 5
 #define CB_LAUNCH_MAX_ARGS 512
 #define CB_STAGING_MAX_SLOTS 16  /* slots in one thread's staging ring */   /* a kernel's parameters take at most 4 KiB: 512 of 8 bytes */
 
 #include "cuda_driver.h"
+
+/* The host side of a copy (enter_copy's kind): a Java heap array (always staged: it has no
+ * stable address), a direct ByteBuffer's memory, or memory by address (Arrow, Unsafe). */
+#define CB_HOST_HEAP 0
+#define CB_HOST_DIRECT 1
+#define CB_HOST_ADDRESS 2
 
 /* A copy's hold on its buffer: entered by enter_copy (the buffer's task lease entered, as every
  * operation that queues work for a task), left by leave_copy once the copy's work is queued. */
@@ -26,6 +32,8 @@ typedef struct {
     unsigned long long address;  /* the device address at the copy's offset */
     cb_CUstream stream;          /* the buffer's stream (its task's) */
     cb_CUcontext context;        /* its GPU's primary context */
+    int pagelocked;              /* the host range lies in a pinned buffer or a registered region:
+                                    one asynchronous DMA from or into it, no staging */
 } cb_copy_lease;
 
 typedef struct {
@@ -42,10 +50,14 @@ typedef struct {
     long long staging_slot_bytes;
     int staging_copy_threads;    /* threads a large chunk's host copy is split over (1: the caller's alone) */
     /* The buffer behind handle, live, with [offset, offset + nbytes) inside it, its task's lease
-     * entered (JavaHotPath._enter_buffer); to_device says the direction; heap: a heap-array copy,
-     * counted here as copies_in / copies_out (address_staged counts the others). */
-    int (*enter_copy)(void *core, long long handle, long long offset, long long nbytes, int to_device, int heap,
-                      cb_copy_lease *out);
+     * entered; to_device says the direction, kind the host side (CB_HOST_*), host its first byte
+     * (outside the heap). Host memory outside the heap is checked as JavaHotPath.enter_host_copy
+     * checks it (a range running past a page-locked region, or one the task unregistered, is
+     * refused) and out->pagelocked says how to copy it; a pinned buffer's reuse then waits for
+     * the buffer's stream. The copy is counted under its kind (copies_in / copies_out,
+     * copies_direct, copies_address). */
+    int (*enter_copy)(void *core, long long handle, long long offset, long long nbytes, int to_device, int kind,
+                      unsigned long long host, cb_copy_lease *out);
     void (*leave_copy)(void *core, cb_copy_lease *lease);
     /* Raises the service's error for a driver call's failure (a sticky one marks the GPU
      * unusable); returns -1. */
