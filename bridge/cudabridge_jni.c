@@ -1512,6 +1512,45 @@ static void call_with_view(PyObject *fn, jlong handle, jlong devOffset, char *me
 }
 
 /* static native void copyIn(long handle, long devOffset, Object array, long byteOffset, long nbytes, int elemSize) */
+/* A staged copy of at most CB_QUICK_COPY_BYTES whose slot is idle (no wait), the GIL and the
+ * buffer's lease held: host->device is done with both held (one memcpy shorter than handing the
+ * GIL off and taking it back, then the DMA); device->host queues its one DMA, leaves the lease (it
+ * queues nothing more) and waits for the DMA and copies out without the GIL. Returns with the GIL
+ * released and the lease left; a driver error is raised to Java. */
+#define CB_QUICK_COPY_BYTES (64 << 10)
+static void quick_copy(JNIEnv *env, gil_section *g, cb_copy_lease *lease, cb_ring *r, cb_host_side *host,
+                       jlong byteOffset, jlong nbytes, int to_device) {
+    const cb_driver *d = g_api->driver;
+    captured_error err = {0};
+    const char *call = NULL;
+    cb_CUcontext prev = NULL;
+    jlong issued = 0;
+    int held = 1;   /* the GIL */
+    int rc = d->cuCtxGetCurrent(&prev);
+    if (rc != CB_CUDA_SUCCESS) call = "cuCtxGetCurrent";
+    else if (prev != lease->context && (rc = d->cuCtxSetCurrent(lease->context)) != CB_CUDA_SUCCESS) call = "cuCtxSetCurrent";
+    if (rc == CB_CUDA_SUCCESS)
+        rc = to_device ? ring_to_device(d, r, host, byteOffset, nbytes, lease->address, lease->stream, 1, &call)
+                       : ring_from_device_queue(d, r, nbytes, lease->address, lease->stream, &issued, &call);
+    g_api->leave_copy(g_api->core, lease);
+    if (rc == CB_CUDA_SUCCESS && !to_device) {
+        gil_exit(g);
+        held = 0;
+        rc = ring_from_device_drain(d, r, host, byteOffset, nbytes, lease->address, lease->stream, 1, issued, &call);
+    }
+    if (prev != NULL && prev != lease->context) d->cuCtxSetCurrent(prev);
+    if (rc > 0) {
+        t_slot.ring = NULL;   /* a driver call failed: the slots' state is unknown, drop it */
+        if (!held && gil_enter(env, g) != 0) return;
+        held = 1;
+        g_api->driver_failed(g_api->core, call, rc);
+        capture_python_error(&err);
+    }
+    if (held) gil_exit(g);
+    if (rc > 0) throw_captured(env, &err);
+    /* rc -1: the array could not be pinned; its Java exception is pending */
+}
+
 /* A copy on a GPU, in C (native_api.h's enter_copy says how): the buffer's task lease entered
  * with the GIL held (no Python frame when the hot path's C twin takes it as it stands). Page-locked
  * host memory outside the heap is then one asynchronous DMA on the buffer's stream, queued with the
@@ -1575,6 +1614,11 @@ static void gpu_copy(JNIEnv *env, jlong handle, jlong devOffset, cb_host_side *h
             }
             Py_XDECREF(res);
         }
+    }
+    if (entered && r != NULL && nbytes <= CB_QUICK_COPY_BYTES && (size_t)nbytes <= slot_bytes &&
+        ring_slot_idle(d, r, to_device ? r->cursor : 0)) {
+        quick_copy(env, &g, &lease, r, host, byteOffset, nbytes, to_device);
+        return;
     }
     gil_exit(&g);
     if (old != NULL) old_base = retire_ring(d, old);

@@ -115,6 +115,15 @@ static int ring_slot_free(const cb_driver *d, cb_ring *r, int i, const char **ca
     return CB_CUDA_SUCCESS;
 }
 
+/* Whether slot i may be touched now, without waiting: 1 (its last DMA done), 0 (still running, or
+ * the query failed: a caller that then waits with ring_slot_free hears the error). */
+static int ring_slot_idle(const cb_driver *d, cb_ring *r, int i) {
+    if (!r->busy[i]) return 1;
+    if (d->cuEventQuery(r->event[i]) != CB_CUDA_SUCCESS) return 0;
+    r->busy[i] = 0;
+    return 1;
+}
+
 /* Queues a DMA of slot i on stream, then the slot's event after it. */
 static int ring_dma(const cb_driver *d, cb_ring *r, int i, int to_device, unsigned long long dev, size_t n,
                     cb_CUstream stream, const char **call) {
@@ -173,21 +182,31 @@ static int ring_to_device(const cb_driver *d, cb_ring *r, cb_host_side *h, jlong
     return CB_CUDA_SUCCESS;
 }
 
-/* Device -> host: nbytes from device address src into the Java array from byte off. DMAs run up
- * to a ring ahead; each chunk is copied out of its slot once its event completes. Returns once
- * every byte is in the host memory. 0, a CUresult, or -1 with a Java exception pending. */
-static int ring_from_device(const cb_driver *d, cb_ring *r, cb_host_side *h, jlong off, jlong nbytes,
-                            unsigned long long src, cb_CUstream stream, int threads, const char **call) {
+/* Device -> host, in two steps: ring_from_device_queue queues a ring's worth of DMAs ahead (slots
+ * from 0; *issued says how many); ring_from_device_drain copies each chunk out of its slot once its
+ * event completes, queuing the next DMA into the slot it freed, until every byte is in the host
+ * memory. Once every DMA is queued (*issued equals the chunks: at most a ring's worth of bytes)
+ * the drain queues nothing, so the copy's lease may be left before it. 0, a CUresult, or -1 with
+ * a Java exception pending. */
+static int ring_from_device_queue(const cb_driver *d, cb_ring *r, jlong nbytes, unsigned long long src,
+                                  cb_CUstream stream, jlong *issued, const char **call) {
     jlong chunks = (nbytes + (jlong)r->slot_bytes - 1) / (jlong)r->slot_bytes;
-    jlong issued = 0;
     int rc;
-    for (; issued < chunks && issued < r->n; issued++) {   /* a ring's worth of DMAs ahead */
-        jlong at = issued * (jlong)r->slot_bytes;
+    for (*issued = 0; *issued < chunks && *issued < r->n; (*issued)++) {
+        jlong at = *issued * (jlong)r->slot_bytes;
         size_t n = (size_t)(nbytes - at) < r->slot_bytes ? (size_t)(nbytes - at) : r->slot_bytes;
-        int i = (int)(issued % r->n);
+        int i = (int)(*issued % r->n);
         if ((rc = ring_slot_free(d, r, i, call)) != CB_CUDA_SUCCESS) return rc;
         if ((rc = ring_dma(d, r, i, 0, src + (unsigned long long)at, n, stream, call)) != CB_CUDA_SUCCESS) return rc;
     }
+    return CB_CUDA_SUCCESS;
+}
+
+static int ring_from_device_drain(const cb_driver *d, cb_ring *r, cb_host_side *h, jlong off, jlong nbytes,
+                                  unsigned long long src, cb_CUstream stream, int threads, jlong issued,
+                                  const char **call) {
+    jlong chunks = (nbytes + (jlong)r->slot_bytes - 1) / (jlong)r->slot_bytes;
+    int rc;
     for (jlong k = 0; k < chunks; k++) {
         int i = (int)(k % r->n);
         jlong at = k * (jlong)r->slot_bytes;
@@ -206,6 +225,15 @@ static int ring_from_device(const cb_driver *d, cb_ring *r, cb_host_side *h, jlo
         }
     }
     return CB_CUDA_SUCCESS;
+}
+
+/* Device -> host: nbytes from device address src into the host side from byte off, both steps.
+ * Returns once every byte is in the host memory. */
+static int ring_from_device(const cb_driver *d, cb_ring *r, cb_host_side *h, jlong off, jlong nbytes,
+                            unsigned long long src, cb_CUstream stream, int threads, const char **call) {
+    jlong issued = 0;
+    int rc = ring_from_device_queue(d, r, nbytes, src, stream, &issued, call);
+    return rc != CB_CUDA_SUCCESS ? rc : ring_from_device_drain(d, r, h, off, nbytes, src, stream, threads, issued, call);
 }
 
 #endif

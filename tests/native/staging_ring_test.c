@@ -9,6 +9,7 @@
  *  - slot reuse only after its event: a host->device DMA finds its slot as it was when queued
  *    (the model hashes the slot at both moments);
  *  - a failing driver call stops the copy and says which call failed;
+ *  - a slot is idle (ring_slot_idle, no wait) only once its DMA has run;
  *  - ring_retire returns the block only once every DMA queued from its slots has run, destroys
  *    each slot's event, and drops the block when a wait fails.
  * Prints "ok <operations run>". */
@@ -133,6 +134,13 @@ static cb_CUresult ev_sync(cb_CUevent e) {
     return 0;
 }
 
+static cb_CUresult ev_query(cb_CUevent e) {
+    pthread_mutex_lock(&q_lock);
+    int done = q_done >= event_seq[(intptr_t)e];
+    pthread_mutex_unlock(&q_lock);
+    return done ? 0 : 600;   /* CUDA_ERROR_NOT_READY */
+}
+
 static void drain(void) {
     pthread_mutex_lock(&q_lock);
     while (q_done < q_enqueued) pthread_cond_wait(&q_cond, &q_lock);
@@ -201,6 +209,7 @@ int main(void) {
     d.cuEventDestroy = ev_destroy;
     d.cuEventRecord = ev_record;
     d.cuEventSynchronize = ev_sync;
+    d.cuEventQuery = ev_query;
 
     size_t k4 = 4096;
     cb_ring *tiny = make(&d, 2, k4);
@@ -227,6 +236,16 @@ int main(void) {
           call ? call : "(none)");
     CHECK(copies_seen == 3, "the copy went on after its DMA failed (%ld DMA calls)", copies_seen);
     drain();
+
+    /* a slot is idle (usable without waiting) only once its DMA has run */
+    cb_ring *probe = make(&d, 2, k4);
+    last_end = DEV_BASE;
+    fail_at = -1;
+    rc = ring_to_device(&d, probe, &in, 0, (jlong)k4, DEV_BASE, NULL, 1, &call);
+    CHECK(rc == 0 && !ring_slot_idle(&d, probe, 0), "slot 0 idle while its DMA is queued (rc %d)", rc);
+    CHECK(ring_slot_idle(&d, probe, 1), "slot 1, never used, not idle");
+    drain();
+    CHECK(ring_slot_idle(&d, probe, 0) && probe->busy[0] == 0, "slot 0 not idle after its DMA ran");
 
     /* retiring a ring: its block comes back only after the DMAs queued from its slots have run */
     cb_ring *old = make(&d, 4, k4);

@@ -56,6 +56,7 @@ typedef struct {
     cb_CUresult (*cuEventDestroy)(cb_CUevent);
     cb_CUresult (*cuEventRecord)(cb_CUevent, cb_CUstream);
     cb_CUresult (*cuEventSynchronize)(cb_CUevent);
+    cb_CUresult (*cuEventQuery)(cb_CUevent);
     cb_CUresult (*cuStreamSynchronize)(cb_CUstream);
 } cb_driver;
 
@@ -97,6 +98,7 @@ static inline int cb_driver_load(cb_driver *d) {
         {"cuEventDestroy", (void **)&d->cuEventDestroy},
         {"cuEventRecord", (void **)&d->cuEventRecord},
         {"cuEventSynchronize", (void **)&d->cuEventSynchronize},
+        {"cuEventQuery", (void **)&d->cuEventQuery},
         {"cuStreamSynchronize", (void **)&d->cuStreamSynchronize},
     };
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
