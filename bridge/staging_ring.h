@@ -157,6 +157,12 @@ static void host_side_leave(cb_host_side *h, char *p, int wrote) {
     if (h->array != NULL) (*h->env)->ReleasePrimitiveArrayCritical(h->env, h->array, p, wrote ? 0 : JNI_ABORT);
 }
 
+/* A chunk the DMA reads next is copied into its slot with streaming stores (host_copy.h) from this
+ * size up, with plain ones below: a small chunk stays in the cache, whose few dirty lines the DMA
+ * snoops cheaply, while the streamed stores' drain to memory costs microseconds that a small copy
+ * notices (bench/small_copy_probe.c; bench/RESULTS.md). */
+#define CB_STREAM_MIN_BYTES ((size_t)32 << 10)
+
 /* Host -> device: bytes [off, off + nbytes) of the host side to device address dst, chunk by
  * chunk through the ring. Returns once every chunk is copied into a slot and its DMA queued: the
  * array may change from then on; work queued on stream later sees the data. 0, a CUresult (*call
@@ -173,7 +179,7 @@ static int ring_to_device(const cb_driver *d, cb_ring *r, cb_host_side *h, jlong
          * helpers are native threads, not Java ones), no JNI call, no other wait inside it */
         char *src = host_side_enter(h);
         if (src == NULL) return -1;
-        cb_host_copy(r->host[k], src + off + done, n, threads, 1);   /* the DMA reads it next: stream it */
+        cb_host_copy(r->host[k], src + off + done, n, threads, n >= CB_STREAM_MIN_BYTES);
         host_side_leave(h, src, 0);
         rc = ring_dma(d, r, k, 1, dst + (unsigned long long)done, n, stream, call);
         if (rc != CB_CUDA_SUCCESS) return rc;
