@@ -14,45 +14,11 @@
  *   gcc -O2 -std=c11 -D_GNU_SOURCE -pthread -Ibridge -Ipython/cudabridge/jvm -Ibench/out/jni-include \
  *       bench/small_copy_probe.c -o /tmp/small_copy_probe -ldl && /tmp/small_copy_probe
  */
-#include <jni.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <time.h>
-
-#include "staging_ring.h"
+#include "probe_gpu.h"
 
 #define KiB ((size_t)1 << 10)
 #define ROUNDS 7
 #define REPS 31
-
-typedef cb_CUresult (*mem_alloc_t)(unsigned long long *, size_t);
-typedef cb_CUresult (*stream_create_t)(cb_CUstream *, unsigned);
-typedef cb_CUresult (*stream_sync_t)(cb_CUstream);
-
-static cb_driver drv;
-
-static double now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
-
-static void check(int rc, const char *what) {
-    if (rc != 0) {
-        fprintf(stderr, "%s failed: %d\n", what, rc);
-        exit(1);
-    }
-}
-
-static int cmp(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp);
-    return v[n / 2];
-}
 
 enum { PINNED_IN, RING_IN, PLAIN_IN, STREAMED_IN, PIECES8_IN, PIECES16_IN, PIECES32_IN, PAGEABLE_IN, PINNED_OUT,
        RING_OUT, PLAIN_OUT, PAGEABLE_OUT, KINDS };
@@ -74,21 +40,9 @@ static int pieces_in(char *pinned, const char *src, size_t n, size_t piece, unsi
 }
 
 int main(void) {
-    if (cb_driver_load(&drv) != 0) {
-        fprintf(stderr, "driver: %s\n", drv.failure);
-        return 1;
-    }
-    void *lib = dlopen("libcuda.so.1", RTLD_NOW);
-    mem_alloc_t mem_alloc = (mem_alloc_t)dlsym(lib, "cuMemAlloc_v2");
-    stream_create_t stream_create = (stream_create_t)dlsym(lib, "cuStreamCreate");
-    stream_sync_t stream_sync = (stream_sync_t)dlsym(lib, "cuStreamSynchronize");
-    cb_CUdevice dev;
     cb_CUcontext ctx;
-    check(drv.cuDeviceGet(&dev, 0), "cuDeviceGet");
-    check(drv.cuDevicePrimaryCtxRetain(&ctx, dev), "cuDevicePrimaryCtxRetain");
-    check(drv.cuCtxSetCurrent(ctx), "cuCtxSetCurrent");
     cb_CUstream stream;
-    check(stream_create(&stream, 1 /* non-blocking */), "cuStreamCreate");
+    probe_start(&ctx, &stream);
     size_t sizes[] = {4 * KiB, 16 * KiB, 32 * KiB, 64 * KiB, 256 * KiB, 1024 * KiB};
     enum { NSIZES = 6 };
     size_t max = 1024 * KiB;

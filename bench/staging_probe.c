@@ -9,46 +9,11 @@
  *   gcc -O2 -std=c11 -D_GNU_SOURCE -pthread -Ibridge -Ipython/cudabridge/jvm -Ibench/out/jni-include \
  *       bench/staging_probe.c -o /tmp/staging_probe -ldl && /tmp/staging_probe
  */
-#include <jni.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <time.h>
-
-#include "staging_ring.h"
+#include "probe_gpu.h"
 
 #define MiB ((size_t)1 << 20)
 #define ROUNDS 5
 #define REPS 9
-
-typedef cb_CUresult (*mem_alloc_t)(unsigned long long *, size_t);
-typedef cb_CUresult (*stream_create_t)(cb_CUstream *, unsigned);
-typedef cb_CUresult (*stream_sync_t)(cb_CUstream);
-
-static stream_sync_t stream_sync;
-static cb_driver drv;
-
-static double now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
-
-static void check(int rc, const char *what) {
-    if (rc != 0) {
-        fprintf(stderr, "%s failed: %d\n", what, rc);
-        exit(1);
-    }
-}
-
-static int cmp(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp);
-    return v[n / 2];
-}
 
 enum { RING_IN, RING_OUT, PINNED_IN, PINNED_OUT, COPY_PAGEABLE, COPY_TO_PINNED, KINDS };
 static const char *kind_names[KINDS] = {"ring in", "ring out", "pinned DMA in", "pinned DMA out",
@@ -62,21 +27,9 @@ typedef struct {
 } cand;
 
 int main(void) {
-    if (cb_driver_load(&drv) != 0) {
-        fprintf(stderr, "driver: %s\n", drv.failure);
-        return 1;
-    }
-    void *lib = dlopen("libcuda.so.1", RTLD_NOW);
-    mem_alloc_t mem_alloc = (mem_alloc_t)dlsym(lib, "cuMemAlloc_v2");
-    stream_create_t stream_create = (stream_create_t)dlsym(lib, "cuStreamCreate");
-    stream_sync = (stream_sync_t)dlsym(lib, "cuStreamSynchronize");
-    cb_CUdevice dev;
     cb_CUcontext ctx;
-    check(drv.cuDeviceGet(&dev, 0), "cuDeviceGet");
-    check(drv.cuDevicePrimaryCtxRetain(&ctx, dev), "cuDevicePrimaryCtxRetain");
-    check(drv.cuCtxSetCurrent(ctx), "cuCtxSetCurrent");
     cb_CUstream stream;
-    check(stream_create(&stream, 1 /* non-blocking */), "cuStreamCreate");
+    probe_start(&ctx, &stream);
     size_t sizes[] = {1 * MiB, 16 * MiB, 256 * MiB};
     int nsizes = 3;
     size_t max = 256 * MiB;

@@ -3,7 +3,8 @@ GPU and no JVM (tests/native/): the split host copy (bridge/host_copy.h; callers
 sizes around the split threshold, every byte checked), plain and under ThreadSanitizer where the
 compiler has it; and the staging ring (bridge/staging_ring.h) against a model device whose DMAs
 run late from an in-order queue (every byte, chunk order, a partial last chunk, zero-length
-copies, slot reuse only after its event, a failing driver call)."""
+copies, slot reuse only after its event, a failing driver call, idle slots, retiring a ring). The
+C probes of bench/ that drive the ring on a GPU are compiled too."""
 
 from __future__ import annotations
 
@@ -60,3 +61,18 @@ def test_the_native_copy_parts_on_their_own(tmp_path, program, flags):
     ok, *counts = run(exe)
     assert ok == "ok"
     PROGRAMS[program](*counts)
+
+
+@pytest.mark.skipif(CC is None, reason="no C compiler")
+@pytest.mark.parametrize("probe", ["staging_probe", "small_copy_probe"])
+def test_the_bench_probes_of_the_ring_still_build(probe):
+    """bench/'s C probes drive the ring from C on a GPU only; here they are compiled (warnings are
+    errors), so that a change to the ring's functions cannot leave them behind unnoticed."""
+    from cudabridge.jvm.build import java_home
+
+    jdk = java_home() / "include"
+    proc = subprocess.run([CC, "-std=c11", "-D_GNU_SOURCE", "-Wall", "-Wextra", "-Werror", "-Wno-unused-function",
+                           "-fsyntax-only", f"-I{ROOT / 'bridge'}", f"-I{ROOT / 'python' / 'cudabridge' / 'jvm'}",
+                           f"-I{jdk}", f"-I{jdk / 'linux'}", str(ROOT / "bench" / f"{probe}.c")],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
