@@ -5,12 +5,9 @@ import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
-import java.nio.file.Path;
 import java.util.List;
 
-import org.junit.jupiter.api.AfterAll;
 import org.junit.jupiter.api.AfterEach;
-import org.junit.jupiter.api.BeforeAll;
 import org.junit.jupiter.api.Tag;
 import org.junit.jupiter.api.Test;
 
@@ -20,7 +17,8 @@ import org.junit.jupiter.api.Test;
  * ({@code tests/host_twins_for_tests.py}) computing in stream order; every bad argument refused.
  */
 @Tag("own-jvm")
-class CudaKernelTest {
+@EmulatedKernels("host_twins_for_tests")
+class CudaKernelTest extends RunningBridge {
     static final String SOURCE = """
             extern "C" __global__ void saxpy(const float* x, float* y, int n, float a) {
                 int i = blockIdx.x * blockDim.x + threadIdx.x;
@@ -31,20 +29,7 @@ class CudaKernelTest {
                 if (i < n) atomicAdd(&bins[data[i] % 16], 1u);
             }
             """;
-    static CudaBridge bridge;
 
-    @BeforeAll
-    static void start() {
-        // the twins' module lives in tests/ (dev/junit runs in the repository root)
-        String tests = Path.of(System.getProperty("user.dir"), "tests").toString();
-        bridge = CudaBridge.start(BridgeOptions.fromSystemProperties().addPythonPath(tests)
-                .set("emulatedKernels", "host_twins_for_tests"));
-    }
-
-    @AfterAll
-    static void stop() {
-        bridge.shutdown();
-    }
 
     @AfterEach
     void released() {

@@ -6,11 +6,8 @@ import static org.junit.jupiter.api.Assertions.assertSame;
 import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
-import java.nio.file.Path;
 
-import org.junit.jupiter.api.AfterAll;
 import org.junit.jupiter.api.AfterEach;
-import org.junit.jupiter.api.BeforeAll;
 import org.junit.jupiter.api.Tag;
 import org.junit.jupiter.api.Test;
 
@@ -21,7 +18,8 @@ import org.junit.jupiter.api.Test;
  * every bad argument refused before anything is copied.
  */
 @Tag("own-jvm")
-class DeviceGlobalTest {
+@EmulatedKernels("host_twins_for_globals")
+class DeviceGlobalTest extends RunningBridge {
     static final String SOURCE = """
             __constant__ float scale;
             __constant__ int offsets[4] = {1, 2, 3, 4};
@@ -32,7 +30,6 @@ class DeviceGlobalTest {
                 if (i == 0) launches += 1;
             }
             """;
-    static CudaBridge bridge;
 
     /** A module of its own per test: its globals are shared by every task that uses it, so tests on
      *  other tasks' streams writing one module's globals unordered would race (as on a GPU). */
@@ -40,17 +37,6 @@ class DeviceGlobalTest {
         return ModuleSource.cuda(SOURCE + "// " + test + "\n");
     }
 
-    @BeforeAll
-    static void start() {
-        String tests = Path.of(System.getProperty("user.dir"), "tests").toString();
-        bridge = CudaBridge.start(BridgeOptions.fromSystemProperties().addPythonPath(tests)
-                .set("emulatedKernels", "host_twins_for_globals"));
-    }
-
-    @AfterAll
-    static void stop() {
-        bridge.shutdown();
-    }
 
     @AfterEach
     void released() {

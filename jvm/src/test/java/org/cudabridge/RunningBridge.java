@@ -3,8 +3,11 @@ package org.cudabridge;
 import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
+import java.nio.file.Path;
+
 import org.junit.jupiter.api.AfterAll;
 import org.junit.jupiter.api.BeforeAll;
+import org.junit.jupiter.api.TestInfo;
 import org.junit.jupiter.api.function.Executable;
 
 /**
@@ -12,13 +15,20 @@ import org.junit.jupiter.api.function.Executable;
  * before its tests, shut down after them. The bridge cannot start again in a JVM after its
  * shutdown, so every subclass carries {@code @Tag("own-jvm")} and gets a JVM of its own.
  * JUnit runs this class's {@code @BeforeAll} before a subclass's, and its {@code @AfterAll} after.
+ * A subclass marked {@link EmulatedKernels} gets a bridge whose kernels have host twins.
  */
 abstract class RunningBridge {
     static CudaBridge bridge;
 
     @BeforeAll
-    static void startBridge() {
-        bridge = CudaBridge.start();
+    static void startBridge(TestInfo info) {
+        BridgeOptions options = BridgeOptions.fromSystemProperties();
+        EmulatedKernels twins = info.getTestClass().map(c -> c.getAnnotation(EmulatedKernels.class)).orElse(null);
+        if (twins != null) {
+            options = options.addPythonPath(Path.of(System.getProperty("user.dir"), "tests").toString())
+                    .set("emulatedKernels", twins.value());
+        }
+        bridge = CudaBridge.start(options);
     }
 
     @AfterAll

@@ -1,0 +1,18 @@
+package org.cudabridge;
+
+import java.lang.annotation.ElementType;
+import java.lang.annotation.Retention;
+import java.lang.annotation.RetentionPolicy;
+import java.lang.annotation.Target;
+
+/**
+ * On a {@link RunningBridge} test class: its bridge starts with the repository's {@code tests/} on
+ * the Python path (dev/junit runs in the repository root) and {@code emulatedKernels} set to this
+ * module of host twins, so that its kernels run on the emulated device.
+ */
+@Retention(RetentionPolicy.RUNTIME)
+@Target(ElementType.TYPE)
+@interface EmulatedKernels {
+    /** The module of host twins in tests/, e.g. {@code host_twins_for_tests}. */
+    String value();
+}
