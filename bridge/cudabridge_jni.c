@@ -342,6 +342,22 @@ static inline void gil_exit(gil_section *g) {
     }
 }
 
+/* Makes ctx current on this thread for a copy's driver calls: 0, or a CUresult with *call naming
+ * the call that failed. *prev is the thread's context before (NULL: none), for ctx_restore. */
+static int ctx_enter(const cb_driver *d, cb_CUcontext ctx, cb_CUcontext *prev, const char **call) {
+    *prev = NULL;
+    int rc = d->cuCtxGetCurrent(prev);
+    if (rc != CB_CUDA_SUCCESS) *call = "cuCtxGetCurrent";
+    else if (*prev != ctx && (rc = d->cuCtxSetCurrent(ctx)) != CB_CUDA_SUCCESS) *call = "cuCtxSetCurrent";
+    return rc;
+}
+
+/* Puts back the context the thread had before ctx_enter. A thread that had none keeps ctx, as the
+ * launch does (the runtime's first call would have made it current): its next call costs no switch. */
+static void ctx_restore(const cb_driver *d, cb_CUcontext ctx, cb_CUcontext prev) {
+    if (prev != NULL && prev != ctx) d->cuCtxSetCurrent(prev);
+}
+
 /* A staging ring's block back to the pinned pool (alloc_staging's free_staging; GIL held). Best
  * effort: it runs where no one can be told (a thread's end), or after a failure the caller reports. */
 static void give_staging(long long base) {
@@ -355,13 +371,11 @@ static void give_staging(long long base) {
 /* ring_retire (staging_ring.h) on any thread, without the GIL: r's context current for it, the
  * thread's own put back after. Its block, or 0 when it is dropped (a driver call failed). */
 static long long retire_ring(const cb_driver *d, cb_ring *r) {
-    cb_CUcontext prev = NULL, ctx = r->context;
-    int rc = d->cuCtxGetCurrent(&prev);
-    if (rc == CB_CUDA_SUCCESS && prev != ctx) rc = d->cuCtxSetCurrent(ctx);
-    if (rc != CB_CUDA_SUCCESS) return 0;
+    cb_CUcontext prev, ctx = r->context;
     const char *call = NULL;
-    char *base = ring_retire(d, r, &rc, &call);
-    if (prev != NULL && prev != ctx) d->cuCtxSetCurrent(prev);
+    int rc = ctx_enter(d, ctx, &prev, &call);
+    char *base = rc == CB_CUDA_SUCCESS ? ring_retire(d, r, &rc, &call) : NULL;
+    ctx_restore(d, ctx, prev);
     return (long long)(intptr_t)base;
 }
 
@@ -1523,12 +1537,10 @@ static void quick_copy(JNIEnv *env, gil_section *g, cb_copy_lease *lease, cb_rin
     const cb_driver *d = g_api->driver;
     captured_error err = {0};
     const char *call = NULL;
-    cb_CUcontext prev = NULL;
+    cb_CUcontext prev;
     jlong issued = 0;
     int held = 1;   /* the GIL */
-    int rc = d->cuCtxGetCurrent(&prev);
-    if (rc != CB_CUDA_SUCCESS) call = "cuCtxGetCurrent";
-    else if (prev != lease->context && (rc = d->cuCtxSetCurrent(lease->context)) != CB_CUDA_SUCCESS) call = "cuCtxSetCurrent";
+    int rc = ctx_enter(d, lease->context, &prev, &call);
     if (rc == CB_CUDA_SUCCESS)
         rc = to_device ? ring_to_device(d, r, host, byteOffset, nbytes, lease->address, lease->stream, 1, &call)
                        : ring_from_device_queue(d, r, nbytes, lease->address, lease->stream, &issued, &call);
@@ -1538,7 +1550,7 @@ static void quick_copy(JNIEnv *env, gil_section *g, cb_copy_lease *lease, cb_rin
         held = 0;
         rc = ring_from_device_drain(d, r, host, byteOffset, nbytes, lease->address, lease->stream, 1, issued, &call);
     }
-    if (prev != NULL && prev != lease->context) d->cuCtxSetCurrent(prev);
+    ctx_restore(d, lease->context, prev);
     if (rc > 0) {
         t_slot.ring = NULL;   /* a driver call failed: the slots' state is unknown, drop it */
         if (!held && gil_enter(env, g) != 0) return;
@@ -1571,17 +1583,14 @@ static void gpu_copy(JNIEnv *env, jlong handle, jlong devOffset, cb_host_side *h
                                     (unsigned long long)(uintptr_t)host->raw, &lease) == 0;
     if (entered && lease.pagelocked) {
         const char *call = NULL;
-        cb_CUcontext prev = NULL;
-        int rc = d->cuCtxGetCurrent(&prev);
-        if (rc != CB_CUDA_SUCCESS) call = "cuCtxGetCurrent";
-        else if (prev != lease.context && (rc = d->cuCtxSetCurrent(lease.context)) != CB_CUDA_SUCCESS) call = "cuCtxSetCurrent";
+        cb_CUcontext prev;
+        int rc = ctx_enter(d, lease.context, &prev, &call);
         if (rc == CB_CUDA_SUCCESS) {
             rc = to_device ? d->cuMemcpyHtoDAsync(lease.address, host->raw, (size_t)nbytes, lease.stream)
                            : d->cuMemcpyDtoHAsync(host->raw, lease.address, (size_t)nbytes, lease.stream);
             if (rc != CB_CUDA_SUCCESS) call = to_device ? "cuMemcpyHtoDAsync" : "cuMemcpyDtoHAsync";
-            /* a thread with no context keeps this one, as the launch does: the next call costs no switch */
-            if (prev != NULL && prev != lease.context) d->cuCtxSetCurrent(prev);
         }
+        ctx_restore(d, lease.context, prev);
         g_api->leave_copy(g_api->core, &lease);
         if (rc != CB_CUDA_SUCCESS) {
             g_api->driver_failed(g_api->core, call, rc);
@@ -1631,23 +1640,21 @@ static void gpu_copy(JNIEnv *env, jlong handle, jlong devOffset, cb_host_side *h
         return;
     }
     const char *call = NULL;
-    int rc = CB_CUDA_SUCCESS;
-    cb_CUcontext prev = NULL;
-    if ((rc = d->cuCtxGetCurrent(&prev)) != CB_CUDA_SUCCESS) call = "cuCtxGetCurrent";
-    else if (prev != lease.context && (rc = d->cuCtxSetCurrent(lease.context)) != CB_CUDA_SUCCESS) call = "cuCtxSetCurrent";
+    cb_CUcontext prev;
+    int rc = ctx_enter(d, lease.context, &prev, &call);
     if (rc == CB_CUDA_SUCCESS && r == NULL) {
         r = ring_make(d, lease.context, slots, slot_bytes, (char *)(intptr_t)base, &rc, &call);
         if (r != NULL) base = 0;   /* the ring's now */
     }
     t_slot.ring = r;
     if (r != NULL) keep_slot();   /* its destructor gives the ring back when the thread ends */
-    if (r != NULL) {
+    if (r != NULL && rc == CB_CUDA_SUCCESS) {   /* never with the context not current */
         int threads = g_api->staging_copy_threads;
         rc = to_device ? ring_to_device(d, r, host, byteOffset, nbytes, lease.address, lease.stream, threads, &call)
                        : ring_from_device(d, r, host, byteOffset, nbytes, lease.address, lease.stream, threads, &call);
         if (rc > 0) t_slot.ring = NULL;   /* a driver call failed: the slots' state is unknown, drop it */
     }
-    if (prev != NULL && prev != lease.context) d->cuCtxSetCurrent(prev);
+    ctx_restore(d, lease.context, prev);
     if (gil_enter(env, &g) != 0) return;   /* cannot happen: this thread has its Python state */
     g_api->leave_copy(g_api->core, &lease);
     if (base != 0) give_staging(base);   /* no ring was made over it */
