@@ -70,7 +70,8 @@ KIND_CODES = ("ptr", "i8", "i16", "i32", "i64", "f32", "f64", "bool")
 class JavaHotPath:
     """The hot path of the Java API, over one :class:`CudaBridgeService`."""
 
-    # Calls counted per kind (statistics ``bridge_<kind>``); the C twin counts the first four.
+    # Calls counted per kind (statistics ``bridge_<kind>``); the C twin counts what it takes itself
+    # (HotCore.counts), which ``counters`` adds.
     COUNTERS = ("allocations", "frees", "batched_frees", "batches", "copies_in", "copies_out", "copies_direct",
                 "memsets", "synchronizes", "launches", "launches_referred", "copies_address", "pinned_reclaimed",
                 "copies_referred")
@@ -494,10 +495,16 @@ class JavaHotPath:
         a, lease, region = self._enter_host_copy("copies_direct" if direct else "copies_address", to_device,
                                                  hid, offset, address, nbytes)
         if region is not None:
-            block = self._pinned_blocks.get(region[0])
-            if block is not None:
-                block.streams.add(a.stream)   # its reuse waits for this stream (PinnedHostPool.free)
+            self._used_on(region[0], a.stream)
         return a, lease, region is not None
+
+    def _used_on(self, base: int, stream: int) -> None:
+        """An asynchronous copy of the page-locked region at ``base`` is queued on ``stream``: a
+        pinned buffer there is then reused only once that stream has passed it
+        (PinnedHostPool.free); a registered region needs nothing."""
+        block = self._pinned_blocks.get(base)
+        if block is not None:
+            block.streams.add(stream)
 
     def _check_address(self, call: str, address: int, nbytes: int, task: int) -> tuple[int, Any] | None:
         """(start, memory) of the pinned buffer or registered region [address, address + nbytes)
@@ -535,9 +542,7 @@ class JavaHotPath:
         if region is None:
             return view
         base, buf = region
-        block = self._pinned_blocks.get(base)
-        if block is not None:
-            block.streams.add(stream)   # its reuse waits for this stream (PinnedHostPool.free)
+        self._used_on(base, stream)
         off = address - base
         return memoryview(buf).cast("B")[off:off + len(view)]
 
