@@ -22,6 +22,7 @@ import itertools
 import logging
 import os
 import threading
+from typing import Iterator
 
 from .device import DeviceBackend
 from .errors import InvalidArgument, PoolClosed
@@ -94,6 +95,11 @@ class StreamPool:
             if prev != device:
                 backend.set_device(prev)
         self._cycles = {p: itertools.cycle(h) for p, h in self._streams.items() if h}
+        # The same cycles by plain priority name, for a caller that takes streams itself (the task
+        # registry's C twin): one next() on a cycle is acquire(). None unless round-robin is the
+        # policy; emptied in place at close, so that nothing hands out a closed pool's streams.
+        self.round_robin_cycles: dict[str, Iterator[int]] | None = (
+            {str(p): c for p, c in self._cycles.items()} if self.policy == StreamPolicy.ROUND_ROBIN else None)
         self._lock = threading.Lock()
         self._closed = False
         self.idle_queries = 0
@@ -146,6 +152,8 @@ class StreamPool:
                 return
             self._closed = True
             self._cycles = {}
+            if self.round_robin_cycles is not None:
+                self.round_robin_cycles.clear()
         prev = self.backend.get_device()
         self.backend.set_device(self.device)
         try:

@@ -34,14 +34,28 @@ the registry and them; the C twin depends on it and on nothing else of this modu
 Enter is: ``lease = get(task_id)``; None -> raise ``refusal(task_id, None)``; append this
 thread's ident to ``lease.inside``; then read ``lease.open``; False -> remove that ident again and
 raise ``refusal(task_id, lease)``; else the operation runs. Leave removes one occurrence of this
-thread's ident from ``lease.inside`` (on every way out of the operation). Release (under the
-registry's lock) removes the lease from the table, *then* sets ``open`` False, then (lock
-released) waits until ``inside`` is empty, and only then calls its listeners and reclaims the
-task's memory. Invariants: a lease in the table is open; a closed lease never opens again and is
-never put back (a re-bound task gets a new lease), so an operation that entered an old lease is
-refused even when its task id is bound again meanwhile; once a release's wait has returned, no
-operation of the task is in progress and none can start. Only the registry writes the table and
-``open``; the hot paths only append and remove their own idents.
+thread's ident from ``lease.inside`` (on every way out of the operation). Release takes the
+lease out of the table (it moves to the releasing table), *then* sets ``open`` False, then waits
+until ``inside`` is empty, and only then calls its listeners and reclaims the task's memory.
+Invariants: a lease in the table is open; a closed lease never opens again and is never put back
+(a re-bound task gets a new lease), so an operation that entered an old lease is refused even
+when its task id is bound again meanwhile; once a release's wait has returned, no operation of
+the task is in progress and none can start. Only the registry writes the table and ``open``; the
+hot paths only append and remove their own idents.
+
+Interruptions
+-------------
+An asynchronous exception (``KeyboardInterrupt`` from a signal, ``PyThreadState_SetAsyncExc``)
+is raised at the next check of the interpreter's eval breaker: on entry to a Python function and
+after a call returns, never inside a call to a built-in. So a step that must not be cut in two is
+one built-in call, and an operation enters its lease with ``lease.inside.append(me)`` as the first
+statement of a ``try`` whose ``finally`` first calls ``lease.inside.remove(me)`` (both built-ins
+called inline: a helper function's entry is itself a check, so :meth:`TaskLeases.enter` and
+:meth:`TaskLeases.leave` are for callers no interruption reaches). The C twin's steps are C. Bind and release are a few
+such single steps (``dict.setdefault``, ``dict.pop``), with no lock: under the GIL each is atomic,
+so 16 threads binding and releasing at once never queue on a lock whose holder the GIL switched
+out. A release cut short by an interruption leaves its task in the releasing table, and the next
+:meth:`TaskRegistry.release` of that task (or :meth:`TaskRegistry.close`) finishes it.
 """
 
 from __future__ import annotations
@@ -49,11 +63,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from threading import get_ident
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Iterator, Mapping
+from itertools import count
+from typing import TYPE_CHECKING, Callable, Iterator, Mapping, NamedTuple
 
 from .errors import CudaError, InvalidArgument, KernelFault, PoolClosed, UnknownTask, index_int
 from .kernels.launch_log import LaunchLog
+from .memory.native import load as load_native
 
 if TYPE_CHECKING:
     from .kernels import LaunchConfig
@@ -74,8 +91,10 @@ class GpuResources:
     memory: "StreamOrderedMemoryPool"
 
 
-@dataclass(frozen=True)
-class TaskBinding:
+class TaskBinding(NamedTuple):
+    """A task's place on the executor (immutable; a tuple, so that binding costs no more than
+    the stream it hands out)."""
+
     task_id: int
     gpu: int          # CUDA ordinal
     address: str      # Spark's address for it
@@ -83,8 +102,7 @@ class TaskBinding:
     priority: str
 
 
-@dataclass(frozen=True)
-class ReleaseReport:
+class ReleaseReport(NamedTuple):
     task_id: int
     leaks_reclaimed: int          # allocations the task still held, freed by the release
     leaked_bytes_reclaimed: int   # their bytes
@@ -99,7 +117,17 @@ def task_id_of(value: object) -> int:
     return value
 
 
-class TaskLease:
+class _LeaseSlots:
+    """The fields of a lease; replaced by the registry C twin's identical ``LeaseBase`` when it
+    is built, so that its bind can fill them without running ``__init__``."""
+
+    __slots__ = ("binding", "inside", "open")
+
+
+_core = load_native("cudabridge._registry_core")
+
+
+class TaskLease(_core.LeaseBase if _core is not None else _LeaseSlots):  # type: ignore[misc]
     """Admission of a bound task's operations; release closes it and waits until none is inside.
 
     Every operation that queues GPU work for the task (allocate, copies, memsets, kernels)
@@ -116,7 +144,7 @@ class TaskLease:
     docstring), which the C hot path (``jvm/_hotcore.c``) follows step for step.
     """
 
-    __slots__ = ("binding", "inside", "open")
+    __slots__ = ()
 
     def __init__(self, binding: "TaskBinding") -> None:
         self.binding = binding
@@ -124,10 +152,13 @@ class TaskLease:
         self.open = True
 
 
+_PLAIN_LEASE = TaskLease   # the C twin fills its slots itself; a subclass gets its __init__ run
+
+
 class TaskLeases:
     """Task attempt id -> :class:`TaskLease` of every bound task: the lease protocol's table
     (module docstring). Readable by anyone (``get``, ``in``, ``[]``, iteration, ``len``);
-    written only by its :class:`TaskRegistry`, under the registry's lock."""
+    written only by its :class:`TaskRegistry`."""
 
     __slots__ = ("_by_id", "get")
 
@@ -185,17 +216,19 @@ class TaskLeases:
     def leave(lease: TaskLease) -> None:
         lease.inside.remove(threading.get_ident())
 
-    # writing (the registry only, under its lock) -----------------------------------------------
-    def _add(self, lease: TaskLease) -> None:
-        self._by_id[lease.binding.task_id] = lease
+    # writing (the registry only; each step one atomic dict operation) -------------------------
+    def _insert(self, lease: TaskLease) -> TaskLease:
+        """Put ``lease`` in the table unless its task id is there: returns the lease that is
+        there now (``lease`` itself when it went in)."""
+        return self._by_id.setdefault(lease.binding.task_id, lease)
 
-    def _close(self, task_id: int) -> TaskLease | None:
-        """Take the task's lease out of the table, then close it (the order readers rely on:
-        a lease in the table is open)."""
-        lease = self._by_id.pop(task_id, None)
-        if lease is not None:
-            lease.open = False
-        return lease
+    def _take_out(self, task_id: int, lease: TaskLease) -> None:
+        """Take ``lease`` out of the table, then close it (the order readers rely on: a lease in
+        the table is open). The caller holds the task's release claim, so nothing else removes
+        the entry meanwhile and no bind can put another lease under its id."""
+        if self._by_id.get(task_id) is lease:
+            self._by_id.pop(task_id, None)
+        lease.open = False
 
 
 class TaskRegistry:
@@ -207,21 +240,51 @@ class TaskRegistry:
         if not gpus:
             raise InvalidArgument("a task registry needs at least one GPU")
         self._gpus = dict(gpus)
+        self._sole = next(iter(self._gpus.values())) if len(self._gpus) == 1 else None
         # task attempt id -> its lease (binding and admission): the lease protocol's table, read
-        # without the lock by the hot paths (the C twin of the Java hot path included); written
-        # here, under the lock.
+        # by the hot paths (the C twin of the Java hot path included), written only here.
         self._leases = TaskLeases()
-        self._releasing: set[int] = set()   # released, not yet reclaimed: not bindable again yet
+        # task attempt id -> its closed lease, from the start of its release until its memory is
+        # reclaimed (its allocations carry the id as owner: the id is not bindable until then).
+        # A release cut short by an interruption leaves its entry here for the next release.
+        self._releasing: dict[int, TaskLease] = {}
+        # task attempt id -> the token of the release running for it: one release at a time
+        # per task. Present only while a release() call runs (its ``finally`` takes it out).
+        self._claims: dict[int, object] = {}
         self._release_listeners: list[Callable[[TaskBinding], None]] = []
-        self._stream_use: dict[int, int] = {}
-        self._lock = threading.Lock()
+        self._binds = count()   # next() is one atomic step; its repr says how many were taken
         self._local = threading.local()
         self._closed = False
-        self.tasks_bound_total = 0
         self.launch_log = LaunchLog()   # per stream: the kernels since its last completed synchronize
+        # bind and release: the C twin where it is built (it hands what it does not take to the
+        # references below), else the references themselves.
+        self._core = None
+        self.bind = self._bind_reference          # type: ignore[method-assign]
+        self.release = self._release_reference    # type: ignore[method-assign]
+        if _core is not None:
+            self._core = _core.RegistryCore(
+                table=self._leases._by_id, releasing=self._releasing, claims=self._claims,
+                gpus={o: (o, r.address, r.streams.round_robin_cycles, r.memory.owner_table, r.memory.release_owner)
+                      for o, r in self._gpus.items()},
+                binding_type=TaskBinding, report_type=ReleaseReport, lease_type=TaskLease,
+                lease_direct=TaskLease is _PLAIN_LEASE, local=self._local,
+                listeners=self._release_listeners, drain=self._drain, bind_ref=self._bind_reference,
+                release_ref=self._release_reference, get_ident=get_ident)
+            self.bind = self._core.bind
+            self.release = self._core.release
+
+    @property
+    def native(self) -> bool:
+        """Whether bind and release run in C (``_registry_core.c``)."""
+        return self._core is not None
 
     def gpu(self, ordinal: int) -> GpuResources:
-        res = self._gpus.get(ordinal)
+        res = self._gpus.get(ordinal) if ordinal.__class__ is int else None
+        if res is None and ordinal.__class__ is not int:   # a bool would find GPU 0 or 1
+            try:
+                res = self._gpus.get(index_int(ordinal, "GPU ordinal"))
+            except InvalidArgument:
+                res = None
         if res is None:
             raise InvalidArgument(f"GPU ordinal {ordinal!r} is not owned by this executor "
                                   f"(owned: {sorted(self._gpus)})")
@@ -235,30 +298,52 @@ class TaskRegistry:
 
     def on_release(self, listener: Callable[[TaskBinding], None]) -> None:
         """Call ``listener(binding)`` at every release, after the task's operations have drained
-        and before its memory is reclaimed (the Java hot path drops its handles there)."""
+        and before its memory is reclaimed (the Java hot path drops its handles there). A release
+        finished after an interruption may call it a second time for the same task."""
         self._release_listeners.append(listener)
 
     def bind(self, task_id: int, gpu: int | None = None, priority: str = "normal") -> TaskBinding:
-        """Bind a task to a stream of ``gpu`` (an ordinal; default: the only GPU)."""
-        task_id = task_id_of(task_id)
+        """Bind a task to a stream of ``gpu`` (an ordinal; default: the only GPU). Replaced on
+        each registry by the C twin's ``bind`` or by :meth:`_bind_reference`."""
+        return self._bind_reference(task_id, gpu, priority)
+
+    def _bind_reference(self, task_id: int, gpu: int | None = None, priority: str = "normal") -> TaskBinding:
+        """:meth:`bind` in Python, the reference of the C twin.
+
+        No lock: the stream is taken first (a pool stream is never given back, so a refused
+        bind loses nothing), then the lease goes in with one ``dict.setdefault``, and what could
+        have begun between the checks and that step (a release of an earlier binding of the id,
+        a close) is checked again after it, withdrawing the lease if so."""
+        if task_id.__class__ is not int or task_id < 0:
+            task_id = task_id_of(task_id)
         if gpu is None:
-            if len(self._gpus) != 1:
+            res = self._sole
+            if res is None:
                 raise InvalidArgument(f"task {task_id}: the executor owns GPUs {sorted(self._gpus)}; say which")
-            gpu = next(iter(self._gpus))
-        res = self.gpu(gpu)
-        with self._lock:
+        else:
+            res = self.gpu(gpu)
+        if self._closed:
+            raise PoolClosed("bind after the task registry was closed")
+        if task_id in self._releasing:
+            raise self._still_releasing(task_id)
+        held = self._leases.get(task_id)
+        if held is not None:   # refused before a stream is taken, as the C twin does
+            raise InvalidArgument(f"task {task_id} is bound already (to GPU {held.binding.gpu})")
+        lease = TaskLease(TaskBinding(task_id, res.ordinal, res.address, res.streams.acquire(priority), priority))
+        held = self._leases._insert(lease)
+        if held is not lease:
+            raise InvalidArgument(f"task {task_id} is bound already (to GPU {held.binding.gpu})")
+        if task_id in self._releasing or self._closed:
+            self._leases._take_out(task_id, lease)
             if self._closed:
                 raise PoolClosed("bind after the task registry was closed")
-            if task_id in self._leases:
-                raise InvalidArgument(f"task {task_id} is bound already (to GPU {self._leases[task_id].binding.gpu})")
-            if task_id in self._releasing:
-                raise InvalidArgument(f"task {task_id} is still being released; bind it again once that returns")
-            stream = res.streams.acquire(priority)
-            binding = TaskBinding(task_id, res.ordinal, res.address, stream, priority)
-            self._leases._add(TaskLease(binding))
-            self._stream_use[stream] = self._stream_use.get(stream, 0) + 1
-            self.tasks_bound_total += 1
-        return binding
+            raise self._still_releasing(task_id)
+        next(self._binds)
+        return lease.binding
+
+    @staticmethod
+    def _still_releasing(task_id: int) -> InvalidArgument:
+        return InvalidArgument(f"task {task_id} is still being released; bind it again once that returns")
 
     def binding(self, task_id: int) -> TaskBinding:
         return self._leases.lease_of(task_id).binding
@@ -292,12 +377,16 @@ class TaskRegistry:
 
     def allocate(self, task_id: int, size: int) -> "Allocation":
         """Memory on the task's GPU, ordered on its stream, owned by the task."""
-        lease = self._leases.enter(task_id)
-        try:
+        lease = self._leases.lease_of(task_id)
+        me = get_ident()
+        try:   # the lease's entry and exit are single built-in calls (module docstring)
+            lease.inside.append(me)
+            if not lease.open:
+                raise self._leases.refusal(task_id, lease)
             b = lease.binding
             return self._gpus[b.gpu].memory.allocate(size, b.stream, owner=b.task_id)
         finally:
-            TaskLeases.leave(lease)
+            lease.inside.remove(me)
 
     def synchronize(self, task_id: int) -> None:
         """Wait for the work queued on the task's stream. A kernel that faulted there is reported
@@ -323,8 +412,12 @@ class TaskRegistry:
         stream while the kernel still writes it). An :class:`~cudabridge.memory.Allocation`
         argument passes its address; it must be live, on the task's GPU and owned by the task
         (another task's buffer is refused: nothing would order this launch after its stream)."""
-        lease = self._leases.enter(task_id)
-        try:
+        lease = self._leases.lease_of(task_id)
+        me = get_ident()
+        try:   # the lease's entry and exit are single built-in calls (module docstring)
+            lease.inside.append(me)
+            if not lease.open:
+                raise self._leases.refusal(task_id, lease)
             b = lease.binding
             gpu = getattr(kernel, "gpu", None)   # a loaded module's kernel belongs to one GPU
             if gpu is not None and gpu != b.gpu:
@@ -335,7 +428,7 @@ class TaskRegistry:
             kernel.launch(pool.backend, b.stream, config, values)
             self.launch_log.record(b.stream, kernel.name)
         finally:
-            TaskLeases.leave(lease)
+            lease.inside.remove(me)
 
     @staticmethod
     def _kernel_arg(pool: "StreamOrderedMemoryPool", b: "TaskBinding", index: int, arg: object,
@@ -360,73 +453,119 @@ class TaskRegistry:
 
     def release(self, task_id: int) -> ReleaseReport:
         """Release the task: refuse its new operations, wait for those in progress, then free
-        what it still holds (asynchronously, on its stream)."""
-        task_id = task_id_of(task_id)
-        with self._lock:
-            lease = self._leases.get(task_id)
-            if lease is None:
-                raise self._leases.refusal(task_id, None)
-            if threading.get_ident() in lease.inside:
-                raise InvalidArgument(f"task {task_id} cannot be released from inside one of its own "
-                                      f"operations on this thread")
-            self._leases._close(task_id)   # out of the table, then closed (the lease protocol)
-            self._releasing.add(task_id)   # until reclaimed: its allocations carry this id as owner
-            b = lease.binding
-            n = self._stream_use[b.stream] - 1
-            if n:
-                self._stream_use[b.stream] = n
-            else:
-                del self._stream_use[b.stream]
+        what it still holds (asynchronously, on its stream). One release runs per task at a time
+        (another is refused as "being released"); one cut short by an interruption is finished
+        by the next release of the task. Replaced on each registry by the C twin's ``release``
+        or by :meth:`_release_reference`."""
+        return self._release_reference(task_id)
+
+    def _release_reference(self, task_id: int) -> ReleaseReport:
+        """:meth:`release` in Python, the reference of the C twin."""
+        if task_id.__class__ is not int or task_id < 0:
+            task_id = task_id_of(task_id)
+        claim = object()
+        if self._claims.setdefault(task_id, claim) is not claim:
+            raise self._leases.refusal(task_id, self._releasing.get(task_id) or self._leases.get(task_id)
+                                       or _CLOSED_LEASE)
         try:
+            lease = self._leases.get(task_id)
+            if lease is not None:
+                if get_ident() in lease.inside:
+                    raise InvalidArgument(f"task {task_id} cannot be released from inside one of its own "
+                                          f"operations on this thread")
+                self._releasing[task_id] = lease    # first: until reclaimed, the id is in one table or both
+                self._leases._take_out(task_id, lease)
+            else:
+                lease = self._releasing.get(task_id)   # a release of it was cut short: finish it
+                if lease is None:
+                    raise self._leases.refusal(task_id, None)
+            b = lease.binding
             self._drain(lease)
             try:
                 for listener in self._release_listeners:
                     listener(b)
             finally:   # the memory is reclaimed whatever a listener did
                 count, nbytes = self._gpus[b.gpu].memory.release_owner(task_id)
+            self._releasing.pop(task_id, None)
         finally:
-            with self._lock:
-                self._releasing.discard(task_id)
-        if getattr(self._local, "task", None) == task_id:
-            self._local.task = None
+            self._claims.pop(task_id, None)
+        local = self._local.__dict__   # this thread's (a getattr that misses costs a raised error)
+        if local.get("task") == task_id:
+            local["task"] = None
         return ReleaseReport(task_id, count, nbytes)
 
     def _drain(self, lease: TaskLease) -> None:
-        """Wait (GIL released) until no operation of the closed lease is in progress."""
-        if not lease.inside:
+        """Wait (GIL released) until no operation of the closed lease is in progress. An entry of
+        a thread that has ended is dropped (logged): that thread is no longer inside."""
+        inside = lease.inside
+        if not inside:
             return
         start = time.monotonic()
         warn_at = start + self.DRAIN_WARN_S
         pause = 0.0
-        while lease.inside:
+        while inside:
             time.sleep(pause)
             pause = min(0.001, pause * 2 or 0.00002)
+            if pause == 0.001:
+                self._drop_ended(lease)
             now = time.monotonic()
             if now >= warn_at:
                 log.warning("release of task %d: still waiting after %.0f s for operations in progress on "
-                            "thread(s) %s", lease.binding.task_id, now - start, sorted(set(lease.inside)))
+                            "thread(s) %s", lease.binding.task_id, now - start, sorted(set(inside)))
                 warn_at = now + self.DRAIN_WARN_S
+
+    @staticmethod
+    def _drop_ended(lease: TaskLease) -> None:
+        alive = {t.ident for t in threading.enumerate()}
+        for ident in set(lease.inside):
+            if ident not in alive:
+                log.warning("release of task %d: thread %d ended inside one of its operations; not waiting "
+                            "for it", lease.binding.task_id, ident)
+                while ident in lease.inside:
+                    try:
+                        lease.inside.remove(ident)
+                    except ValueError:
+                        break
 
     @property
     def tasks_bound(self) -> int:
         return len(self._leases)
 
     @property
+    def tasks_bound_total(self) -> int:
+        """Binds that succeeded, ever: those of the reference (``count`` says in its repr the
+        next number it gives) and those of the C twin."""
+        return int(repr(self._binds)[6:-1]) + (self._core.binds if self._core is not None else 0)
+
+    @property
     def streams_in_use(self) -> int:
-        return len(self._stream_use)
+        """Streams with at least one bound task (a task whose release has begun is not bound)."""
+        return len({lease.binding.stream for lease in list(self._leases._by_id.values())})
 
     def bound_tasks(self) -> list[int]:
         return list(self._leases)
 
-    def close(self) -> list[ReleaseReport]:
-        """Release every task still bound. Idempotent."""
-        with self._lock:
-            self._closed = True
-            tasks = list(self._leases)
+    def releases_in_progress(self) -> list[int]:
+        """Tasks whose release has begun and not finished (running, or cut short)."""
+        return list(self._releasing)
+
+    def close(self, deadline_s: float | None = None) -> list[ReleaseReport]:
+        """Release every task still bound, finish releases cut short, and wait (up to
+        ``deadline_s``, default without end) for releases running on other threads. Idempotent."""
+        self._closed = True
+        if self._core is not None:
+            self._core.closed = True
         reports = []
-        for t in tasks:
+        for t in list(self._leases) + list(self._releasing):
             try:
                 reports.append(self.release(t))
             except UnknownTask:
-                pass  # released by its own thread meanwhile
+                pass  # released by another thread meanwhile, or running there now
+        end = None if deadline_s is None else time.monotonic() + deadline_s
+        while self._claims and (end is None or time.monotonic() < end):
+            time.sleep(0.001)
         return reports
+
+
+_CLOSED_LEASE = TaskLease(TaskBinding(-1, -1, "", 0, ""))   # "being released", for a refused claim
+_CLOSED_LEASE.open = False

@@ -34,11 +34,16 @@ def fill_u32(c: "BridgeControl", handle: int, value: int, delay_s: float = 0.0, 
 
 def spin(c: "BridgeControl", task: int, seconds: float) -> None:
     """A kernel that only spins, on the task's stream, inside the task's lease."""
-    lease = c.service.registry.enter(int(task))
-    try:
+    leases = c.service.registry.leases
+    lease = leases.lease_of(int(task))
+    me = threading.get_ident()
+    try:   # entered and left by single built-in calls (task_registry's "Interruptions")
+        lease.inside.append(me)
+        if not lease.open:
+            raise leases.refusal(int(task), lease)
         c.service.backend.spin_async(lease.binding.stream, float(seconds))
     finally:
-        c.service.registry.leave(lease)
+        lease.inside.remove(me)
 
 
 def pool_statistics(c: "BridgeControl", gpu: int = 0) -> dict[str, int]:

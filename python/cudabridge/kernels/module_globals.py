@@ -17,6 +17,7 @@ from pageable memory the bytes are staged before it returns (the backend's copy 
 
 from __future__ import annotations
 
+from threading import get_ident
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..device.backend import host_view
@@ -73,8 +74,12 @@ def copy_from_global(registry: "TaskRegistry", task_id: int, glob: ModuleGlobal,
 
 def _on_task_stream(registry: "TaskRegistry", task_id: int, glob: ModuleGlobal, call: str, queue: Any) -> None:
     """Run ``queue(backend, stream)`` inside the task's lease, with the task's GPU current."""
-    lease = registry.enter(task_id)
-    try:
+    lease = registry.leases.lease_of(task_id)
+    me = get_ident()
+    try:   # entered and left by single built-in calls (task_registry's "Interruptions")
+        lease.inside.append(me)
+        if not lease.open:
+            raise registry.leases.refusal(task_id, lease)
         b = lease.binding
         if b.gpu != glob.gpu:
             raise InvalidArgument(f"{call}: global {glob.name!r} is of a module on GPU {glob.gpu}, task "
@@ -89,4 +94,4 @@ def _on_task_stream(registry: "TaskRegistry", task_id: int, glob: ModuleGlobal, 
             if prev != b.gpu:
                 backend.set_device(prev)
     finally:
-        registry.leave(lease)
+        lease.inside.remove(me)
