@@ -15,9 +15,12 @@
  *               lease | None) -> the UnknownTask to raise, and the lease's documented attributes
  *               binding, inside (a list of thread idents) and open.
  *   handles     the hot path's HandleTable (handles.py). Used: insert(handle, allocation),
- *               pop(handle, default), get(handle), refusal(handle, call) -> InvalidFree,
+ *               pop(handle, default), get(handle), released_with(handle) -> the task whose
+ *               release took it, or None; refusal(handle, call) -> InvalidFree,
  *               refusal_many(handles) -> InvalidFree.
- *   allocators, frees   per GPU ordinal: the pool's allocate(size, stream, owner) and free(a).
+ *   allocators, frees   per GPU ordinal: the pool's allocate(size, stream, owner) and free(a); an
+ *               allocation's _state reads 2 (RELEASED, memory/allocation.py) once its task's
+ *               release reclaimed it.
  *   set_device  backend.set_device, or None with one GPU.
  *   reference   {"stream", "allocate", "free", "free_many"} -> the Python reference methods,
  *               called (with the arguments as given) for the forms this code does not take:
@@ -31,6 +34,9 @@
  * allocate runs inside the task's lease with the protocol's steps (TaskLeases.enter / leave):
  * look the lease up, append this thread's ident to lease.inside, then read lease.open; closed:
  * remove the ident and raise leases.refusal(task, lease); on every way out remove the ident.
+ * A free of a handle its task's release took (released_with) has no effect and counts nothing, as
+ * one whose allocation the release reclaimed between the pop and the pool's free: the release
+ * freed it and counted it as a leak.
  * Free-threaded builds are not supported (the loader falls back to Python there).
  */
 #define PY_SSIZE_T_CLEAN
@@ -45,10 +51,11 @@
 #define MAX_GPUS (1 << GPU_BITS)
 #define GPU_MASK (MAX_GPUS - 1)
 #define SMALL_BATCH 16          /* free_many checks duplicates pairwise up to this many */
+#define ALLOCATION_RELEASED 2   /* Allocation._state once its owner's release reclaimed it (allocation.py) */
 
 static PyObject *s_stream, *s_gpu, *s_id, *s_ptr, *s_binding, *s_inside, *s_open, *s_task_id, *s_get,
     *s_refusal, *s_insert, *s_pop, *s_refusal_many, *s_free, *s_allocate, *s_free_many, *s_launch, *s_record, *s_synchronize, *s_clear,
-    *s_recent, *s_owner, *s_size, *s_state, *s_limits, *s_max_dynamic_shared, *s_streams;
+    *s_recent, *s_owner, *s_size, *s_state, *s_limits, *s_max_dynamic_shared, *s_streams, *s_released_with;
 
 typedef struct {
     PyObject_HEAD
@@ -57,6 +64,7 @@ typedef struct {
     PyObject *h_insert, *h_pop, *h_get; /* the handle table's operations */
     PyObject *h_refusal;                /* handles.refusal(handle, call) -> InvalidFree */
     PyObject *h_refusal_many;           /* handles.refusal_many(handles) -> InvalidFree */
+    PyObject *h_released;               /* handles.released_with(handle) -> task | None */
     PyObject *allocators[MAX_GPUS];     /* per GPU ordinal: pool.allocate(size, stream, owner) */
     PyObject *frees[MAX_GPUS];          /* per GPU ordinal: pool.free(allocation) */
     PyObject *set_device;               /* backend.set_device, or NULL with one GPU */
@@ -69,8 +77,9 @@ typedef struct {
     PyObject *enter_host_copy;          /* enable_copies: JavaHotPath.enter_host_copy, the reference */
     PyObject *copy_failed;              /* enable_copies: (call, CUresult) -> the exception to raise */
     /* enable_copies: the hot path's page-locked regions, as _check_address reads them: sorted
-     * bases (list), base -> memory (dict), base -> pinned block (dict), unregistered base ->
-     * (size, task) (dict) */
+     * bases (list), base -> memory (dict), base -> its user (a pinned block or a registered
+     * region: .streams, a set) (dict), task -> its unregistered ranges (sorted bases list,
+     * base -> size dict) (dict) */
     PyObject *reg_bases, *reg_memory, *reg_blocks, *reg_unregistered;
     int staging_slots, staging_copy_threads;
     long long staging_slot_bytes, copies_in, copies_out, copies_direct, copies_address, copies_referred;
@@ -99,7 +108,7 @@ typedef struct native_kernel {
 } native_kernel;
 
 #define HC_FIELDS(X) X(lease_get); X(lease_refusal); X(h_insert); X(h_pop); X(h_get); X(h_refusal); \
-    X(h_refusal_many); X(set_device); X(ref_stream); X(ref_allocate); X(ref_free); X(ref_free_many); \
+    X(h_refusal_many); X(h_released); X(set_device); X(ref_stream); X(ref_allocate); X(ref_free); X(ref_free_many); \
     X(ref_synchronize); X(ref_launch); X(launch_failed); X(log_recent); X(log_record); X(log_clear); \
     X(refuse_unusable); X(enter_buffer); X(enter_host_copy); X(copy_failed); X(reg_bases); X(reg_memory); \
     X(reg_blocks); X(reg_unregistered)
@@ -219,6 +228,7 @@ static int hc_init(HotCore *self, PyObject *args, PyObject *kwds) {
         take_callable(handles, s_get, "handles", &self->h_get) < 0 ||
         take_callable(handles, s_refusal, "handles", &self->h_refusal) < 0 ||
         take_callable(handles, s_refusal_many, "handles", &self->h_refusal_many) < 0 ||
+        take_callable(handles, s_released_with, "handles", &self->h_released) < 0 ||
         take_callable(reference, s_stream, "reference", &self->ref_stream) < 0 ||
         take_callable(reference, s_allocate, "reference", &self->ref_allocate) < 0 ||
         take_callable(reference, s_free, "reference", &self->ref_free) < 0 ||
@@ -466,8 +476,20 @@ done:
     return out;
 }
 
+static long long int_attr(PyObject *obj, PyObject *name, int *ok);
+
+/* handles.released_with(handle) is not None: 1 a release took it, 0 not, -1 error. */
+static int taken_by_release(HotCore *self, PyObject *handle) {
+    PyObject *task = PyObject_CallOneArg(self->h_released, handle);
+    if (task == NULL) return -1;
+    int taken = task != Py_None;
+    Py_DECREF(task);
+    return taken;
+}
+
 /* handles.pop(handle, None), then the pool's free of what it held; the caller has checked that
- * handle is an exact int. 1 freed, 0 not in the table (nothing raised), -1 error. */
+ * handle is an exact int. 1 freed, 0 not in the table (nothing raised), 2 not freed: its task's
+ * release reclaimed it between the pop and the free (the pool's refusal dropped), -1 error. */
 static int pop_and_free(HotCore *self, PyObject *handle) {
     PyObject *pa[2] = {handle, Py_None};
     PyObject *a = PyObject_Vectorcall(self->h_pop, pa, 2, NULL);
@@ -483,10 +505,29 @@ static int pop_and_free(HotCore *self, PyObject *handle) {
         return -1;
     }
     PyObject *r = PyObject_CallOneArg(self->frees[gpu], a);
+    int rc = 1;
+    if (r == NULL) {
+        rc = -1;
+        if (PyErr_ExceptionMatches(PyExc_Exception)) {   /* as the reference's `except Exception` */
+            PyObject *et, *ev, *etb;
+            PyErr_Fetch(&et, &ev, &etb);
+            int ok = 1;
+            long long state = int_attr(a, s_state, &ok);
+            if (ok && state == ALLOCATION_RELEASED) {
+                Py_XDECREF(et);
+                Py_XDECREF(ev);
+                Py_XDECREF(etb);
+                rc = 2;
+            } else {
+                PyErr_Clear();
+                PyErr_Restore(et, ev, etb);
+            }
+        }
+    } else {
+        Py_DECREF(r);
+    }
     Py_DECREF(a);
-    if (r == NULL) return -1;
-    Py_DECREF(r);
-    return 1;
+    return rc;
 }
 
 /* free(handle) */
@@ -496,13 +537,20 @@ static PyObject *hc_free(HotCore *self, PyObject *const *args, size_t nargsf, Py
     PyObject *handle = args[0];
     if (!PyLong_CheckExact(handle)) return refuse_handle(self, handle, "free"); /* 1.0 would find 1 */
     int rc = pop_and_free(self, handle);
-    if (rc <= 0) return rc < 0 ? NULL : refuse_handle(self, handle, "free");
-    self->frees_count++;
+    if (rc < 0) return NULL;
+    if (rc == 0) {   /* not live: no effect when its task's release took it, else refused */
+        int taken = taken_by_release(self, handle);
+        if (taken < 0) return NULL;
+        if (!taken) return refuse_handle(self, handle, "free");
+        Py_RETURN_NONE;
+    }
+    if (rc == 1) self->frees_count++;
     Py_RETURN_NONE;
 }
 
-/* free_many(handles) -> count. All are checked first: one bad handle (not an exact int, not
- * live, or twice) frees nothing and raises handles.refusal_many(handles). */
+/* free_many(handles) -> how many it freed. All are checked first: one bad handle (not an exact
+ * int, neither live nor taken by its task's release, or twice) frees nothing and raises
+ * handles.refusal_many(handles); a handle its task's release took is passed over. */
 static PyObject *hc_free_many(HotCore *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
     if (kwnames != NULL || nargs != 1) return PyObject_Vectorcall(self->ref_free_many, args, nargs, kwnames);
@@ -532,10 +580,11 @@ static PyObject *hc_free_many(HotCore *self, PyObject *const *args, size_t nargs
         }
         Py_INCREF(h);
         PyObject *a = PyObject_CallOneArg(self->h_get, h);
+        ok = a != NULL && a != Py_None;
+        if (a == Py_None) ok = taken_by_release(self, h);
+        Py_XDECREF(a);
         Py_DECREF(h);
-        if (a == NULL) goto out;
-        ok = a != Py_None;
-        Py_DECREF(a);
+        if (a == NULL || ok < 0) goto out;
     }
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
     if (ok && n > 1) {
@@ -559,18 +608,23 @@ static PyObject *hc_free_many(HotCore *self, PyObject *const *args, size_t nargs
         raise_exc(PyObject_CallOneArg(self->h_refusal_many, seq));
         goto out;
     }
+    Py_ssize_t freed = 0;
     for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(seq); i++) {
         PyObject *h = PySequence_Fast_GET_ITEM(seq, i);
         Py_INCREF(h);
         int rc = pop_and_free(self, h);
-        if (rc == 0) refuse_handle(self, h, "free");  /* freed by another thread meanwhile */
+        if (rc == 0) {   /* taken by its task's release (passed over), or freed by another thread meanwhile */
+            rc = taken_by_release(self, h);
+            if (rc == 0) refuse_handle(self, h, "free");
+            rc = rc > 0 ? 2 : -1;
+        }
         Py_DECREF(h);
-        if (rc <= 0) goto out;
+        if (rc < 0) goto out;
+        if (rc == 1) freed++;
     }
-    n = PySequence_Fast_GET_SIZE(seq);
-    self->batched_frees += n;
+    self->batched_frees += freed;
     self->batches++;
-    result = PyLong_FromSsize_t(n);
+    result = PyLong_FromSsize_t(freed);
 out:
     Py_DECREF(seq);
     return result;
@@ -999,29 +1053,65 @@ static PyObject *hc_synchronize(HotCore *self, PyObject *const *args, size_t nar
  * _enter_buffer (heap arrays) or enter_host_copy, which refuses it in its own words or takes it:
  * both paths give the same outcome for the same input. */
 
-/* The page-locked region [address, address + nbytes) lies in, as JavaHotPath._check_address finds
- * it: 1 inside the region starting at *base (of *size bytes), 0 pageable, -1 for the reference (a
- * range that runs past a region or into one, or one `task` (or no task) unregistered, or tables not
- * as documented). Regions never overlap: the one a range can touch is the last starting before
- * its end. No Python code runs here: the tables are read as one state, between two of their
- * writers' steps at worst, as the reference reads them. */
-static int find_region(HotCore *self, unsigned long long address, unsigned long long nbytes, long long task,
-                       unsigned long long *base, unsigned long long *size) {
-    PyObject *bases = self->reg_bases;
-    if (!PyList_CheckExact(bases) || !PyDict_CheckExact(self->reg_memory) || !PyDict_CheckExact(self->reg_unregistered))
-        return -1;
-    unsigned long long end = address + nbytes, probe = address + (nbytes > 0 ? nbytes : 1);
+/* The last of the sorted, exact-int `bases` (a list) below `probe`, in *at: 1 found, 0 none, -1
+ * error (an item not an int). bisect_left(bases, probe) - 1, as the reference computes it. */
+static int last_below(PyObject *bases, unsigned long long probe, PyObject **at) {
     Py_ssize_t lo = 0, hi = PyList_GET_SIZE(bases);
-    while (lo < hi) {   /* bisect_left(bases, probe) */
+    while (lo < hi) {
         Py_ssize_t mid = lo + (hi - lo) / 2;
         unsigned long long v = PyLong_AsUnsignedLongLong(PyList_GET_ITEM(bases, mid));
         if (v == (unsigned long long)-1 && PyErr_Occurred()) return -1;
         if (v < probe) lo = mid + 1;
         else hi = mid;
     }
-    int found = 0;
-    if (lo > 0) {
-        PyObject *key = PyList_GET_ITEM(bases, lo - 1);
+    if (lo == 0) return 0;
+    *at = PyList_GET_ITEM(bases, lo - 1);
+    return 1;
+}
+
+/* Whether `task`'s unregistered ranges (a (sorted bases, base -> size) pair in
+ * reg_unregistered, or none) touch [address, probe): 1 yes, 0 no, -1 tables not as documented.
+ * They never overlap: the last starting before probe ends last of those that do. A writer adds a
+ * range's size before its base and removes its base before its size, so a base read here always
+ * has its size. */
+static int unregistered_touch(HotCore *self, long long task, unsigned long long address, unsigned long long probe) {
+    PyObject *key = PyLong_FromLongLong(task);
+    if (key == NULL) return -1;
+    PyObject *table = PyDict_GetItemWithError(self->reg_unregistered, key);
+    Py_DECREF(key);
+    if (table == NULL) return PyErr_Occurred() ? -1 : 0;
+    if (!PyTuple_CheckExact(table) || PyTuple_GET_SIZE(table) != 2 || !PyList_CheckExact(PyTuple_GET_ITEM(table, 0)) ||
+        !PyDict_CheckExact(PyTuple_GET_ITEM(table, 1)))
+        return -1;
+    PyObject *base = NULL;
+    int found = last_below(PyTuple_GET_ITEM(table, 0), probe, &base);
+    if (found <= 0) return found;
+    Py_INCREF(base);
+    PyObject *size = PyDict_GetItemWithError(PyTuple_GET_ITEM(table, 1), base);
+    unsigned long long b = PyLong_AsUnsignedLongLong(base);
+    unsigned long long n = size != NULL ? PyLong_AsUnsignedLongLong(size) : 0;
+    Py_DECREF(base);
+    if (size == NULL || PyErr_Occurred()) return -1;
+    return b + n > address;
+}
+
+/* The page-locked region [address, address + nbytes) lies in, as JavaHotPath._check_address finds
+ * it: 1 inside the region starting at *base (of *size bytes), 0 pageable, -1 for the reference (a
+ * range that runs past a region or into one, or one `task` (or no task) unregistered, or tables not
+ * as documented). Regions never overlap: the one a range can touch is the last starting before
+ * its end; no unregistered range overlaps a region. One bisect per table. No Python code runs
+ * here: the tables are read as one state, between two of their writers' steps at worst, as the
+ * reference reads them. */
+static int find_region(HotCore *self, unsigned long long address, unsigned long long nbytes, long long task,
+                       unsigned long long *base, unsigned long long *size) {
+    PyObject *bases = self->reg_bases;
+    if (!PyList_CheckExact(bases) || !PyDict_CheckExact(self->reg_memory) || !PyDict_CheckExact(self->reg_unregistered))
+        return -1;
+    unsigned long long end = address + nbytes, probe = address + (nbytes > 0 ? nbytes : 1);
+    PyObject *key = NULL;
+    int below = last_below(bases, probe, &key);
+    if (below < 0) return -1;
+    if (below) {
         Py_INCREF(key);
         unsigned long long b = PyLong_AsUnsignedLongLong(key);
         PyObject *mem = b == (unsigned long long)-1 && PyErr_Occurred() ? NULL : PyDict_GetItemWithError(self->reg_memory, key);
@@ -1032,30 +1122,45 @@ static int find_region(HotCore *self, unsigned long long address, unsigned long 
             if (b <= address && end <= b + (unsigned long long)n) {
                 *base = b;
                 *size = (unsigned long long)n;
-                found = 1;
-            } else if (nbytes > 0 && address < b + (unsigned long long)n) {
-                return -1;   /* runs past the region: the reference refuses it */
+                return 1;
             }
+            if (nbytes > 0 && address < b + (unsigned long long)n)
+                return -1;   /* runs past the region: the reference refuses it */
         }
     }
-    Py_ssize_t pos = 0;
-    PyObject *k, *v;
-    while (PyDict_Next(self->reg_unregistered, &pos, &k, &v)) {   /* base -> (size, task) */
-        if (!PyTuple_CheckExact(v) || PyTuple_GET_SIZE(v) != 2) return -1;
-        unsigned long long b = PyLong_AsUnsignedLongLong(k);
-        long long sz = PyLong_AsLongLong(PyTuple_GET_ITEM(v, 0));
-        long long by = PyLong_AsLongLong(PyTuple_GET_ITEM(v, 1));
-        if (PyErr_Occurred()) return -1;
-        if (address < b + (unsigned long long)sz && b < probe && (by == 0 || by == task)) return -1;
+    if (PyDict_GET_SIZE(self->reg_unregistered) == 0) return 0;
+    int touch = unregistered_touch(self, 0, address, probe);
+    if (touch == 0 && task != 0) touch = unregistered_touch(self, task, address, probe);
+    if (touch != 0) {   /* one the task or the executor unregistered, or an error: the reference decides */
+        PyErr_Clear();
+        return -1;
     }
-    return found;
+    return 0;
 }
 
-/* The C path of enter_copy: 1 entered (out filled; *pinned_block the pool block the range lies in,
- * a new reference, or NULL), 0 not taken (nothing held, no error: the reference decides), -1 an
- * error (nothing held). */
+/* The stream of a DMA from or into the page-locked region at `base` goes into its user's streams
+ * (reg_blocks[base].streams: a pinned buffer's reuse, a registration's unregister wait for it).
+ * 0, or -1 (error raised, or a user not as documented). */
+static int record_region_stream(HotCore *self, unsigned long long base, PyObject *stream) {
+    if (!PyDict_CheckExact(self->reg_blocks)) return -1;
+    PyObject *key = PyLong_FromUnsignedLongLong(base);
+    PyObject *user = key != NULL ? PyDict_GetItemWithError(self->reg_blocks, key) : NULL;
+    Py_XDECREF(key);
+    if (user == NULL) return -1;
+    Py_INCREF(user);
+    PyObject *streams = PyObject_GetAttr(user, s_streams);
+    Py_DECREF(user);
+    int rc = streams != NULL && PySet_CheckExact(streams) && PySet_Add(streams, stream) == 0 ? 0 : -1;
+    Py_XDECREF(streams);
+    return rc;
+}
+
+/* The C path of enter_copy: 1 entered (out filled), 0 not taken (nothing held, no error: the
+ * reference decides), -1 an error (nothing held). A page-locked range's stream is recorded in its
+ * region's user here; the caller queues the DMA with the GIL still held and no Python code run in
+ * between (the invariant at JavaHotPath._pinned: unregister_host waits for the streams recorded). */
 static int fast_enter_copy(HotCore *self, long long handle, long long offset, long long nbytes, int kind,
-                           unsigned long long host, cb_copy_lease *out, PyObject **pinned_block) {
+                           unsigned long long host, cb_copy_lease *out) {
     if (offset < 0 || nbytes < 0) return 0;
     PyObject *h = PyLong_FromLongLong(handle);
     PyObject *a = h != NULL ? PyObject_CallOneArg(self->h_get, h) : NULL;
@@ -1090,22 +1195,12 @@ static int fast_enter_copy(HotCore *self, long long handle, long long offset, lo
     unsigned long long st = stream != NULL ? PyLong_AsUnsignedLongLong(stream) : 0;
     int taken = stream != NULL && !PyErr_Occurred() && state == 0 && offset <= size && nbytes <= size - offset;
     int pagelocked = 0;
-    PyObject *block = NULL;
     if (taken && kind != CB_HOST_HEAP) {
         unsigned long long base = 0, rsize = 0;
         int found = find_region(self, host, (unsigned long long)nbytes, task, &base, &rsize);
         taken = found >= 0;
         pagelocked = found == 1;
-        if (pagelocked && PyDict_CheckExact(self->reg_blocks)) {   /* a pinned buffer: its reuse waits for stream */
-            PyObject *key = PyLong_FromUnsignedLongLong(base);
-            block = key != NULL ? PyDict_GetItemWithError(self->reg_blocks, key) : NULL;
-            Py_XDECREF(key);
-            Py_XINCREF(block);
-            PyObject *streams = block != NULL ? PyObject_GetAttr(block, s_streams) : NULL;
-            if (block != NULL && (streams == NULL || !PySet_CheckExact(streams) || PySet_Add(streams, stream) < 0))
-                taken = 0;
-            Py_XDECREF(streams);
-        }
+        if (pagelocked && record_region_stream(self, base, stream) < 0) taken = 0;
         if (PyErr_Occurred()) taken = 0;
     }
     Py_XDECREF(stream);
@@ -1113,7 +1208,6 @@ static int fast_enter_copy(HotCore *self, long long handle, long long offset, lo
     Py_DECREF(a);
     if (!taken) {
         PyErr_Clear();
-        Py_XDECREF(block);
         leave_lease(inside, ident);
         Py_DECREF(inside);
         Py_DECREF(lease);
@@ -1125,12 +1219,14 @@ static int fast_enter_copy(HotCore *self, long long handle, long long offset, lo
     out->address = (unsigned long long)ptr + (unsigned long long)offset;
     out->stream = (cb_CUstream)(uintptr_t)st;
     out->pagelocked = pagelocked;
-    *pinned_block = block;
     return 1;
 }
 
 /* The reference: _enter_buffer (a heap array) or enter_host_copy, whose (allocation, lease[,
- * page-locked]) is unpacked into out; -1 with its refusal raised. */
+ * page-locked]) is unpacked into out; -1 with its refusal raised. The reference may have let other
+ * threads run after it looked the region up (an unregister_host among them), so a page-locked
+ * range is looked up again here, with the GIL held from now until its DMA is queued, and its
+ * stream recorded again: a region gone meanwhile is staged instead (out->pagelocked 0). */
 static int refer_enter_copy(HotCore *self, long long handle, long long offset, long long nbytes, int to_device,
                             int kind, unsigned long long host, cb_copy_lease *out) {
     PyObject *r = NULL;
@@ -1169,6 +1265,16 @@ static int refer_enter_copy(HotCore *self, long long handle, long long offset, l
         if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "enter_copy: an allocation's ptr and stream are ints");
         return -1;
     }
+    if (pagelocked) {
+        unsigned long long base = 0, rsize = 0;
+        PyObject *st = PyLong_FromLongLong(stream);
+        if (st == NULL || find_region(self, host, (unsigned long long)nbytes, 0, &base, &rsize) != 1 ||
+            record_region_stream(self, base, st) < 0) {
+            pagelocked = 0;
+            PyErr_Clear();
+        }
+        Py_XDECREF(st);
+    }
     Py_INCREF(lease);
     out->lease = lease;
     out->inside = inside;
@@ -1193,10 +1299,8 @@ static int enter_copy(void *core, long long handle, long long offset, long long 
     }
     long gpu = (long)((unsigned long long)handle & GPU_MASK);
     if (retain_context(self, (int)gpu) < 0) return -1;
-    PyObject *block = NULL;
-    int taken = fast_enter_copy(self, handle, offset, nbytes, kind, host, out, &block);
+    int taken = fast_enter_copy(self, handle, offset, nbytes, kind, host, out);
     if (taken < 0) return -1;
-    Py_XDECREF(block);   /* the stream is in its set; the dict keeps the block */
     if (!taken) {
         if (refer_enter_copy(self, handle, offset, nbytes, to_device, kind, host, out) < 0) return -1;
         self->copies_referred++;
@@ -1377,6 +1481,7 @@ PyMODINIT_FUNC PyInit__hotcore(void) {
     INTERN(s_synchronize, "synchronize"); INTERN(s_clear, "clear");
     INTERN(s_recent, "recent"); INTERN(s_owner, "owner"); INTERN(s_size, "size"); INTERN(s_state, "_state");
     INTERN(s_limits, "limits"); INTERN(s_max_dynamic_shared, "max_dynamic_shared"); INTERN(s_streams, "streams");
+    INTERN(s_released_with, "released_with");
 #undef INTERN
     if (PyType_Ready(&HotCoreType) < 0) return NULL;
     PyObject *m = PyModule_Create(&hotcore_module);

@@ -28,6 +28,23 @@ per GPU, ``set_device``, and these reference methods themselves, which it calls 
 forms it does not take (not exact ints, keywords, a wrong count). Both twins take the same steps
 through those APIs, so they give the same results and the same errors (type and words) for the
 same inputs and interleavings (``tests/test_hot_core_differential.py``).
+
+Every operation that queues work for a task runs inside the task's lease (the lease protocol,
+``task_registry.py``), entered and left in the shape its "Interruptions" section documents:
+``lease.inside.append(me)`` the first statement of a ``try`` whose ``finally`` (or, where the
+lease is handed to the caller, ``except BaseException``) first calls ``lease.inside.remove(me)``,
+both inline, so that an asynchronous exception never leaves this thread recorded inside.
+:meth:`JavaHotPath._enter_buffer` and :meth:`JavaHotPath.enter_host_copy` return with the lease
+entered for their caller to leave: the C twin, which holds it in C from there, and
+``tools.fill_u32``, whose own ``try`` begins after the call returns: an asynchronous exception
+landing between that return and the ``try`` would strand it (a test tool, called by no task code).
+
+A free of a handle that its task's release took has no effect, in either twin and in batches
+(``handles.py``, ``released_with``): the release freed the buffer and counted it as a leak, so
+the free counts nothing. Launches, copies and memsets refuse a buffer whose task is being (or
+was) released with :class:`~cudabridge.errors.UnknownTask` and one that is not live with
+:class:`~cudabridge.errors.InvalidArgument`; only frees raise
+:class:`~cudabridge.errors.InvalidFree`.
 """
 
 from __future__ import annotations
@@ -44,6 +61,7 @@ from ..config import parse_bytes
 from ..errors import InvalidArgument, UnknownTask
 from ..kernels import LaunchConfig
 from ..memory import FastPath
+from ..memory.allocation import RELEASED
 from ..memory.pinned_pool import PinnedBlock, PinnedHostPool
 from ..memory.native import load as load_native
 from ..memory.native import supported as native_supported
@@ -67,6 +85,17 @@ TWINNED = ("stream", "allocate", "free", "free_many", "launch", "synchronize")
 KIND_CODES = ("ptr", "i8", "i16", "i32", "i64", "f32", "f64", "bool")
 
 
+class _RegisteredRegion:
+    """A region :meth:`JavaHotPath.register_host` page-locked: the streams asynchronous copies from
+    or into it were queued on, which :meth:`JavaHotPath.unregister_host` waits for before the
+    memory is unlocked (a pinned pool block keeps the same set for its reuse)."""
+
+    __slots__ = ("streams",)
+
+    def __init__(self) -> None:
+        self.streams: set[int] = set()
+
+
 class JavaHotPath:
     """The hot path of the Java API, over one :class:`CudaBridgeService`."""
 
@@ -83,11 +112,10 @@ class JavaHotPath:
         self._service = service
         self._registry = service.registry
         self._binding = service.registry.binding
-        # the lease protocol (task_registry.py): the same table and steps as the C twin; leaving
-        # is its one step ``lease.inside.remove(get_ident())`` (TaskLeases.leave), written inline
+        # the lease protocol (task_registry.py): the same table and steps as the C twin, entered
+        # and left inline (module docstring)
         self._leases: TaskLeases = service.registry.leases
         self._lease_of = self._leases.lease_of
-        self._enter = self._leases.enter
         self._backend = service.backend
         # per GPU ordinal: the memory pool's allocate (bound once; the pool is fixed for the service's life)
         self._allocators = {o: res.memory.allocate for o, res in service.gpus.items()}
@@ -97,17 +125,29 @@ class JavaHotPath:
         self._multi_gpu = len(service.gpus) > 1
         self._set_device = service.backend.set_device
         self._live = HandleTable()   # handle -> Allocation: handed to the C twin
-        self._pinned: dict[int, Any] = {}          # base address -> pinned host buffer
+        # The page-locked regions (pinned buffers and registered regions), which never overlap.
+        # Written under _pinned_lock only; read by the copies under it too (the Python path), or
+        # by the C twin with the GIL held and no Python code run between its reads and the DMA
+        # it queues. Invariant: a DMA from or into a region is queued, and its stream added to
+        # the region's streams (in _users), only while the region is in these tables; so once
+        # unregister_host has taken a region out, the streams it finds are all it must wait for.
+        self._pinned: dict[int, Any] = {}          # base address -> its memory
         self._pinned_bases: list[int] = []          # sorted, for direct buffers that are slices
+        self._users: dict[int, Any] = {}            # base -> its PinnedBlock or _RegisteredRegion (.streams)
         self._pinned_lock = threading.Lock()
         self._registered: set[int] = set()          # bases in _pinned that register_host added
         self._pinned_blocks: dict[int, PinnedBlock] = {}   # address -> block of alloc_pinned
         self._pinned_by_task: dict[int, set[int]] = {}     # owning task -> its blocks' addresses
         self._staging: dict[int, PinnedBlock] = {}          # address -> block of a JNI staging ring
         self.pinned_pool = PinnedHostPool(service.backend, parse_bytes(service.config.pinned_pool))
-        # base -> (size, task) of recently unregistered regions: copies by that task (any, for
-        # task 0) into them are refused until the task's release or a new registration
-        self._unregistered: dict[int, tuple[int, int]] = {}
+        # Unregistered ranges, per task that unregistered them (0: none bound): task -> (sorted
+        # bases, base -> size). Copies by that task (by any task, for 0) into them are refused
+        # until its release (0: never) or a new registration or pinned buffer over them. They
+        # never overlap each other or a page-locked region (register_host and alloc_pinned drop
+        # those their range touches), so one bisect per table finds the one a range can touch;
+        # ranges of one task that touch are one range. Written under _pinned_lock; read as
+        # _pinned is (the C twin's find_region included).
+        self._unregistered: dict[int, tuple[list[int], dict[int, int]]] = {}
         self._dummy_threads = 0
         # Calls counted per kind; plain ints, incremented under the GIL (atomic enough for
         # statistics: a lost increment under a free-threaded build would only skew a gauge).
@@ -144,7 +184,7 @@ class JavaHotPath:
             cfg = self._service.config
             try:
                 # the page-locked regions' tables, read by the C twin as _check_address reads them
-                regions = (self._pinned_bases, self._pinned, self._pinned_blocks, self._unregistered)
+                regions = (self._pinned_bases, self._pinned, self._users, self._unregistered)
                 core.enable_copies(self._enter_buffer, self.enter_host_copy, self._copy_failed, regions,
                                    cfg.staging_slots, parse_bytes(cfg.staging_slot_bytes),
                                    cfg.staging_copy_threads)
@@ -194,8 +234,12 @@ class JavaHotPath:
         task if Java loses it."""
         if self._refuse_unusable is not None:
             raise self._refuse_unusable("allocate")
-        lease = self._enter(task)
+        lease = self._lease_of(task)
+        me = get_ident()
         try:
+            lease.inside.append(me)
+            if not lease.open:
+                raise self._leases.refusal(task, lease)
             b = lease.binding
             if self._multi_gpu:
                 self._set_device(b.gpu)
@@ -203,24 +247,35 @@ class JavaHotPath:
             hid = a.id << GPU_BITS | b.gpu
             self._live.insert(hid, a)
         finally:
-            lease.inside.remove(get_ident())
+            lease.inside.remove(me)
         self._counts["allocations"] += 1
         return hid, a.ptr
 
     def free(self, hid: int) -> None:
+        """Free the buffer behind ``hid``; no effect when its task's release took it (raced with
+        it: the release freed it and counted it as a leak)."""
         if hid.__class__ is not int:   # 1.0 would find handle 1 in the table
             raise self._live.refusal(hid, "free")
         a = self._live.pop(hid, None)
         if a is None:
+            if self._live.released_with(hid) is not None:
+                return
             raise self._live.refusal(hid, "free")
-        self._frees[hid & GPU_MASK](a)
+        try:
+            self._frees[hid & GPU_MASK](a)
+        except Exception:
+            if a._state != RELEASED:
+                raise
+            return   # its task's release reclaimed it between the pop and the pool's free
         self._counts["frees"] += 1
 
     def free_many(self, hids: Iterable[int]) -> int:
-        """Free every handle of ``hids`` in one call. All are checked first: one bad handle
-        (not an int, not live, or the same handle twice) frees nothing and raises. A handle that
-        another thread frees while the batch runs (an earlier free ran Python code) stops the
-        batch there, with the error a free of it would raise."""
+        """Free every handle of ``hids`` in one call; returns how many this call freed. All are
+        checked first: one bad handle (not an int, neither live nor taken by its task's release,
+        or the same handle twice) frees nothing and raises. A handle its task's release took (or
+        takes while the batch runs) is passed over, as a free of it is. A handle that another
+        thread frees while the batch runs (an earlier free ran Python code) stops the batch there,
+        with the error a free of it would raise."""
         if hids.__class__ is not tuple and hids.__class__ is not list:
             try:
                 it = iter(hids)
@@ -228,66 +283,104 @@ class JavaHotPath:
                 raise TypeError("free_many: handles must be an iterable of ints") from None
             hids = list(it)
         table = self._live
-        get = table.get
+        get, released = table.get, table.released_with
         for h in hids:
-            if h.__class__ is not int or get(h) is None:
+            if h.__class__ is not int or (get(h) is None and released(h) is None):
                 raise table.refusal_many(hids)
         if len(hids) > 1 and len(set(hids)) != len(hids):
             raise table.refusal_many(hids)
         pop = table.pop
         frees = self._frees
+        freed = 0
         for h in hids:
             a = pop(h, None)
             if a is None:
+                if released(h) is not None:
+                    continue
                 raise table.refusal(h, "free")
-            frees[h & GPU_MASK](a)
+            try:
+                frees[h & GPU_MASK](a)
+            except Exception:
+                if a._state != RELEASED:
+                    raise
+                continue
+            freed += 1
         c = self._counts
-        c["batched_frees"] += len(hids)
+        c["batched_frees"] += freed
         c["batches"] += 1
-        return len(hids)
+        return freed
 
-    def _enter_buffer(self, hid: int, call: str, offset: int, nbytes: int) -> tuple["Allocation", "TaskLease"]:
-        """The live allocation behind ``hid`` with its task's lease entered (the caller leaves
-        it once the work is queued): no work is queued for a task whose release has begun."""
+    def _buffer(self, hid: int, call: str) -> tuple["Allocation", "TaskLease"]:
+        """The live allocation behind ``hid`` and its task's lease, not entered: refused when the
+        handle is not live (``HandleTable.dead``) or its task's release has begun."""
         a = self._live.get(hid) if hid.__class__ is int else None
         if a is None:
-            raise self._live.refusal(hid, call)
-        try:
-            lease = self._enter(a.owner)
-        except UnknownTask:  # released (or being released) with its task
-            raise self._live.refusal(hid, call) from None
-        try:
-            if not a.alive:  # freed on another thread meanwhile
-                raise self._live.refusal(hid, call)
-            if offset < 0 or nbytes < 0 or offset + nbytes > a.size:
-                raise InvalidArgument(f"{call}: range [{offset}, {offset}+{nbytes}) is outside the buffer of "
-                                      f"{a.size} bytes")
-            if self._multi_gpu:
-                self._set_device(a.device)
-        except BaseException:
-            lease.inside.remove(get_ident())   # every way out of here leaves the lease
-            raise
+            raise self._live.dead(hid, call)
+        lease = self._leases.get(a.owner)   # the registry's task ids are exact ints
+        if lease is None:   # a release takes the lease out of the table first
+            raise self._releasing(hid, call, a.owner)
         return a, lease
+
+    @staticmethod
+    def _releasing(hid: int, call: str, task: int) -> UnknownTask:
+        return UnknownTask(f"{call}: device buffer handle {hid:#x}: its task {task} is being released")
+
+    def _check_buffer(self, a: "Allocation", hid: int, call: str, offset: int, nbytes: int) -> None:
+        """Inside ``a``'s task lease: ``a`` still live (a free on another thread may have run) and
+        [offset, offset + nbytes) inside it; its GPU current."""
+        if not a.alive:
+            raise self._live.dead(hid, call)
+        if offset < 0 or nbytes < 0 or offset + nbytes > a.size:
+            raise InvalidArgument(f"{call}: range [{offset}, {offset}+{nbytes}) is outside the buffer of "
+                                  f"{a.size} bytes")
+        if self._multi_gpu:
+            self._set_device(a.device)
+
+    def _enter_buffer(self, hid: int, call: str, offset: int, nbytes: int) -> tuple["Allocation", "TaskLease"]:
+        """The live allocation behind ``hid`` with its task's lease entered, for the caller to
+        leave once the work is queued (the C twin's heap-array copies; ``tools.fill_u32``): no
+        work is queued for a task whose release has begun. The methods below enter inline."""
+        a, lease = self._buffer(hid, call)
+        me = get_ident()
+        try:
+            lease.inside.append(me)
+            if not lease.open:
+                raise self._releasing(hid, call, a.owner)
+            self._check_buffer(a, hid, call, offset, nbytes)
+        except BaseException:
+            lease.inside.remove(me)
+            raise
+        return a, lease   # nothing between the try and the return: the caller holds it from here
 
     # copies (each queued inside its buffer's task lease) ---------------------------------------
     def copy_in(self, hid: int, offset: int, view: memoryview) -> None:
         """Host (staged Java heap array: pageable memory) to device. Returns once the host bytes
         are staged: the caller reuses its staging buffer at once."""
-        a, lease = self._enter_buffer(hid, "copy_in", offset, len(view))
+        a, lease = self._buffer(hid, "copy_in")
+        me = get_ident()
         try:
+            lease.inside.append(me)
+            if not lease.open:
+                raise self._releasing(hid, "copy_in", a.owner)
+            self._check_buffer(a, hid, "copy_in", offset, len(view))
             self._counts["copies_in"] += 1
             self._backend.copy_to_device_async(a.ptr + offset, view, a.stream)
         finally:
-            lease.inside.remove(get_ident())
+            lease.inside.remove(me)
 
     def copy_out(self, hid: int, offset: int, view: memoryview) -> None:
         """Device to host (staging memory: pageable); returns when the bytes are there."""
-        a, lease = self._enter_buffer(hid, "copy_out", offset, len(view))
+        a, lease = self._buffer(hid, "copy_out")
+        me = get_ident()
         try:
+            lease.inside.append(me)
+            if not lease.open:
+                raise self._releasing(hid, "copy_out", a.owner)
+            self._check_buffer(a, hid, "copy_out", offset, len(view))
             self._counts["copies_out"] += 1
             self._backend.copy_from_device_async(view, a.ptr + offset, a.stream)
         finally:
-            lease.inside.remove(get_ident())
+            lease.inside.remove(me)
 
     def copy_in_direct(self, hid: int, offset: int, address: int, view: memoryview) -> None:
         """Direct ByteBuffer to device, asynchronous on the buffer's stream when the memory is
@@ -301,10 +394,19 @@ class JavaHotPath:
     def copy_device(self, dst: int, dst_offset: int, src: int, src_offset: int, nbytes: int) -> None:
         """Device to device, on the destination's stream; when the source lives on another
         stream that stream's work is ordered first by recording the source on it."""
-        d, d_lease = self._enter_buffer(dst, "copy_device", dst_offset, nbytes)
+        d, d_lease = self._buffer(dst, "copy_device")
+        me = get_ident()
         try:
-            s, s_lease = self._enter_buffer(src, "copy_device", src_offset, nbytes)
+            d_lease.inside.append(me)
+            if not d_lease.open:
+                raise self._releasing(dst, "copy_device", d.owner)
+            self._check_buffer(d, dst, "copy_device", dst_offset, nbytes)
+            s, s_lease = self._buffer(src, "copy_device")
             try:
+                s_lease.inside.append(me)
+                if not s_lease.open:
+                    raise self._releasing(src, "copy_device", s.owner)
+                self._check_buffer(s, src, "copy_device", src_offset, nbytes)
                 if s.stream != d.stream:
                     # The source's stream may still be writing it: the copy runs after its queued
                     # work. record_stream also makes the source's free wait for the copy.
@@ -312,9 +414,9 @@ class JavaHotPath:
                     self._order_after(s.stream, d.stream)
                 self._backend.memcpy_async(d.ptr + dst_offset, s.ptr + src_offset, nbytes, d.stream)
             finally:
-                s_lease.inside.remove(get_ident())
+                s_lease.inside.remove(me)
         finally:
-            d_lease.inside.remove(get_ident())
+            d_lease.inside.remove(me)
 
     def _order_after(self, first: int, then: int) -> None:
         """Make later work on ``then`` wait, on the device, for what is queued on ``first`` now.
@@ -330,12 +432,17 @@ class JavaHotPath:
             backend.event_destroy(ev)
 
     def memset(self, hid: int, offset: int, value: int, nbytes: int) -> None:
-        a, lease = self._enter_buffer(hid, "memset", offset, nbytes)
+        a, lease = self._buffer(hid, "memset")
+        me = get_ident()
         try:
+            lease.inside.append(me)
+            if not lease.open:
+                raise self._releasing(hid, "memset", a.owner)
+            self._check_buffer(a, hid, "memset", offset, nbytes)
             self._counts["memsets"] += 1
             self._backend.memset_async(a.ptr + offset, value, nbytes, a.stream)
         finally:
-            lease.inside.remove(get_ident())
+            lease.inside.remove(me)
 
     # pinned host memory ----------------------------------------------------------------------
     def alloc_pinned(self, nbytes: int, task: int = 0) -> tuple[int, bool]:
@@ -344,20 +451,30 @@ class JavaHotPath:
         fallback), so that Java learns both in one call."""
         if task.__class__ is not int:
             raise InvalidArgument(f"alloc_pinned: the owning task is an int (0: none), got {task!r}")
-        lease = self._enter(task) if task else None   # owned by a bound task, reclaimed at its release
+        if not task:
+            return self._alloc_pinned(nbytes, 0)
+        lease = self._lease_of(task)   # owned by a bound task, reclaimed at its release
+        me = get_ident()
         try:
-            block = self.pinned_pool.allocate(nbytes)   # refuses a bad size; falls back as the pool says
-            with self._pinned_lock:
-                self._pinned_blocks[block.address] = block
-                if task:
-                    block.owner = task
-                    self._pinned_by_task.setdefault(task, set()).add(block.address)
-                if block.pinned:   # pageable memory is not looked up: its copies are staged
-                    self._pinned[block.address] = block.view
-                    bisect.insort(self._pinned_bases, block.address)
+            lease.inside.append(me)
+            if not lease.open:
+                raise self._leases.refusal(task, lease)
+            return self._alloc_pinned(nbytes, task)
         finally:
-            if lease is not None:
-                lease.inside.remove(get_ident())
+            lease.inside.remove(me)
+
+    def _alloc_pinned(self, nbytes: int, task: int) -> tuple[int, bool]:
+        block = self.pinned_pool.allocate(nbytes)   # refuses a bad size; falls back as the pool says
+        with self._pinned_lock:
+            self._pinned_blocks[block.address] = block
+            if task:
+                block.owner = task
+                self._pinned_by_task.setdefault(task, set()).add(block.address)
+            if block.pinned:   # pageable memory is not looked up: its copies are staged
+                self._drop_unregistered(block.address, block.address + block.size)
+                self._users[block.address] = block
+                self._pinned[block.address] = block.view
+                bisect.insort(self._pinned_bases, block.address)
         return block.address, block.pinned
 
     def alloc_staging(self, nbytes: int) -> tuple[int, bool]:
@@ -394,8 +511,9 @@ class JavaHotPath:
             if owned is not None:
                 owned.discard(address)
             if block.pinned:
-                del self._pinned[address]
                 del self._pinned_bases[bisect.bisect_left(self._pinned_bases, address)]
+                del self._pinned[address]
+                del self._users[address]
         self.pinned_pool.free(block)
 
     # off-heap memory Java code owns (Arrow buffers, Unsafe, off-heap column vectors) -------------
@@ -414,32 +532,96 @@ class JavaHotPath:
                     raise InvalidArgument(f"register_host: [{address:#x}, +{nbytes}) overlaps the page-locked "
                                           f"[{base:#x}, +{len(self._pinned[base])}) (registered or pinned already)")
             region = self._backend.host_register(address, nbytes)
+            self._drop_unregistered(address, address + nbytes)   # registered again: copies are fine
+            self._users[address] = _RegisteredRegion()
             self._pinned[address] = region
             self._registered.add(address)
             bisect.insort(self._pinned_bases, address)
-            for old in [b for b, (size, _) in self._unregistered.items() if b < address + nbytes and address < b + size]:
-                del self._unregistered[old]   # registered again (an allocator reused the memory): copies are fine
 
     def unregister_host(self, address: int, task: int = 0) -> None:
         """Undo :meth:`register_host` of the region starting at ``address``, on a thread bound to
-        ``task`` (0: none). Copies by that task into the range are refused from then on until its
-        release, a use after close in its own code; with no task, every copy is refused. Past the
-        task the memory may be a new allocation of someone else's, which copies may use. Either way
-        a new registration covering the range lifts it. The most recent ranges are remembered."""
+        ``task`` (0: none). First waits for the streams that copies from or into the region were
+        queued on (its memory may be freed once this returns; nothing reads or writes it
+        afterwards), then unlocks it. Copies by that task into the range are refused from then on
+        until its release, a use after close in its own code; with no task, every copy is refused.
+        Past the task the memory may be a new allocation of someone else's, which copies may use.
+        Either way a new registration (or pinned buffer) lifts it where it covers it. Up to
+        UNREGISTERED_KEPT ranges are remembered per task (the oldest go first)."""
         if task.__class__ is not int:
             raise InvalidArgument(f"unregister_host: the task is an int (0: none), got {task!r}")
         with self._pinned_lock:
             if address not in self._registered:
                 raise InvalidArgument(f"unregister_host: {address!r} is not the start of a registered region")
-            region = self._pinned.pop(address)
-            self._registered.discard(address)
+            # out of the tables first: no copy queues a DMA from or into it after this step
+            # (the invariant at _pinned), so the streams recorded now are all that used it
             del self._pinned_bases[bisect.bisect_left(self._pinned_bases, address)]
-            self._unregistered[address] = (len(region), task)
-            while len(self._unregistered) > self.UNREGISTERED_KEPT:
-                self._unregistered.pop(next(iter(self._unregistered)))
+            region = self._pinned.pop(address)
+            used = self._users.pop(address)
+            self._registered.discard(address)
+            self._remember_unregistered(task, address, len(region))
+        # The DMAs queued from or into it run before the memory is unlocked (cudaHostUnregister of
+        # memory a DMA still reads is undefined; its free afterwards crashed the JVM). A failed
+        # wait (a sticky error) leaves it page-locked: the error is raised, the region stays out.
+        for stream in sorted(used.streams):
+            self._backend.stream_synchronize(stream)
         self._backend.host_unregister(region)
 
-    UNREGISTERED_KEPT = 1024   # unregistered ranges remembered, to refuse copies into them
+    UNREGISTERED_KEPT = 1024   # unregistered ranges remembered per task (0: none), to refuse copies into them
+
+    def _remember_unregistered(self, task: int, base: int, size: int) -> None:
+        """Add [base, base + size) to ``task``'s unregistered ranges (under _pinned_lock), one
+        range with those of the task it touches. It overlaps none (it was a registered region)."""
+        table = self._unregistered.get(task)
+        if table is None:
+            table = self._unregistered[task] = ([], {})
+        bases, sizes = table
+        end = base + size
+        i = bisect.bisect_left(bases, base)
+        right = bases[i] if i < len(bases) and bases[i] == end else None
+        if right is not None:
+            end += sizes[right]
+        # each step leaves the tables valid for a reader between two of them (the C twin's
+        # find_region): a range grows before what it covers is taken out
+        if i > 0 and bases[i - 1] + sizes[bases[i - 1]] == base:
+            sizes[bases[i - 1]] = end - bases[i - 1]
+        else:
+            sizes[base] = end - base
+            bases.insert(i, base)
+            i += 1
+        if right is not None:
+            del bases[i]
+            del sizes[right]
+        while len(sizes) > self.UNREGISTERED_KEPT:
+            oldest = next(iter(sizes))
+            del bases[bisect.bisect_left(bases, oldest)]
+            del sizes[oldest]
+
+    def _drop_unregistered(self, start: int, end: int) -> None:
+        """Forget what the unregistered ranges of every task hold of [start, end) (under
+        _pinned_lock): that memory is page-locked again, by a new registration or a pinned buffer.
+        What lies outside it stays refused."""
+        for task, (bases, sizes) in list(self._unregistered.items()):
+            i = bisect.bisect_left(bases, end) - 1
+            while i >= 0 and bases[i] + sizes[bases[i]] > start:
+                b = bases[i]
+                e = b + sizes[b]
+                # each step leaves the tables valid for a reader between two of them, as above
+                if e > end:   # what lies past it: a range of its own
+                    sizes[end] = e - end
+                    bases.insert(i + 1, end)
+                if b < start:   # what lies before it: the range, shortened
+                    sizes[b] = start - b
+                else:
+                    del bases[i]
+                    del sizes[b]
+                i -= 1
+            if not sizes and task:
+                del self._unregistered[task]
+
+    @property
+    def unregistered_ranges(self) -> int:
+        """Unregistered ranges remembered, all tasks'."""
+        return sum(len(sizes) for _, sizes in list(self._unregistered.values()))
 
     def copy_in_address(self, hid: int, offset: int, address: int, view: memoryview) -> None:
         """Off-heap memory at ``address`` to device: asynchronous on the buffer's stream from a
@@ -456,91 +638,109 @@ class JavaHotPath:
                           view: memoryview) -> None:
         """One copy between buffer ``hid`` and host memory Java owns outside the heap (a direct
         ByteBuffer's, or by address) over ``view``: refused as :meth:`_check_address` says,
-        counted as ``counter``, queued on the buffer's stream inside its task's lease."""
-        a, lease, region = self._enter_host_copy(counter, to_device, hid, offset, address, len(view))
-        try:
-            host = self._host(address, view, a.stream, region)
-            if to_device:
-                self._backend.copy_to_device_async(a.ptr + offset, host, a.stream)
-            else:
-                self._backend.copy_from_device_async(host, a.ptr + offset, a.stream)
-        finally:
-            lease.inside.remove(get_ident())
-
-    def _enter_host_copy(self, counter: str, to_device: bool, hid: int, offset: int, address: int,
-                         nbytes: int) -> tuple["Allocation", "TaskLease", tuple[int, Any] | None]:
-        """Buffer ``hid``'s allocation with its task's lease entered (the caller leaves it once
-        the copy is queued) and the page-locked region [address, address + nbytes) lies in (None:
-        pageable), after :meth:`_check_address`'s refusals, in the copy's own words; the copy
-        counted as ``counter``."""
+        counted as ``counter``, queued on the buffer's stream inside its task's lease. A copy of a
+        page-locked region is looked up and queued in one step under _pinned_lock (the invariant
+        at _pinned); pageable memory is copied by the backend before it returns, as CUDA does."""
         call = "copy_in" if to_device else "copy_out"   # the copy's own words for a refusal
-        a, lease = self._enter_buffer(hid, call, offset, nbytes)
+        nbytes = len(view)
+        a, lease = self._buffer(hid, call)
+        me = get_ident()
         try:
-            region = self._check_address(call, address, nbytes, a.owner)
-        except BaseException:
-            lease.inside.remove(get_ident())
-            raise
-        self._counts[counter] += 1
-        return a, lease, region
+            lease.inside.append(me)
+            if not lease.open:
+                raise self._releasing(hid, call, a.owner)
+            self._check_buffer(a, hid, call, offset, nbytes)
+            with self._pinned_lock:
+                region = self._check_address(call, address, nbytes, a.owner)
+                self._counts[counter] += 1
+                if region is not None:
+                    self._copy(to_device, a, offset, self._host(address, view, a.stream, region))
+            if region is None:
+                self._copy(to_device, a, offset, view)
+        finally:
+            lease.inside.remove(me)
+
+    def _copy(self, to_device: bool, a: "Allocation", offset: int, host: Any) -> None:
+        if to_device:
+            self._backend.copy_to_device_async(a.ptr + offset, host, a.stream)
+        else:
+            self._backend.copy_from_device_async(host, a.ptr + offset, a.stream)
 
     def enter_host_copy(self, hid: int, offset: int, address: int, nbytes: int, to_device: bool,
                         direct: bool) -> tuple["Allocation", "TaskLease", bool]:
         """The reference of the C twin's ``enter_copy`` for host memory outside the heap (on a
         GPU the JNI side copies it in C; the twin refers here what it does not take as it
-        stands): :meth:`_enter_host_copy` for memory by address (a direct ByteBuffer's:
-        ``direct``, counted as ``copies_direct``), returning (allocation, lease entered, whether
-        the range is page-locked). Page-locked memory is then copied with one asynchronous DMA on
-        the allocation's stream (a pinned buffer's reuse waits for that stream, recorded here),
-        pageable memory through the thread's staging ring. The caller leaves the lease."""
-        a, lease, region = self._enter_host_copy("copies_direct" if direct else "copies_address", to_device,
-                                                 hid, offset, address, nbytes)
-        if region is not None:
-            self._used_on(region[0], a.stream)
-        return a, lease, region is not None
+        stands): buffer ``hid``'s allocation with its task's lease entered (the caller leaves it)
+        and whether [address, address + nbytes) is page-locked, after :meth:`_check_address`'s
+        refusals in the copy's own words; counted as ``copies_direct`` (a direct ByteBuffer's
+        memory: ``direct``) or ``copies_address``. Page-locked memory is then copied with one
+        asynchronous DMA on the allocation's stream (recorded here, for a pinned buffer's reuse
+        and a registration's unregister_host; the twin looks the region up again with the GIL
+        held before it queues the DMA), pageable memory through the thread's staging ring."""
+        call = "copy_in" if to_device else "copy_out"
+        a, lease = self._buffer(hid, call)
+        me = get_ident()
+        try:
+            lease.inside.append(me)
+            if not lease.open:
+                raise self._releasing(hid, call, a.owner)
+            self._check_buffer(a, hid, call, offset, nbytes)
+            with self._pinned_lock:
+                region = self._check_address(call, address, nbytes, a.owner)
+                if region is not None:
+                    self._used_on(region[0], a.stream)
+            self._counts["copies_direct" if direct else "copies_address"] += 1
+            pagelocked = region is not None
+        except BaseException:
+            lease.inside.remove(me)
+            raise
+        return a, lease, pagelocked   # nothing between the try and the return: the caller holds it from here
 
     def _used_on(self, base: int, stream: int) -> None:
-        """An asynchronous copy of the page-locked region at ``base`` is queued on ``stream``: a
-        pinned buffer there is then reused only once that stream has passed it
-        (PinnedHostPool.free); a registered region needs nothing."""
-        block = self._pinned_blocks.get(base)
-        if block is not None:
-            block.streams.add(stream)
+        """An asynchronous copy of the page-locked region at ``base`` is queued on ``stream``
+        (under _pinned_lock): a pinned buffer there is then reused only once that stream has
+        passed it (PinnedHostPool.free), a registration unlocked only once it has
+        (unregister_host)."""
+        self._users[base].streams.add(stream)
 
     def _check_address(self, call: str, address: int, nbytes: int, task: int) -> tuple[int, Any] | None:
         """(start, memory) of the pinned buffer or registered region [address, address + nbytes)
-        lies in, or None (pageable memory). Refused: a range that runs past (or into) such a region
-        without lying inside it (host memory is either one region's or none's); a copy by
-        ``task`` into a range it (or no task) unregistered (its memory may be freed)."""
+        lies in, or None (pageable memory); under _pinned_lock. Refused: a range that runs past
+        (or into) such a region without lying inside it (host memory is either one region's or
+        none's); a copy by ``task`` into a range it (or no task) unregistered (its memory may be
+        freed). One bisect in each table: O(log n) in the regions and the unregistered ranges."""
         end = address + nbytes
-        region = None
+        probe = address + max(nbytes, 1)   # the range's end, or its first byte when empty
         # regions never overlap: the one a range lies in, or one it overlaps without lying inside
-        # it, is the last region starting before the range's end (its first byte, when empty)
+        # it, is the last region starting before the range's end
         bases = self._pinned_bases
-        i = bisect.bisect_left(bases, address + max(nbytes, 1)) - 1
+        i = bisect.bisect_left(bases, probe) - 1
         buf = self._pinned.get(bases[i]) if i >= 0 else None
         if buf is not None:
             base, size = bases[i], len(buf)
             if base <= address and end <= base + size:
-                region = base, buf
-            elif nbytes > 0 and address < base + size:
+                return base, buf   # no unregistered range overlaps a page-locked region
+            if nbytes > 0 and address < base + size:
                 raise InvalidArgument(f"{call}: [{address:#x}, +{nbytes}) runs past the page-locked "
                                       f"[{base:#x}, +{size}) (a registered region or a pinned buffer): a "
                                       f"copy's host range lies inside one region or outside them all")
-        if not self._unregistered:
-            return region
-        for base, (size, by) in list(self._unregistered.items()):
-            if address < base + size and base < address + max(nbytes, 1) and by in (0, task):
+        for by in (task, 0) if task else (0,):
+            table = self._unregistered.get(by)
+            if table is None:
+                continue
+            ubases, sizes = table
+            # they never overlap: the last starting before the range's end ends last of those
+            j = bisect.bisect_left(ubases, probe) - 1
+            if j >= 0 and ubases[j] + sizes[ubases[j]] > address:
+                base, size = ubases[j], sizes[ubases[j]]
                 raise InvalidArgument(f"{call}: [{address:#x}, +{nbytes}) is in [{base:#x}, +{size}), unregistered "
                                       f"(unregister_host) by {'task ' + str(by) if by else 'the executor'}: its "
                                       f"memory may have been freed (register it again if it is a new allocation)")
-        return region
+        return None
 
-    def _host(self, address: int, view: memoryview, stream: int, region: tuple[int, Any] | None) -> Any:
-        """The pinned buffer behind ``address`` (``region``, from :meth:`_check_address`; sliced to
-        the view's size) when there is one, else the view itself (pageable: the backend's copy is
-        then synchronous, as CUDA's is)."""
-        if region is None:
-            return view
+    def _host(self, address: int, view: memoryview, stream: int, region: tuple[int, Any]) -> Any:
+        """The page-locked memory behind ``address`` (``region``, from :meth:`_check_address`,
+        sliced to the view's size), its use on ``stream`` recorded; under _pinned_lock."""
         base, buf = region
         self._used_on(base, stream)
         off = address - base
@@ -558,10 +758,9 @@ class JavaHotPath:
         return self._forget(b)
 
     def _forget(self, b: "TaskBinding") -> list[int]:
-        if self._unregistered:   # its unregistered ranges: past its release they may be anyone's memory
+        if b.task_id in self._unregistered:   # its unregistered ranges: past its release they may be anyone's memory
             with self._pinned_lock:
-                for base in [k for k, (_, by) in self._unregistered.items() if by == b.task_id]:
-                    del self._unregistered[base]
+                self._unregistered.pop(b.task_id, None)
         for address in sorted(self._pinned_by_task.pop(b.task_id, ())):   # its pinned buffers, reclaimed
             try:
                 self.free_pinned(address)
@@ -569,7 +768,7 @@ class JavaHotPath:
             except InvalidArgument:   # freed on another thread meanwhile
                 pass
         pool = self._service.memory_pool(b.gpu)
-        return self._live.forget([a.id << GPU_BITS | b.gpu for a in pool.owned_by(b.task_id)])
+        return self._live.forget([a.id << GPU_BITS | b.gpu for a in pool.owned_by(b.task_id)], b.task_id)
 
     def sweep(self) -> int:
         """Drop handles whose allocation is no longer alive (a release raced with an allocate
@@ -631,9 +830,9 @@ class JavaHotPath:
         for v, code, off in zip(values, kinds, offsets):
             kind = KIND_CODES[code] if code < len(KIND_CODES) else None
             if kind == "ptr":
-                a = self._live.get(v)
+                a = self._live.get(v) if v.__class__ is int else None
                 if a is None:
-                    raise self._live.refusal(v, "launch")
+                    raise self._live.dead(v, "launch")
                 args.append((a, off))
             elif kind == "f32":
                 args.append(struct.unpack("<f", struct.pack("<I", v & 0xFFFFFFFF))[0])

@@ -54,8 +54,10 @@ typedef struct {
      * (outside the heap). Host memory outside the heap is checked as JavaHotPath.enter_host_copy
      * checks it (a range running past a page-locked region, or one the task unregistered, is
      * refused) and out->pagelocked says how to copy it; a pinned buffer's reuse then waits for
-     * the buffer's stream. The copy is counted under its kind (copies_in / copies_out,
-     * copies_direct, copies_address). */
+     * the buffer's stream, and so does unregistering a registered region, provided the caller
+     * queues a page-locked range's DMA with the GIL still held from this return (no Python code
+     * in between). The copy is counted under its kind (copies_in / copies_out, copies_direct,
+     * copies_address). */
     int (*enter_copy)(void *core, long long handle, long long offset, long long nbytes, int to_device, int kind,
                       unsigned long long host, cb_copy_lease *out);
     void (*leave_copy)(void *core, cb_copy_lease *lease);
