@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import os
+import stat
+import threading
 
 import numpy as np
 import pytest
@@ -29,7 +31,8 @@ def test_an_entry_round_trips_and_leaves_no_temporary_file(tmp_path):
     assert os.listdir(tmp_path / "cache") == [f"{KEY}.json"]
     again = ModuleStore(str(tmp_path / "cache"))             # another process, say
     assert again.get(KEY) == (PTX, {"&ns::v": "_ZN2ns1vE"})
-    assert again.statistics() == {"hits": 1, "misses": 0, "writes": 0, "ignored": 0, "write_failures": 0}
+    assert again.statistics() == {"hits": 1, "misses": 0, "writes": 0, "ignored": 0, "write_failures": 0,
+                                  "untrusted_directory": 0, "untrusted_entries": 0}
     assert json.loads((tmp_path / "cache" / f"{KEY}.json").read_text())["target"] == "compute_90/nvrtc(13, 5)"
 
 
@@ -227,3 +230,183 @@ template <typename T> __global__ void scale(T* p, int n, T a) {
         with pytest.raises(ModuleLoadError, match="did not compile"):
             fourth.load_module(bad)
         assert fourth.module_loader.store.writes == 0 and len(os.listdir(tmp_path)) == 1
+
+
+def test_a_deeply_nested_entry_is_ignored_as_a_damaged_one(tmp_path, caplog):
+    """Issue 23, 6.10: JSON nested deeper than the decoder recurses is a damaged entry (logged,
+    ignored, counted), not a RecursionError out of the load."""
+    store = ModuleStore(str(tmp_path))
+    for deep in ("[" * 200_000 + "]" * 200_000, '{"a":' * 200_000 + "1" + "}" * 200_000):
+        (tmp_path / f"{KEY}.json").write_text(deep)
+        assert store.get(KEY) is None
+    assert (store.ignored, store.misses, store.hits) == (2, 2, 0) and "ignoring" in caplog.text
+    assert store.put(KEY, (PTX, {})) and store.get(KEY) == (PTX, {})
+
+
+# --- issue 23, 7: only the executor's user may write the cache --------------------------------------
+# Anyone who can write an entry can make the executor load their PTX and launch it as the task's
+# kernel over the task's memory. A planted entry here is consistent (the store's own key and
+# format): only who owns and may write the directory and the file tells it from a real one.
+
+PLANTED_PTX = PTX.replace("{ ret; }", "{ trap; }")
+
+
+def _plant(directory, source=None, loader=None, mode=0o600) -> str:
+    """Write a consistent entry for ``source`` as ``loader`` keys it (``KEY`` without them) into
+    ``directory``, holding PLANTED_PTX; returns its path."""
+    digest = KEY if source is None else source.digest(loader.target(0))
+    assert ModuleStore(directory).put(digest, (PLANTED_PTX, {}), "compute_90")   # the store's own writer
+    path = os.path.join(directory, f"{digest}.json")
+    os.chmod(path, mode)
+    assert ModuleStore._checked(json.loads(open(path, "rb").read()), digest)[0] == PLANTED_PTX
+    return path
+
+
+def _mode(path) -> int:
+    return os.lstat(path).st_mode & 0o7777
+
+
+@pytest.mark.parametrize("mode", [0o777, 0o1777, 0o770, 0o730, 0o702],
+                         ids=["world-writable", "sticky-like-tmp", "group-writable", "group-writes-only",
+                              "others-write-only"])
+def test_a_directory_others_may_write_is_not_used(tmp_path, mode, caplog):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    loader, backend, compiles = _loader(str(shared))
+    planted = _plant(str(shared), SOURCE, loader)
+    shared.chmod(mode)
+    module = loader.load(SOURCE, 0)
+    assert compiles == [SOURCE.code] and backend.loaded == [PTX.encode() + b"\0"]   # compiled, not planted
+    assert "k" in module.entries
+    stats = loader.store.statistics()
+    assert stats["untrusted_directory"] == 2 and stats["hits"] == 0 and stats["writes"] == 0   # read and write
+    assert os.listdir(shared) == [os.path.basename(planted)]                      # nothing written there
+    loader.load(ModuleSource.of(SOURCE.code, options=["-DX=1"]), 0)
+    assert loader.store.untrusted_directory == 4
+    warnings = [r for r in caplog.records if "not using the module cache directory" in r.getMessage()]
+    assert len(warnings) == 1 and warnings[0].levelname == "WARNING"                # once per store
+    assert "writable by" in warnings[0].getMessage() and str(shared) in warnings[0].getMessage()
+    shared.chmod(0o700)                                # made private: used again, the planted entry too
+    assert ModuleStore(str(shared)).get(json.loads(open(planted).read())["digest"])[0] == PLANTED_PTX
+
+
+def test_a_directory_of_another_user_is_not_used(tmp_path, caplog):
+    """The directory's owner (os.stat's st_uid) must be the executor's user (os.geteuid())."""
+    if os.geteuid() == 0:                              # root can make a directory another user's
+        foreign = tmp_path / "foreign"
+        foreign.mkdir(mode=0o755)
+        _plant(str(foreign))
+        os.chown(foreign, 65534, -1)
+    else:                                              # any other user has one at hand
+        foreign = tmp_path.anchor
+        assert os.stat(foreign).st_uid != os.geteuid()
+    store = ModuleStore(str(foreign))
+    assert store.get(KEY) is None and store.put(KEY, (PTX, {})) is False
+    assert (store.untrusted_directory, store.hits, store.writes, store.write_failures) == (2, 0, 0, 0)
+    assert "is owned by uid" in caplog.text
+
+
+@pytest.mark.parametrize("make", ["world-writable", "group-writable", "symlink", "another-owner", "fifo"])
+def test_an_entry_others_may_write_or_not_a_plain_file_is_ignored_and_compiled_again(tmp_path, make, caplog):
+    cache = tmp_path / "cache"
+    cache.mkdir(mode=0o700)
+    loader, backend, compiles = _loader(str(cache))
+    digest = SOURCE.digest(loader.target(0))
+    entry = cache / f"{digest}.json"
+    if make in ("world-writable", "group-writable"):
+        _plant(str(cache), SOURCE, loader, mode=0o666 if make == "world-writable" else 0o660)
+    elif make == "symlink":                            # a consistent entry, the link's target another's
+        elsewhere = tmp_path / "elsewhere"
+        elsewhere.mkdir(mode=0o700)
+        os.symlink(_plant(str(elsewhere), SOURCE, loader), entry)
+    elif make == "another-owner":
+        if os.geteuid() != 0:
+            pytest.skip("only root can give a file to another user")
+        os.chown(_plant(str(cache), SOURCE, loader), 65534, -1)
+    else:
+        os.mkfifo(entry, 0o600)                        # would block a plain open()
+    loaded: list = []
+    t = threading.Thread(target=lambda: loaded.append(loader.load(SOURCE, 0)), daemon=True)
+    t.start()
+    t.join(30)                                         # (a load blocked on the FIFO fails here, not hangs)
+    assert len(loaded) == 1, "the load did not return"
+    module = loaded[0]
+    assert compiles == [SOURCE.code] and backend.loaded == [PTX.encode() + b"\0"] and "k" in module.entries
+    assert loader.store.statistics()["untrusted_entries"] == 1 and "module cache: ignoring" in caplog.text
+    # written again in its place: a plain file of the executor's user, read and written by it alone
+    st = os.lstat(entry)
+    assert stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid() and _mode(entry) == 0o600
+    again, _, compiles2 = _loader(str(cache))
+    again.load(SOURCE, 0)
+    assert compiles2 == [] and again.store.hits == 1
+
+
+def test_the_directory_is_made_private_and_entries_are_written_for_the_user_alone(tmp_path):
+    old = os.umask(0o002)                              # a permissive umask takes nothing from the modes
+    try:
+        store = ModuleStore(str(tmp_path / "a" / "b" / "cache"))
+        assert store.put(KEY, (PTX, {}))
+    finally:
+        os.umask(old)
+    for made in (tmp_path / "a", tmp_path / "a" / "b", tmp_path / "a" / "b" / "cache"):
+        assert _mode(made) == 0o700, (made, oct(_mode(made)))
+    assert _mode(tmp_path) == 0o700                    # an existing parent is left as it was
+    (entry,) = os.listdir(tmp_path / "a" / "b" / "cache")
+    assert _mode(tmp_path / "a" / "b" / "cache" / entry) == 0o600
+    assert store.get(KEY) == (PTX, {}) and store.untrusted_directory == store.untrusted_entries == 0
+    # a directory the user made readable by others is used (only writing is refused)
+    (tmp_path / "a" / "b" / "cache").chmod(0o755)
+    assert ModuleStore(str(tmp_path / "a" / "b" / "cache")).get(KEY) == (PTX, {})
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_a_planted_entry_runs_only_where_the_user_alone_could_have_written_it(tmp_path):
+    """Issue 23, 7, on the real compiler and driver: an entry holding other PTX under a source's key
+    (compiled by NVRTC here, stored by the store itself) is what the executor runs when the
+    directory and the file are the user's alone (so only the user can have planted it); in a
+    world-writable directory, or as a world-writable file, it is not loaded: the source is compiled
+    and its kernel runs."""
+    from cudabridge.kernels import LaunchConfig
+    from cudabridge.service import CudaBridgeService
+    code = r'''
+extern "C" __global__ void scale(float* p, int n, float a) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) p[i] *= a;
+}'''
+    source, planted = ModuleSource.of(code), ModuleSource.of(code.replace("p[i] *= a", "p[i] = 666.0f"))
+    cache = tmp_path / "cache"
+    cache.mkdir(mode=0o700)
+    config = ServiceConfig(backend="cuda", streams_per_gpu=2, high_priority_streams=0, module_cache_dir=str(cache))
+
+    def run(service) -> float:
+        k = service.load_module(source).kernel("scale")
+        reg, be = service.registry, service.backend
+        b = reg.bind(1)
+        n = 1024
+        p = reg.allocate(1, 4 * n)
+        be.copy_to_device_async(p.ptr, bytearray(np.ones(n, dtype=np.float32).tobytes()), b.stream)
+        reg.launch(1, k, LaunchConfig(n // 256, 256), [p, n, 3.0])
+        out = bytearray(4 * n)
+        be.copy_from_device_async(out, p.ptr, b.stream)
+        be.stream_synchronize(b.stream)
+        reg.release(1)
+        values = set(np.frombuffer(out, dtype=np.float32).tolist())
+        assert len(values) == 1, values
+        return values.pop()
+
+    with CudaBridgeService(config) as planter:
+        loader = planter.module_loader
+        assert loader.store.put(source.digest(loader.target(0)), loader.compile(planted, 0), "planted")
+    (entry,) = cache.iterdir()
+    with CudaBridgeService(config) as trusting:          # the user's own directory and file: loaded
+        assert run(trusting) == 666.0 and trusting.module_loader.compiles == 0
+    cache.chmod(0o777)
+    with CudaBridgeService(config) as shared_dir:
+        assert run(shared_dir) == 3.0 and shared_dir.module_loader.compiles == 1
+        assert shared_dir.module_loader.store.untrusted_directory == 2
+    cache.chmod(0o700)
+    entry.chmod(0o666)
+    with CudaBridgeService(config) as shared_file:
+        assert run(shared_file) == 3.0 and shared_file.module_loader.compiles == 1
+        assert shared_file.module_loader.store.untrusted_entries == 1
+    assert _mode(entry) == 0o600                          # written again, for the user alone
