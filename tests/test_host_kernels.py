@@ -321,3 +321,85 @@ def test_the_parameter_layout_is_the_compilers():
     assert param_layout(("ptr", "i32", "f32")) == [(0, 8), (8, 4), (12, 4)]
     assert param_layout(("i8", "i64", "bool", "i16", "f64")) == [(0, 1), (8, 8), (16, 1), (18, 2), (24, 8)]
     assert param_layout(()) == []
+
+
+# --- issue 23 -------------------------------------------------------------------------------------
+
+def test_an_emulated_kernel_belongs_to_the_gpu_its_module_was_loaded_on():
+    """6.8: a module's kernel on the emulated device carries its module's GPU, as a CUDA kernel
+    does, so a task on another GPU is refused (InvalidArgument, naming both) and nothing runs; a
+    bare twin (``HostKernels.get``) belongs to no GPU."""
+    from cudabridge.kernels.modules import ModuleSource
+    source = ModuleSource.of('extern "C" __global__ void saxpy(const float* x, float* y, int n, float a) {}')
+    with _service(emulated_devices=2) as service:
+        reg = service.registry
+        saxpy = service.load_module(source, gpu=1).kernel("saxpy")
+        assert saxpy.gpu == 1 and service.load_module(source, gpu=0).kernel("saxpy").gpu == 0
+        assert service.host_kernels.get("saxpy").gpu is None
+        reg.bind(1, gpu=0)
+        x, y = reg.allocate(1, 64), reg.allocate(1, 64)
+        before = list(twins.calls)
+        with pytest.raises(InvalidArgument, match="kernel 'saxpy' is loaded on GPU 1; task 1 runs on GPU 0"):
+            service.launch(1, saxpy, LaunchConfig(1, 32), [x, y, 16, 1.0])
+        reg.synchronize(1)
+        assert twins.calls == before and reg.launch_log.recent == {}
+        reg.bind(2, gpu=1)
+        p, q = reg.allocate(2, 64), reg.allocate(2, 64)
+        service.launch(2, saxpy, LaunchConfig(1, 32), [p, q, 16, 1.0])
+        reg.synchronize(2)
+        assert twins.calls == before + ["saxpy"]
+        reg.release(1)
+        reg.release(2)
+
+
+def test_a_twin_module_that_exits_on_import_fails_the_start_naming_the_setting(tmp_path, monkeypatch):
+    """6.16: SystemExit raised by a twins module's import is that module's failure, as any other
+    exception is: InvalidArgument naming the setting, not an exit of the executor's Python."""
+    (tmp_path / "twins_that_exit.py").write_text("import sys\nsys.exit('no GPU here')\n")
+    (tmp_path / "twins_that_exit_0.py").write_text("raise SystemExit\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for module, said in [("twins_that_exit", "SystemExit: no GPU here"), ("twins_that_exit_0", "SystemExit")]:
+        with pytest.raises(InvalidArgument, match=rf"emulatedKernels: cannot import '{module}': {said}"):
+            CudaBridgeService(ServiceConfig(backend="emulated", emulated_kernels=module, emulated_memory="64m"))
+        with pytest.raises(InvalidArgument, match=f"cannot import '{module}'"):
+            HostKernels([module])
+
+
+def test_a_launch_request_of_the_wrong_types_is_refused_by_its_check():
+    """6.11: ``check_launch_request`` (kernels/launch_config.py, called first in
+    TaskRegistry.launch) refuses a launch whose kernel, config or args are not what a launch takes,
+    naming which, before anything is entered or queued."""
+    from cudabridge.kernels.launch_config import check_launch_request
+    saxpy = HostKernels(["host_twins_for_tests"]).get("saxpy")
+    config = LaunchConfig(1, 32)
+    check_launch_request(saxpy, config, [1, 2, 3, 4.0])
+    check_launch_request(saxpy, config, (1, 2, 3, 4.0))
+    for kernel, cfg, args, message in [
+        (None, config, [], r"launch: kernel must be a module's kernel \(module.kernel\(name\)\), got NoneType"),
+        ("saxpy", config, [], "launch: kernel must be a module's kernel .*, got str"),
+        (saxpy, None, [], r"launch of kernel 'saxpy': config must be a LaunchConfig \(LaunchConfig\(grid, block\)\), "
+                          r"got NoneType"),
+        (saxpy, (1, 32), [], "launch of kernel 'saxpy': config must be a LaunchConfig .*, got tuple"),
+        (saxpy, config, None, "launch of kernel 'saxpy': args must be a list or tuple of its arguments, got NoneType"),
+        (saxpy, config, "xyz", "launch of kernel 'saxpy': args must be a list or tuple .*, got str"),
+        (saxpy, config, iter([1]), "launch of kernel 'saxpy': args must be a list or tuple .*, got list_iterator"),
+    ]:
+        with pytest.raises(InvalidArgument, match=message):
+            check_launch_request(kernel, cfg, args)
+
+
+@pytest.mark.xfail(strict=True, reason="issue 23, 6.11: passes once TaskRegistry.launch calls "
+                                        "check_launch_request(kernel, config, args) first (task_registry.py is "
+                                        "another engineer's; drop this mark then)")
+@pytest.mark.parametrize("which", ["kernel", "config", "args"])
+def test_the_services_launch_refuses_a_request_of_the_wrong_types(which):
+    with _service() as service:
+        reg = service.registry
+        reg.bind(1)
+        x, y = reg.allocate(1, 64), reg.allocate(1, 64)
+        request = {"kernel": service.host_kernels.get("saxpy"), "config": LaunchConfig(1, 32), "args": [x, y, 16, 1.0]}
+        request[which] = None
+        with pytest.raises(InvalidArgument, match=f"{which} must be"):
+            service.launch(1, request["kernel"], request["config"], request["args"])
+        assert reg.launch_log.recent == {}
+        assert reg.release(1).leaks_reclaimed == 2

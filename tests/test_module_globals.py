@@ -331,3 +331,28 @@ def test_on_a_gpu_a_kernel_reads_the_constant_the_host_wrote():
         with pytest.raises(InvalidArgument, match=r"8 byte\(s\) at offset 0 do not fit global 'scale' of 4 bytes"):
             copy_to_global(reg, 1, scale, _floats([1, 2]))
         reg.release(1)
+
+
+def test_a_kernel_reading_another_gpus_globals_is_refused_at_its_launch():
+    """Issue 23, 6.8: a kernel of a module loaded on GPU 1 reads GPU 1's copies of its globals; a
+    task on GPU 0 launching it is refused at the launch (InvalidArgument, naming both GPUs), as on
+    a GPU, not failed at the device; on GPU 1 it runs."""
+    with _service(emulated_devices=2) as service:
+        reg = service.registry
+        module = service.load_module(ModuleSource.of(GLOBALS_SOURCE), gpu=1)
+        kernel = module.kernel("scale_by")
+        reg.bind(1, gpu=0)
+        y = reg.allocate(1, 64)
+        with pytest.raises(InvalidArgument, match="kernel 'scale_by' is loaded on GPU 1; task 1 runs on GPU 0"):
+            service.launch(1, kernel, LaunchConfig(1, 32), [y, 16])
+        service.synchronize(1)                                      # nothing queued: nothing failed
+        reg.bind(2, gpu=1)
+        z = reg.allocate(2, 64)
+        copy_to_global(reg, 2, module.global_("scale"), _floats([2.0]))
+        service.launch(2, kernel, LaunchConfig(1, 32), [z, 16])
+        count = bytearray(8)
+        copy_from_global(reg, 2, module.global_("launches"), count)
+        assert np.frombuffer(count, dtype=np.uint64)[0] == 1
+        reg.release(1)
+        reg.release(2)
+        assert not service.backend.races

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from cudabridge.config import ServiceConfig
-from cudabridge.errors import InvalidArgument
+from cudabridge.errors import CudaError, InvalidArgument
 from cudabridge.kernels import LaunchConfig
 from cudabridge.kernels.modules import ModuleCache, ModuleLoadError, ModuleSource, ptx_entries, source_kernels
 from cudabridge.service import CudaBridgeService
@@ -235,3 +235,148 @@ def test_a_compile_leaves_the_interpreters_shared_bytes_alone(nvrtc):
     ptx, _ = compile_to_ptx(nvrtc, ModuleSource.of('extern "C" __global__ void k() {}'), "compute_90")
     assert ".entry k" in ptx
     assert b" " == bytes([32]) and b" ".join([b"a", b"b"]) == b"a b"
+
+
+# --- issue 23, 6.5: only a bad source's own errors are kept ---------------------------------------
+
+def test_an_interrupted_load_is_not_kept_and_the_threads_waiting_on_it_load_again():
+    """A Ctrl-C landing in a load is the loading thread's, not the source's: that thread gets its
+    KeyboardInterrupt, the threads waiting on the load load again themselves (one loads, the others
+    wait for it), and later asks get the module; nothing keeps the interruption."""
+    loading, go_on = threading.Event(), threading.Event()
+    calls: list[str] = []
+
+    def loader(source, gpu):
+        calls.append(threading.current_thread().name)
+        if len(calls) == 1:
+            loading.set()
+            go_on.wait(10)
+            raise KeyboardInterrupt
+        return "module"
+    cache = ModuleCache(loader, lambda gpu: "t")
+    src = ModuleSource.of(SAXPY)
+    outcome: dict[str, object] = {}
+
+    def ask():
+        try:
+            outcome[threading.current_thread().name] = cache.load(src, 0)
+        except BaseException as exc:       # whatever reaches the caller, KeyboardInterrupt included
+            outcome[threading.current_thread().name] = exc
+    first = threading.Thread(target=ask, name="first")
+    first.start()
+    assert loading.wait(10)
+    waiters = [threading.Thread(target=ask, name=f"waiter{i}") for i in range(6)]
+    for t in waiters:
+        t.start()
+    deadline = time.monotonic() + 10
+    while cache.hits < len(waiters) and time.monotonic() < deadline:   # all six wait on the first load
+        time.sleep(0.001)
+    go_on.set()
+    for t in [first, *waiters]:
+        t.join(10)
+    assert isinstance(outcome.pop("first"), KeyboardInterrupt)
+    assert outcome == {f"waiter{i}": "module" for i in range(6)}
+    assert len(calls) == 2 and calls[1].startswith("waiter")        # one waiter loaded; the rest waited for it
+    assert _load_or_fail(cache, src) == "module" and len(calls) == 2 and cache.failures == 0 and len(cache) == 1
+
+
+@pytest.mark.parametrize("make", [
+    KeyboardInterrupt, lambda: SystemExit(3), MemoryError, lambda: OSError(5, "Input/output error"),
+    lambda: RuntimeError("transient"), lambda: CudaError("cuModuleLoadData", 2, "CUDA_ERROR_OUT_OF_MEMORY"),
+    lambda: ModuleLoadError("nvrtcCreateProgram failed: NVRTC_ERROR_OUT_OF_MEMORY", transient=True),
+], ids=["KeyboardInterrupt", "SystemExit", "MemoryError", "OSError", "RuntimeError", "CudaError",
+        "transient-ModuleLoadError"])
+def test_a_failure_that_is_not_the_sources_is_raised_once_and_the_next_ask_loads_again(make):
+    failure = make()
+    calls = []
+
+    def loader(source, gpu):
+        calls.append(1)
+        if len(calls) == 1:
+            raise failure
+        return "module"
+    cache = ModuleCache(loader, lambda gpu: "t")
+    src = ModuleSource.of(SAXPY)
+    with pytest.raises(type(failure)):
+        cache.load(src, 0)
+    assert _load_or_fail(cache, src) == "module" and len(calls) == 2 and cache.failures == 0
+    assert (cache.abandoned, len(cache)) == (1, 1)
+
+
+def _load_or_fail(cache, src):
+    """``cache.load(src, 0)``; a kept KeyboardInterrupt or SystemExit raised again fails the test
+    instead of ending the test session."""
+    try:
+        return cache.load(src, 0)
+    except BaseException as exc:
+        pytest.fail(f"the first load's failure was kept: a later ask raised {exc!r}")
+
+
+def test_a_bad_sources_invalid_argument_is_kept_as_its_compile_error_is():
+    calls = []
+
+    def loader(source, gpu):
+        calls.append(1)
+        raise InvalidArgument("an emulated module with globals needs the device backend to hold them")
+    cache = ModuleCache(loader, lambda gpu: "t")
+    for _ in range(3):
+        with pytest.raises(InvalidArgument, match="needs the device backend"):
+            cache.load(ModuleSource.of(SAXPY), 0)
+    assert len(calls) == 1 and cache.failures == 1
+
+
+# --- issue 23, 6.11: wrong types refused with InvalidArgument, naming what was asked -----------------
+
+@pytest.mark.parametrize("kw, message", [
+    (dict(options="-DTILE=256"), r"options: a list of strs, got one str '-DTILE=256' \(write \['-DTILE=256'\]\)"),
+    (dict(name_expressions="scale<float>"), r"name_expressions: a list of strs, got one str 'scale<float>'"),
+    (dict(options=5), "options: a list of strs, got int"),
+    (dict(options=[b"-O3"]), "options: compile options are non-empty strs, got"),
+    (dict(headers=[("h.h", "//")]), "headers: a mapping of include names to their text, got list"),
+    (dict(headers={1: "x", "a.h": "y"}), "headers map include names to their text"),
+    (dict(signatures={"saxpy": 5}), r"signatures\['saxpy'\]: a str of kinds .* or a list of kinds, got int"),
+    (dict(signatures={"saxpy": None}), r"signatures\['saxpy'\]: a str of kinds"),
+    (dict(signatures={"saxpy": ["ptr", ["i32"]]}), r"unknown parameter kind\(s\) \[\['i32'\]\]"),
+    (dict(signatures={5: "ptr"}), "signatures: kernel names are non-empty strs, got 5"),
+    (dict(signatures=["saxpy"]), "signatures: a mapping of kernel names to signatures, got list"),
+    (dict(code="__global__ void k() {} // \ud800"), r"the source text: not UTF-8 \(a lone surrogate '\\ud800' at index \d+\)"),
+    (dict(options=["-DX=\udc80"]), r"option '-DX=\\udc80': not UTF-8"),
+    (dict(headers={"h.h": "\ud800"}), r"header 'h.h': not UTF-8"),
+    (dict(headers={"\ud800.h": ""}), r"header name '\\ud800.h': not UTF-8"),
+    (dict(name_expressions=["f<\ud800>"]), r"name expression 'f<\\ud800>': not UTF-8"),
+    (dict(signatures={"k\ud800": "ptr"}), r"signature name 'k\\ud800': not UTF-8"),
+], ids=["options-str", "names-str", "options-int", "options-bytes", "headers-list", "headers-key",
+        "signature-int", "signature-none", "signature-nested", "signature-key", "signatures-list", "surrogate-code",
+        "surrogate-option", "surrogate-header", "surrogate-header-name", "surrogate-name", "surrogate-signature"])
+def test_a_source_of_the_wrong_types_is_refused_naming_the_part(kw, message):
+    kw = {"code": SAXPY, **kw}
+    with pytest.raises(InvalidArgument, match=message):
+        ModuleSource.of(**kw)
+
+
+def test_a_single_option_and_name_expression_in_a_list_still_work():
+    src = ModuleSource.of(SAXPY, options=("-DTILE=256",), name_expressions=["scale<float>"],
+                          signatures={"scale<float>": ["ptr", "i32", "f32"]})
+    assert src.options == ("-DTILE=256",) and src.name_expressions == ("scale<float>",)
+    assert src.declared("scale<float>") == ("ptr", "i32", "f32")
+    assert ModuleSource.of(SAXPY, options=None, name_expressions=None) == ModuleSource.of(SAXPY)
+
+
+@pytest.mark.parametrize("source, gpu, message", [
+    ("extern \"C\" __global__ void k() {}", 0,
+     r"load_module: expects a ModuleSource \(ModuleSource.of\(code, ...\)\), got str"),
+    (None, 0, "load_module: expects a ModuleSource .*, got NoneType"),
+    (ModuleSource.of(SAXPY), False, r"load_module: gpu must be an int, got a bool \(False\)"),
+    (ModuleSource.of(SAXPY), True, r"load_module: gpu must be an int, got a bool \(True\)"),
+    (ModuleSource.of(SAXPY), 0.0, "load_module: gpu must be an int, got float"),
+], ids=["text", "none", "gpu-false", "gpu-true", "gpu-float"])
+def test_load_module_refuses_what_is_not_a_source_or_a_gpu_and_changes_nothing(service, source, gpu, message):
+    calls = []
+    cache = ModuleCache(lambda s, g: calls.append(1), lambda g: "t")
+    with pytest.raises(InvalidArgument, match=message):
+        cache.load(source, gpu)
+    assert (calls, len(cache), cache.loads, cache.hits) == ([], 0, 0, 0)
+    # the service's (its GPU check may refuse the ordinal first, in its own words)
+    with pytest.raises(InvalidArgument, match=message if gpu == 0 and gpu.__class__ is int else repr(gpu)):
+        service.load_module(source, gpu)
+    assert (len(service.modules), service.modules.loads, service.modules.hits) == (0, 0, 0)

@@ -36,7 +36,9 @@ def compile_to_ptx(nvrtc: Any, source: ModuleSource, arch: str,
     ``headers``: the CUDA include directories, passed unless the options give include paths."""
     def ok(call: str, result: Any) -> Any:
         if result[0] != nvrtc.nvrtcResult.NVRTC_SUCCESS:
-            raise ModuleLoadError(f"{call} failed: {result[0].name}")
+            # out of memory is the process's state, not the source's: not kept by the module cache
+            raise ModuleLoadError(f"{call} failed: {result[0].name}",
+                                  transient=result[0] == nvrtc.nvrtcResult.NVRTC_ERROR_OUT_OF_MEMORY)
         return result[1] if len(result) > 1 else None
 
     names = [n.encode() for n, _ in source.headers]
@@ -64,7 +66,7 @@ def compile_to_ptx(nvrtc: Any, source: ModuleSource, arch: str,
             missing = _MISSING_INCLUDE.search(text)
             if missing and headers is not None and not names_include_path(source.options):
                 summary += "; " + headers.hint(missing.group(1))
-            raise ModuleLoadError(summary, text)
+            raise ModuleLoadError(summary, text, transient=err == nvrtc.nvrtcResult.NVRTC_ERROR_OUT_OF_MEMORY)
         size = ok("nvrtcGetPTXSize", nvrtc.nvrtcGetPTXSize(prog))
         ptx = bytearray(size)
         ok("nvrtcGetPTX", nvrtc.nvrtcGetPTX(prog, ptx))

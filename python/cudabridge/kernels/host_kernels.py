@@ -117,6 +117,11 @@ class HostKernel:
     origin: str     # module.function, for messages
     globals: tuple[str, ...] = ()        # the globals it reads, passed after the arguments in this order
     bound: tuple[BoundGlobal, ...] = ()  # ... as one module has them (EmulatedModule.kernel binds them)
+    # the GPU of the module it was taken from (EmulatedModule.kernel): its bound globals live in
+    # that GPU's memory, and a module's kernel belongs to its GPU as a CUDA kernel does, so
+    # TaskRegistry.launch refuses it to a task on another GPU; None for a bare twin
+    # (HostKernels.get), which reads no module's memory and runs on any GPU
+    gpu: int | None = None
 
     def launch(self, backend: "DeviceBackend", stream: int, config: "LaunchConfig", args: list[Any]) -> None:
         """Queue this twin on ``stream`` of the emulated device (checked there, run in stream order)."""
@@ -146,6 +151,15 @@ def host_kernel(name: str | None = None, signature: str | Iterable[str] = (),
     return mark
 
 
+def _described(exc: BaseException) -> str:
+    """``Type: message`` of an exception, whatever its ``__str__`` does."""
+    try:
+        text = str(exc)
+    except Exception:
+        text = "<its message could not be read>"
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
 class HostKernels:
     """The host twins found in ``modules``, by kernel name (the setting's modules, imported once)."""
 
@@ -157,8 +171,11 @@ class HostKernels:
         for module_name in self.modules:
             try:
                 module = importlib.import_module(module_name)
-            except Exception as exc:   # the message names the setting: a typo is found at start
-                raise InvalidArgument(f"{setting}: cannot import {module_name!r}: {type(exc).__name__}: {exc}") from exc
+            except (Exception, SystemExit) as exc:
+                # the message names the setting: a typo is found at start. A module that calls
+                # sys.exit() at import fails like any other (SystemExit is no request to end the
+                # executor's Python); only KeyboardInterrupt, the user's, passes through
+                raise InvalidArgument(f"{setting}: cannot import {module_name!r}: {_described(exc)}") from exc
             for attr_name, attr in vars(module).items():
                 if isinstance(attr, HostGlobal):
                     self._add_global(attr, f"{module_name}.{attr_name}")

@@ -86,3 +86,21 @@ def check_launch(config: LaunchConfig, device: DeviceLimits, kernel: KernelLimit
         raise InvalidArgument(f"{where}: {shared} bytes of dynamic shared memory (plus {kernel.static_shared} static) "
                               f"exceed the device's {device.shared_per_block_optin} per block")
     return shared if shared > kernel.max_dynamic_shared else None
+
+
+def check_launch_request(kernel: object, config: object, args: object) -> None:
+    """Refuse a launch whose parts are not what a launch takes, naming which, before anything is
+    entered or queued (``TaskRegistry.launch`` calls it first): ``kernel`` a module's kernel
+    (anything with a str ``name`` and a ``launch`` method: a CUDA kernel, a host twin), ``config``
+    a :class:`LaunchConfig`, ``args`` a list or tuple (an iterator would be used up by the checks
+    before the launch; each argument is checked against the kernel's signature at the launch)."""
+    name = getattr(kernel, "name", None)
+    if not isinstance(name, str) or not callable(getattr(kernel, "launch", None)):
+        raise InvalidArgument(f"launch: kernel must be a module's kernel (module.kernel(name)), got "
+                              f"{type(kernel).__name__}")
+    if not isinstance(config, LaunchConfig):
+        raise InvalidArgument(f"launch of kernel {name!r}: config must be a LaunchConfig (LaunchConfig(grid, block)), "
+                              f"got {type(config).__name__}")
+    if not isinstance(args, (list, tuple)):
+        raise InvalidArgument(f"launch of kernel {name!r}: args must be a list or tuple of its arguments, got "
+                              f"{type(args).__name__}")

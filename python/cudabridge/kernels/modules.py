@@ -15,22 +15,25 @@ from __future__ import annotations
 import hashlib
 import re
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterable, Mapping
 
-from ..errors import CudaBridgeError, InvalidArgument
+from ..errors import CudaBridgeError, InvalidArgument, index_int
 from .params import signature as parse_signature
 
 MODULE_KINDS = ("cuda", "ptx", "cubin")
 
 
 class ModuleLoadError(CudaBridgeError):
-    """A module could not be loaded (for source: the compiler's log says why)."""
+    """A module could not be loaded (for source: the compiler's log says why). ``transient``: the
+    failure is not the source's (the compiler ran out of memory, say), so the module cache does
+    not keep it and a later ask loads again."""
 
-    def __init__(self, message: str, log: str = "") -> None:
+    def __init__(self, message: str, log: str = "", transient: bool = False) -> None:
         super().__init__(message + (f"\n{log}" if log else ""))
         self.summary = message
         self.log = log
+        self.transient = transient
 
 
 @dataclass(frozen=True)
@@ -43,10 +46,14 @@ class ModuleSource:
     signatures: tuple[tuple[str, tuple[str, ...]], ...] = ()   # (kernel, kinds) declared at load
 
     @classmethod
-    def of(cls, code: str | bytes, kind: str = "cuda", *, options: Iterable[str] = (),
-           headers: Mapping[str, str] | None = None, name_expressions: Iterable[str] = (),
+    def of(cls, code: str | bytes, kind: str = "cuda", *, options: Iterable[str] | None = (),
+           headers: Mapping[str, str] | None = None, name_expressions: Iterable[str] | None = (),
            signatures: Mapping[str, Any] | None = None) -> "ModuleSource":
-        """A checked source: every bad part refused with InvalidArgument before anything loads."""
+        """A checked source: every bad part refused with InvalidArgument, naming it, before anything
+        loads. ``options`` and ``name_expressions`` are lists of strs (one str is refused, not taken
+        as its characters); ``headers`` maps include names to their text; ``signatures`` maps
+        kernel names to a str of kinds ("ptr, i32") or a list of kinds; None is none of them. All
+        text must be UTF-8 (it is hashed into the cache key and handed to the compiler as such)."""
         if kind not in MODULE_KINDS:
             raise InvalidArgument(f"module kind must be one of {', '.join(MODULE_KINDS)}, got {kind!r}")
         if kind == "cubin":
@@ -55,19 +62,34 @@ class ModuleSource:
             code = bytes(code)
         elif not isinstance(code, str) or not code.strip():
             raise InvalidArgument(f"a {kind} module needs its text (a non-empty str)")
-        opts = tuple(options)
-        if not all(isinstance(o, str) and o for o in opts):
-            raise InvalidArgument(f"compile options are non-empty strs, got {opts!r}")
-        hdrs = tuple(sorted((headers or {}).items()))
+        else:
+            _utf8(code, "the source text")
+        opts = _strs(options, "options", "compile options")
+        if not isinstance(headers, Mapping) and headers is not None:
+            raise InvalidArgument(f"headers: a mapping of include names to their text, got {type(headers).__name__}")
+        hdrs = tuple((headers or {}).items())
         if not all(isinstance(n, str) and n and isinstance(t, str) for n, t in hdrs):
             raise InvalidArgument("headers map include names to their text (strs)")
-        names = tuple(name_expressions)
-        if not all(isinstance(n, str) and n for n in names):
-            raise InvalidArgument(f"name expressions are non-empty strs, got {names!r}")
+        for n, t in hdrs:
+            _utf8(n, f"header name {n!r}")
+            _utf8(t, f"header {n!r}")
+        hdrs = tuple(sorted(hdrs))
+        names = _strs(name_expressions, "name_expressions", "name expressions")
         if kind != "cuda" and (opts or hdrs or names):
             raise InvalidArgument(f"options, headers and name expressions are for CUDA source, not {kind}")
-        sigs = tuple(sorted((k, parse_signature(v)) for k, v in (signatures or {}).items()))
-        return cls(code, kind, opts, hdrs, names, sigs)
+        if not isinstance(signatures, Mapping) and signatures is not None:
+            raise InvalidArgument(f"signatures: a mapping of kernel names to signatures, got "
+                                  f"{type(signatures).__name__}")
+        sigs = []
+        for k, v in (signatures or {}).items():
+            if not isinstance(k, str) or not k:
+                raise InvalidArgument(f"signatures: kernel names are non-empty strs, got {k!r}")
+            _utf8(k, f"signature name {k!r}")
+            if not isinstance(v, (str, list, tuple)):
+                raise InvalidArgument(f"signatures[{k!r}]: a str of kinds (\"ptr, i32\") or a list of kinds, got "
+                                      f"{type(v).__name__}")
+            sigs.append((k, parse_signature(v)))
+        return cls(code, kind, opts, hdrs, names, tuple(sorted(sigs)))
 
     def digest(self, target: str) -> str:
         """The cache key: this source and everything that changes the loaded result."""
@@ -81,6 +103,35 @@ class ModuleSource:
 
     def declared(self, kernel: str) -> tuple[str, ...] | None:
         return dict(self.signatures).get(kernel)
+
+
+def _strs(values: Any, arg: str, what: str) -> tuple[str, ...]:
+    """``values`` (an iterable of non-empty strs, or None) as a tuple; a single str is refused:
+    iterated, it would be its characters (``"-O3"`` three options)."""
+    if values is None:
+        return ()
+    if isinstance(values, (str, bytes)):
+        raise InvalidArgument(f"{arg}: a list of strs, got one {type(values).__name__} {values!r} "
+                              f"(write [{values!r}])")
+    try:
+        out = tuple(values)
+    except TypeError:
+        raise InvalidArgument(f"{arg}: a list of strs, got {type(values).__name__}") from None
+    if not all(isinstance(v, str) and v for v in out):
+        raise InvalidArgument(f"{arg}: {what} are non-empty strs, got {out!r}")
+    for v in out:
+        _utf8(v, f"{what[:-1]} {v!r}")      # "compile option '-O3'"
+    return out
+
+
+def _utf8(text: str, what: str) -> None:
+    """Refuse text with a lone surrogate (no UTF-8 for it: the cache key and the compiler take
+    the source as UTF-8)."""
+    try:
+        text.encode()
+    except UnicodeEncodeError as exc:
+        raise InvalidArgument(f"{what}: not UTF-8 (a lone surrogate {text[exc.start]!r} at index "
+                              f"{exc.start})") from None
 
 
 # PTX ".entry name(.param .u64 name_param_0, ...)": the kernel's parameter kinds.
@@ -158,17 +209,37 @@ def source_kernels(code: str) -> set[str]:
 
 
 class _Entry:
-    __slots__ = ("done", "module", "error")
+    """One load of the module cache. ``outcome`` is None until the load ends, then ``(module,
+    None)`` or ``(None, error)`` for an error the source itself caused (kept). A load that ended
+    in anything else (an interruption, a failure not the source's) leaves ``outcome`` None with
+    ``done`` set: the entry is abandoned, and whoever finds it loads again."""
+
+    __slots__ = ("done", "outcome")
 
     def __init__(self) -> None:
         self.done = threading.Event()
-        self.module: Any = None
-        self.error: BaseException | None = None
+        self.outcome: tuple[Any, BaseException | None] | None = None
+
+    @property
+    def abandoned(self) -> bool:
+        return self.done.is_set() and self.outcome is None
+
+
+def _kept(exc: BaseException) -> bool:
+    """Whether a load's failure is the source's own, to be raised again to every later ask: a
+    compile error or a refused image (ModuleLoadError), a bad part of the source (InvalidArgument).
+    Anything else (KeyboardInterrupt, SystemExit, MemoryError, an OSError, a CUDA error, a
+    ModuleLoadError marked transient) is the loading thread's: kept, it would fail every later
+    load of the source for the life of the process."""
+    return isinstance(exc, (ModuleLoadError, InvalidArgument)) and not getattr(exc, "transient", False)
 
 
 class ModuleCache:
     """Loaded modules by (GPU, source digest): ``load(source, gpu)`` loads each once; concurrent
-    callers for the same key wait for the first; failures are kept and raised again."""
+    callers for the same key wait for the first; the source's own failures (``_kept``) are kept
+    and raised again. A load that fails otherwise is raised to its own caller only: the callers
+    waiting on it load again themselves (one loads, the rest wait for that one), and so does
+    every later ask."""
 
     def __init__(self, loader: Callable[[ModuleSource, int], Any], target: Callable[[int], str]) -> None:
         self._loader = loader
@@ -177,35 +248,61 @@ class ModuleCache:
         self._entries: dict[tuple[int, str], _Entry] = {}
         self.loads = 0          # loads run (compiles, on a real device)
         self.hits = 0           # asks served from the cache, or by waiting for a load
-        self.failures = 0       # loads that failed (kept: asked again, they fail at once)
+        self.failures = 0       # loads that failed by the source's fault (kept: asked again, they fail at once)
+        self.abandoned = 0      # loads that failed otherwise (interrupted, transient): not kept
 
     def load(self, source: ModuleSource, gpu: int) -> Any:
+        # checked before anything is counted or entered: a refused ask changes nothing
+        if source.__class__ is not ModuleSource:
+            raise InvalidArgument(f"load_module: expects a ModuleSource (ModuleSource.of(code, ...)), got "
+                                  f"{type(source).__name__}")
+        gpu = index_int(gpu, "load_module: gpu")
         key = (gpu, source.digest(self._target(gpu)))
-        with self._lock:
-            entry = self._entries.get(key)
-            first = entry is None
-            if first:
-                entry = self._entries[key] = _Entry()
-                self.loads += 1
-            else:
-                self.hits += 1
-        if first:
-            try:
-                entry.module = self._loader(source, gpu)
-            except BaseException as exc:
-                entry.error = exc
-                with self._lock:
-                    self.failures += 1
-            finally:
-                entry.done.set()
-        else:
-            entry.done.wait()
-        if entry.error is not None:
-            exc = entry.error
+        while True:
+            entry = self._once(key, source, gpu)
+            outcome = entry.outcome
+            if outcome is not None:
+                break
+            # the load this ask waited for was abandoned: load again (or wait for whoever does)
+        module, exc = outcome
+        if exc is not None:
             if isinstance(exc, ModuleLoadError):
                 raise ModuleLoadError(exc.summary, exc.log) from exc
             raise exc
-        return entry.module
+        return module
+
+    def _once(self, key: tuple[int, str], source: ModuleSource, gpu: int) -> _Entry:
+        """The entry of ``key`` once its load has ended: this thread's own load where none was
+        running or kept (its failure, unless kept, raised here), or the one it waited for."""
+        mine = _Entry()
+        # ``mine.done`` is set on every way out, so no thread waits forever on it whatever
+        # interrupts this one; an entry left without an outcome is abandoned (``_Entry``)
+        try:
+            with self._lock:
+                entry = self._entries.get(key)
+                if entry is None or entry.abandoned:
+                    entry = self._entries[key] = mine
+                    self.loads += 1
+                else:
+                    self.hits += 1
+            if entry is not mine:
+                entry.done.wait()
+                return entry
+            try:
+                mine.outcome = (self._loader(source, gpu), None)
+            except BaseException as exc:
+                if not _kept(exc):
+                    with self._lock:
+                        self.abandoned += 1
+                        if self._entries.get(key) is mine:
+                            del self._entries[key]
+                    raise
+                mine.outcome = (None, exc)
+                with self._lock:
+                    self.failures += 1
+            return mine
+        finally:
+            mine.done.set()
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -289,18 +386,17 @@ class EmulatedModule:
         if declared is not None and declared != twin.signature:
             raise InvalidArgument(f"kernel {name!r}: the signature declared at load ({', '.join(declared)}) is not "
                                   f"its host twin's ({', '.join(twin.signature)}, {twin.origin})")
-        if twin.globals:               # the twin reads this module's copies of its globals
-            from dataclasses import replace
-
+        bound = []
+        for g in twin.globals:         # the twin reads this module's copies of its globals
             from .host_kernels import BoundGlobal
-            bound = []
-            for g in twin.globals:
-                try:
-                    glob = self.global_(g)
-                except InvalidArgument as exc:
-                    raise InvalidArgument(f"kernel {name!r}: its host twin ({twin.origin}) reads global {g!r}: "
-                                          f"{exc}") from None
-                bound.append(BoundGlobal(g, glob.address, glob.size, self._globals[g][1]))
-            twin = replace(twin, bound=tuple(bound))
-        self._kernels[name] = twin
-        return twin
+            try:
+                glob = self.global_(g)
+            except InvalidArgument as exc:
+                raise InvalidArgument(f"kernel {name!r}: its host twin ({twin.origin}) reads global {g!r}: "
+                                      f"{exc}") from None
+            bound.append(BoundGlobal(g, glob.address, glob.size, self._globals[g][1]))
+        # the module's kernel: of this module's GPU (the task registry refuses it to a task on
+        # another, as it does a CUDA kernel), reading this module's globals
+        kernel = replace(twin, bound=tuple(bound), gpu=self.gpu)
+        self._kernels[name] = kernel
+        return kernel

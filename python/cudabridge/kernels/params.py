@@ -36,7 +36,7 @@ def signature(kinds: Iterable[str] | str) -> tuple[str, ...]:
     if isinstance(kinds, str):
         kinds = [k.strip() for k in kinds.split(",") if k.strip()]
     out = tuple(kinds)
-    bad = [k for k in out if k not in PARAM_KINDS]
+    bad = [k for k in out if not isinstance(k, str) or k not in PARAM_KINDS]   # (a list in it is unhashable)
     if bad:
         raise InvalidArgument(f"unknown parameter kind(s) {bad}: the kinds are {', '.join(PARAM_KINDS)}")
     return out
