@@ -47,6 +47,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -179,6 +180,8 @@ def bench_plugin(args, report: Report, out: dict) -> None:
 
 # --- pool streams vs create/destroy per task ------------------------------------------------------
 
+TARGETS = {True: "<= 0.8", False: "<= 0.25"}   # issue 23: pool stream / created, per task
+
 def bench_streams(args, report: Report, out: dict) -> None:
     from cudabridge import CudaBridgeService, ServiceConfig
 
@@ -215,16 +218,57 @@ def bench_streams(args, report: Report, out: dict) -> None:
                 return (time.perf_counter() - t0) / n * 1e6
             return run
 
+        def on_threads(threads: int, body):
+            """``threads`` threads each running ``body(first_id, n)`` at once, started together:
+            wall time per task over all of them (the inverse of the tasks/s in total)."""
+            def run() -> float:
+                go = threading.Barrier(threads + 1)
+
+                def worker(base: int) -> None:
+                    go.wait()
+                    body(base, n)
+                pool = [threading.Thread(target=worker, args=(i * n,)) for i in range(threads)]
+                for th in pool:
+                    th.start()
+                t0 = time.perf_counter()
+                go.wait()
+                for th in pool:
+                    th.join()
+                return (time.perf_counter() - t0) / (n * threads) * 1e6
+            return run
+
+        def binds(base: int, k: int) -> None:
+            bind, release = service.bind_task, service.release_task
+            for t in range(base, base + k):
+                bind(t)
+                release(t)
+
+        def anchor(base: int, k: int, table: dict = {}) -> None:   # noqa: B006 - shared on purpose
+            """The interpreter alone: a shared dict's insert and pop, per task."""
+            put, pop = table.__setitem__, table.pop
+            for t in range(base, base + k):
+                put(t, t)
+                pop(t)
+
         labels = {True: "short task (memset 4 KiB + sync)", False: "acquire + release only"}
         cands = {f"{backend.name}: {kind}, {labels[work]}": batch(fn, work) for work in (True, False)
                  for kind, fn in (("pool stream", pooled), ("cudaStreamCreate/Destroy", created))}
+        threads_of = {}
+        for who, body in (("pool stream, acquire + release", binds), ("anchor: a dict insert + pop", anchor)):
+            for k in (1, 16):
+                threads_of[who, k] = name = f"{backend.name}: {who}, {k} thread{'s' if k > 1 else ''} at once"
+                cands[name] = on_threads(k, body)
         res = interleave(cands, args.stream_rounds)
         for name in cands:
             report.values_of(res, name, "us/task", "lower")
         for work in (True, False):
-            report.ratio_of(f"{backend.name}: created / pool stream, {labels[work]}", res,
-                            f"{backend.name}: cudaStreamCreate/Destroy, {labels[work]}",
-                            f"{backend.name}: pool stream, {labels[work]}", "higher")
+            report.ratio_of(f"{backend.name}: pool stream / created, {labels[work]} (target {TARGETS[work]})", res,
+                            f"{backend.name}: pool stream, {labels[work]}",
+                            f"{backend.name}: cudaStreamCreate/Destroy, {labels[work]}", "lower")
+        for who, target in (("pool stream, acquire + release", " (target >= 0.8)"),
+                            ("anchor: a dict insert + pop", ": what the interpreter's GIL allows")):
+            report.ratio_of(f"{backend.name}: {who}, tasks/s 16 threads / 1 thread{target}", res,
+                            threads_of[who, 1], threads_of[who, 16], "higher")
         out["streams"] = res
         backend.free(ptr)
     finally:

@@ -60,6 +60,19 @@ class ServiceStatistics:
         return d
 
 
+class CloseReport(list):
+    """What :meth:`CudaBridgeService.close` did: the tasks it released (a list of
+    :class:`ReleaseReport`, as before), ``errors`` (what the steps met, in order; empty when
+    everything closed cleanly) and ``device_error`` (the sticky CUDA error that made the device
+    unusable, if any)."""
+
+    def __init__(self, reports: list, errors: list[BaseException],
+                 device_error: CudaError | None = None) -> None:
+        super().__init__(reports)
+        self.errors = list(errors)
+        self.device_error = device_error
+
+
 def _wrap_backend(spec: str, backend: DeviceBackend) -> DeviceBackend:
     """The ``backend_wrapper`` test setting: ``module:callable`` applied to the opened backend."""
     import importlib
@@ -121,7 +134,7 @@ class CudaBridgeService:
         try:
             for address, ordinal in mapping.items():
                 streams = StreamPool(backend, ordinal, config.streams_per_gpu, config.high_priority_streams,
-                                     config.stream_policy)
+                                     config.stream_policy, wait_timeout_s=config.wait_timeout_s())
                 try:
                     memory = StreamOrderedMemoryPool(backend, ordinal, streams.handles, limit_bytes=limit_bytes,
                                                      limit_fraction=fraction, initial_bytes=initial,
@@ -131,6 +144,7 @@ class CudaBridgeService:
                     streams.close()
                     raise
                 gpus[ordinal] = GpuResources(ordinal, address, streams, memory)
+                config.check_pool_limit(memory.limit, address)   # a fraction too small for this GPU; closed below
         except BaseException:
             for res in gpus.values():
                 res.memory.close()
@@ -140,6 +154,7 @@ class CudaBridgeService:
             raise
         self.gpus = gpus
         self.registry = TaskRegistry(gpus)
+        self.release_task = self.registry.release   # type: ignore[method-assign]
         self._by_address = {res.address: res.ordinal for res in gpus.values()}
         self._closed = False
         self._unusable: CudaError | None = None   # the sticky error that made a GPU unusable
@@ -159,12 +174,13 @@ class CudaBridgeService:
         return ordinal
 
     def bind_task(self, task_id: int, gpu_address: str | None = None, priority: str = "normal") -> TaskBinding:
-        self._check_open("bind_task")
-        self._check_usable("bind_task")
-        ordinal = None if gpu_address is None else self.ordinal_of(gpu_address)
-        return self.registry.bind(task_id, ordinal, priority)
+        if self._closed or self._unusable is not None:
+            self._check_open("bind_task")
+            self._check_usable("bind_task")
+        return self.registry.bind(task_id, None if gpu_address is None else self.ordinal_of(gpu_address), priority)
 
     def release_task(self, task_id: int) -> ReleaseReport:
+        """The registry's release (replaced by it on each service: one call less per task)."""
         return self.registry.release(task_id)
 
     def allocate(self, task_id: int, size: int) -> Allocation:
@@ -297,19 +313,42 @@ class CudaBridgeService:
         if self._closed:
             raise PoolClosed(f"{call} after the cudabridge service was closed")
 
-    def close(self) -> list[ReleaseReport]:
-        """Release every task, drain the streams, return memory, destroy events and streams."""
+    def close(self) -> "CloseReport":
+        """Release every task, drain the streams, return memory, destroy events and streams.
+
+        Every step runs whatever an earlier one met, so that after a kernel fault (a sticky CUDA
+        error: every later CUDA call fails) or a stream still busy past ``hostWaitTimeout``
+        everything that can be released is, and the service ends closed. Nothing is raised: the
+        errors met are logged once and returned (:class:`CloseReport`, a list of the tasks'
+        :class:`ReleaseReport` with ``errors`` and ``device_error``). A second close returns an
+        empty report."""
         with self._lock:
             if self._closed:
-                return []
+                return CloseReport([], [])
             self._closed = True
-        reports = self.registry.close()
+        errors: list[BaseException] = []
+        reports: list[ReleaseReport] = []
+        try:
+            reports = self.registry.close(deadline_s=self.config.wait_timeout_s())
+        except Exception as exc:   # noqa: BLE001 - the pools and streams are closed all the same
+            errors.append(exc)
         for res in self.gpus.values():
-            res.memory.close()
-            res.streams.close()
+            for part in (res.memory, res.streams):
+                try:
+                    part.close()
+                except Exception as exc:   # noqa: BLE001
+                    errors.append(exc)
         if self._owns_backend:
-            self.backend.close()
-        return reports
+            try:
+                self.backend.close()
+            except Exception as exc:   # noqa: BLE001
+                errors.append(exc)
+        report = CloseReport(reports, errors, self._unusable or next(
+            (e for e in errors if isinstance(e, CudaError) and e.sticky), None))
+        if errors:
+            log.error("cudabridge service closed with %d error(s), first: %s%s", len(errors), errors[0],
+                      "" if report.device_error is None else f" (the device: {report.device_error})")
+        return report
 
     def __enter__(self) -> "CudaBridgeService":
         return self

@@ -22,6 +22,7 @@ import itertools
 import logging
 import os
 import threading
+import time
 from typing import Iterator
 
 from .device import DeviceBackend
@@ -64,7 +65,8 @@ class StreamPool:
     device's greatest priority, all created here on GPU ``device``."""
 
     def __init__(self, backend: DeviceBackend, device: int = 0, size: int = 32,
-                 high_priority_size: int = 4, policy: str = StreamPolicy.ROUND_ROBIN) -> None:
+                 high_priority_size: int = 4, policy: str = StreamPolicy.ROUND_ROBIN,
+                 wait_timeout_s: float | None = None) -> None:
         for name, value, low in (("size", size, 1), ("high_priority_size", high_priority_size, 0)):
             if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= 1024:
                 raise InvalidArgument(f"stream pool {name} must be an int in [{low}, 1024], got {value!r}")
@@ -72,6 +74,7 @@ class StreamPool:
         self.backend = backend
         self.device = device
         self.policy = policy
+        self.wait_timeout_s = wait_timeout_s   # how long close() waits for each stream (None: no end)
         if backend.context_active(device) and os.environ.get(MAX_CONNECTIONS_ENV) in (None, "8"):
             log.warning("GPU %d: the CUDA context existed before the stream pool; %s=%s cannot take "
                         "effect, so %d streams share %s hardware queues", device, MAX_CONNECTIONS_ENV,
@@ -154,16 +157,43 @@ class StreamPool:
             self._cycles = {}
             if self.round_robin_cycles is not None:
                 self.round_robin_cycles.clear()
+        first: BaseException | None = None
+        handles = self.handles
+        self._streams = {p: [] for p in Priority}
         prev = self.backend.get_device()
         self.backend.set_device(self.device)
         try:
-            for h in self.handles:
-                self.backend.stream_synchronize(h)
-                self.backend.stream_destroy(h)
+            for h in handles:   # each is tried whatever the one before met; the first error is raised
+                try:
+                    self._wait(h)
+                    self.backend.stream_destroy(h)
+                except Exception as exc:   # noqa: BLE001
+                    first = first or exc
         finally:
             if prev != self.device:
-                self.backend.set_device(prev)
-        self._streams = {p: [] for p in Priority}
+                try:
+                    self.backend.set_device(prev)
+                except Exception as exc:   # noqa: BLE001
+                    first = first or exc
+        if first is not None:
+            raise first
+
+    def _wait(self, handle: int) -> None:
+        """Wait for a stream before destroying it: within ``wait_timeout_s`` when one is set (a
+        hung stream is then destroyed with its work pending, which CUDA allows: its resources
+        go once the work ends)."""
+        if self.wait_timeout_s is None:
+            self.backend.stream_synchronize(handle)
+            return
+        deadline = time.monotonic() + self.wait_timeout_s
+        pause = 0.00002
+        while not self.backend.stream_query(handle):
+            if time.monotonic() >= deadline:
+                log.error("GPU %d: stream %#x still busy after %g s at close; destroyed with its work pending",
+                          self.device, handle, self.wait_timeout_s)
+                return
+            time.sleep(pause)
+            pause = min(0.001, pause * 2)
 
     @property
     def closed(self) -> bool:

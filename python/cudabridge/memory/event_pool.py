@@ -33,7 +33,14 @@ class EventPool:
         self._free.append(event)
 
     def close(self) -> None:
+        """Destroy every event; each is tried, the first error raised once all were."""
+        first: BaseException | None = None
         for ev in self._all:
-            self._backend.event_destroy(ev)
+            try:
+                self._backend.event_destroy(ev)
+            except Exception as exc:   # noqa: BLE001 - the rest are destroyed all the same
+                first = first or exc
         self._all.clear()
         self._free.clear()
+        if first is not None:
+            raise first

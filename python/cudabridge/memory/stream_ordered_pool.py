@@ -409,7 +409,12 @@ class StreamOrderedMemoryPool:
 
     def close(self) -> int:
         """Wait for the device to pass every block, return all memory, destroy the events.
-        Returns how many allocations were still live (they are dead now). Idempotent."""
+        Returns how many allocations were still live (they are dead now). Idempotent.
+
+        Every step runs whatever the one before it met: after a sticky CUDA error (a kernel
+        fault) or a stream still busy past the host wait's deadline, the pool still ends closed
+        and holding nothing (``reserved_bytes`` 0); what the device still held then goes with its
+        context, and the first error is raised at the end, once."""
         try:
             return self._serial(self._close)
         finally:
@@ -429,12 +434,41 @@ class StreamOrderedMemoryPool:
         self._owner_tracker.clear()
         if live:
             log.warning("GPU %d: memory pool closed with %d live allocation(s)", self.device, len(live))
-        with self._lock, self._on_device():
-            self.backend.device_synchronize()
-            self._upstream.close()
+        errors: list[BaseException] = []
+        with self._lock:
+            idle = self._step(errors, self._wait_idle)
+            if idle:   # cudaFree waits for the device: with a stream still busy it would hang here
+                self._step(errors, self._upstream.close)
+            else:
+                log.error("GPU %d: memory pool closed without returning its %d reserved bytes to the device "
+                          "(the device did not finish its work); they go with the CUDA context",
+                          self.device, self._limit.reserved)
+                self._upstream.forget()
             self._streams.forget_blocks()
-            self._fences.events.close()
+            self._step(errors, self._fences.events.close)
+        if errors:
+            raise errors[0]
         return len(live)
+
+    def _step(self, errors: list[BaseException], fn) -> bool:
+        """Run one step of close on this GPU; an error is kept for the end, and the next step runs."""
+        try:
+            with self._on_device():
+                fn()
+            return True
+        except Exception as exc:   # noqa: BLE001 - every step runs; the first error is raised by close
+            errors.append(exc)
+            return False
+
+    def _wait_idle(self) -> None:
+        """Wait, within the host wait's deadline, for the streams the pool knows, then for the
+        device (the per-thread default streams can only be waited for that way)."""
+        wait = self._fences.wait
+        if wait.timeout_s is not None:
+            for arena in list(self._streams.all):
+                if arena.kind != "per-thread":
+                    wait.stream(arena.handle, arena.name)
+        self.backend.device_synchronize()
 
     def __enter__(self) -> "StreamOrderedMemoryPool":
         return self

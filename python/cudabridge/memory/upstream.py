@@ -87,13 +87,30 @@ class DeviceUpstream:
         return blk
 
     def close(self) -> None:
-        """Return every chunk and segment to the device (the device is idle: the pool synchronized)."""
+        """Return every chunk and segment to the device (the device is idle: the pool synchronized).
+        Each is tried whatever the one before met (after a sticky error every call fails, and
+        the memory goes with the context); the first error is raised once all were tried, with
+        nothing left counted as reserved."""
+        first: BaseException | None = None
         for chunk in self.chunks:
-            if chunk.segment is not None:
-                chunk.segment.close()
-            else:
-                self.backend.free(chunk.ptr)
+            try:
+                if chunk.segment is not None:
+                    chunk.segment.close()
+                else:
+                    self.backend.free(chunk.ptr)
+            except Exception as exc:   # noqa: BLE001 - the rest are returned all the same
+                first = first or exc
         if self.segments is not None:
-            self.segments.close()
+            try:
+                self.segments.close()
+            except Exception as exc:   # noqa: BLE001
+                first = first or exc
+        self.forget()
+        if first is not None:
+            raise first
+
+    def forget(self) -> None:
+        """Drop every chunk without returning it (the device could not be waited for: its memory
+        goes with the CUDA context)."""
         self.chunks.clear()
         self.limit.clear()
