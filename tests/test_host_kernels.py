@@ -388,9 +388,6 @@ def test_a_launch_request_of_the_wrong_types_is_refused_by_its_check():
             check_launch_request(kernel, cfg, args)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 23, 6.11: passes once TaskRegistry.launch calls "
-                                        "check_launch_request(kernel, config, args) first (task_registry.py is "
-                                        "another engineer's; drop this mark then)")
 @pytest.mark.parametrize("which", ["kernel", "config", "args"])
 def test_the_services_launch_refuses_a_request_of_the_wrong_types(which):
     with _service() as service:

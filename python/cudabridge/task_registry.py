@@ -69,6 +69,7 @@ from itertools import count
 from typing import TYPE_CHECKING, Callable, Iterator, Mapping, NamedTuple
 
 from .errors import CudaError, InvalidArgument, KernelFault, PoolClosed, UnknownTask, index_int
+from .kernels.launch_config import check_launch_request
 from .kernels.launch_log import LaunchLog
 from .memory.native import load as load_native
 
@@ -412,6 +413,7 @@ class TaskRegistry:
         stream while the kernel still writes it). An :class:`~cudabridge.memory.Allocation`
         argument passes its address; it must be live, on the task's GPU and owned by the task
         (another task's buffer is refused: nothing would order this launch after its stream)."""
+        check_launch_request(kernel, config, args)   # the parts' types, before anything is entered
         lease = self._leases.lease_of(task_id)
         me = get_ident()
         try:   # the lease's entry and exit are single built-in calls (module docstring)
