@@ -47,7 +47,7 @@ public final class BridgeStatistics {
     static Map<String, Long> snapshot(Map<String, Long> service, int javaTasksBound) {
         Map<String, Long> m = new TreeMap<>(service);
         ThreadStates ts = NativeBridge.threadStates();
-        long[] own = {ts.inInterpreter(), ts.created(), ts.deleted(), javaTasksBound};   // JAVA_STATISTICS' order
+        long[] own = {ts.kept(), ts.created(), ts.deleted(), javaTasksBound};   // JAVA_STATISTICS' order
         for (int i = 0; i < own.length; i++) {
             m.put(JAVA_STATISTICS.get(i), own[i]);
         }

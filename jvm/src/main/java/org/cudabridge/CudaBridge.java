@@ -104,6 +104,14 @@ public final class CudaBridge {
         }
     }
 
+    /** What a call that failed throws: the shutdown error when the bridge is shut down now (a
+     *  {@link #shutdown()} racing the call: {@code shutDown} is set before the service closes, so
+     *  a refusal the closing caused is seen with it set), else {@code e} itself. */
+    RuntimeException shutDownOr(String call, RuntimeException e) {
+        String down = call + ": cudabridge was shut down in this JVM";
+        return !shutDown || down.equals(e.getMessage()) ? e : new IllegalStateException(down, e);
+    }
+
     ControlPlane control() {
         NativeBridge.ensureThreadState(); // pin: JPype proxy calls from this thread keep its Python state
         return control;

@@ -105,6 +105,10 @@ public final class DeviceBuffer implements AutoCloseable {
         return STATE.compareAndSet(this, LIVE, CLOSED);
     }
 
+    boolean taskReleased() {
+        return task.isReleased();
+    }
+
     /** Undoes {@link #claimForFree} after a free that Python refused (nothing was freed). */
     void unclaim() {
         if (!task.isReleased()) {
@@ -113,7 +117,8 @@ public final class DeviceBuffer implements AutoCloseable {
     }
 
     /** Frees the buffer asynchronously on its stream. A second close, or a close after the task
-     *  was released, has no effect. */
+     *  was released, has no effect: also one that raced the release (begun on another thread, or
+     *  by {@link CudaBridge#shutdown()}), since the release frees the buffer itself. */
     @Override
     public void close() {
         if (!claimForFree()) {
@@ -122,6 +127,11 @@ public final class DeviceBuffer implements AutoCloseable {
         try {
             memory.free(handle);
         } catch (RuntimeException e) {
+            // The task is marked released before its release reaches Python, so a refusal seen
+            // with the task released may be the release's own doing: it freed the buffer.
+            if (task.isReleased()) {
+                return;
+            }
             unclaim();
             throw e;
         }

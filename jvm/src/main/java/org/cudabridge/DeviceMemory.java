@@ -24,11 +24,15 @@ final class DeviceMemory {
         if (bytes <= 0) {
             throw new IllegalArgumentException("allocate: size must be positive, got " + bytes);
         }
-        TaskScope task = tasks.currentTask();
-        bridge.checkRunning("allocate");
-        long[] out = SCRATCH.get();   // the hot path: no object per call besides the buffer
-        NativeBridge.allocate(task.taskAttemptId(), bytes, out);
-        return new DeviceBuffer(this, task, out[0], out[1], bytes);
+        try {
+            bridge.checkRunning("allocate");
+            TaskScope task = tasks.currentTask();
+            long[] out = SCRATCH.get();   // the hot path: no object per call besides the buffer
+            NativeBridge.allocate(task.taskAttemptId(), bytes, out);
+            return new DeviceBuffer(this, task, out[0], out[1], bytes);
+        } catch (RuntimeException e) {
+            throw bridge.shutDownOr("allocate", e);
+        }
     }
 
     void checkRunning(String call) {
@@ -45,8 +49,9 @@ final class DeviceMemory {
         NativeBridge.memset(handle, offset, value, bytes);
     }
 
-    /** Frees the buffers not closed yet with one call into Python; returns how many. If Python
-     *  refuses the call, none is freed and every one stays open. */
+    /** Frees the buffers not closed yet with one call into Python; returns how many it claimed.
+     *  If Python refuses the call, none is freed and every one stays open, unless every buffer
+     *  claimed belongs to a task released meanwhile (the release freed them: no effect). */
     int free(DeviceBuffer[] buffers) {
         Objects.requireNonNull(buffers, "free: buffers");
         for (DeviceBuffer b : buffers) {
@@ -70,8 +75,13 @@ final class DeviceMemory {
         try {
             NativeBridge.freeMany(handles, n);
         } catch (RuntimeException e) {
+            boolean allReleased = true;
             for (int i = 0; i < n; i++) {
-                claimed[i].unclaim(); // Python freed none of them
+                allReleased &= claimed[i].taskReleased();
+                claimed[i].unclaim(); // Python freed none of them (a no-op for a released task's)
+            }
+            if (allReleased) {
+                return n;   // as DeviceBuffer.close: their release freed them
             }
             throw e;
         }

@@ -5,7 +5,9 @@ package org.cudabridge;
  * it ({@link DeviceBuffer#copyFromAddress}, {@link DeviceBuffer#copyToAddress}) run asynchronously
  * at the link's speed. Register a long-lived region once (an Arrow vector's value buffer, an
  * off-heap column), never per batch: registering costs far more than a copy. {@link #close()}
- * unregisters it (once; again is a no-op). Copies into the range by the task bound on the closing
+ * unregisters it (once; again is a no-op): it first waits for the copies queued from or into the
+ * region (it synchronizes the streams they were queued on), so once it returns nothing reads or
+ * writes the memory and it may be freed. Copies into the range by the task bound on the closing
  * thread are refused from then on until that task's release, since its memory may be freed (closed
  * with no task bound: every copy, until a new registration covers the range); past the task the
  * memory may be a new allocation, which copies may use. Close it before freeing the memory.

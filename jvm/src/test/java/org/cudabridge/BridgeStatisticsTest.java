@@ -28,6 +28,10 @@ class BridgeStatisticsTest extends RunningBridge {
             assertTrue(s.get("bridge_thread_states_created") >= 1, s.toString());
             ThreadStates ts = CudaBridge.threadStates();
             assertTrue(ts.inInterpreter() >= 1 && ts.created() >= ts.deleted(), ts.toString());
+            // issue 23 item 8: the Java threads' states, as the glossary says, not every state in the
+            // interpreter (the emulated device's stream workers are Python threads with their own)
+            assertEquals(ts.created() - ts.deleted(), s.get("bridge_thread_states"), s + " " + ts);
+            assertTrue(s.get("bridge_thread_states") < ts.inInterpreter(), s + " " + ts);
         }
         assertEquals(0L, bridge.statistics().get("bridge_java_tasks_bound"));
     }

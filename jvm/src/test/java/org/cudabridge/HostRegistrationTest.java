@@ -21,7 +21,7 @@ import org.junit.jupiter.api.Test;
 @Tag("own-jvm")
 class HostRegistrationTest extends RunningBridge {
     static Object unsafe;
-    static Method allocate, free, putByte, getByte;
+    static Method allocate, free, putByte, getByte, setMemory;
 
     @BeforeAll
     static void start() throws Exception {
@@ -33,6 +33,7 @@ class HostRegistrationTest extends RunningBridge {
         free = c.getMethod("freeMemory", long.class);
         putByte = c.getMethod("putByte", long.class, byte.class);
         getByte = c.getMethod("getByte", long.class);
+        setMemory = c.getMethod("setMemory", long.class, long.class, byte.class);
     }
 
     @AfterEach
@@ -95,6 +96,35 @@ class HostRegistrationTest extends RunningBridge {
             assertEquals(7702, t.taskAttemptId());
         } finally {
             free.invoke(unsafe, mem);
+        }
+    }
+
+    @Test
+    void closeWaitsForTheCopiesQueuedFromTheRegionBeforeItsMemoryIsFreed() throws Exception {
+        // Issue 23 item 6.1, the Javadoc's sequence: close the registration, then free the memory.
+        // close() returned at once while a copy from the region was still queued (behind a kernel
+        // here): the copy then read memory written after close() (0x77 reached the device), or
+        // freed (SIGSEGV in memcpy on a native thread).
+        int n = 8 << 20;                                        // malloc maps it: unmapped by free
+        long mem = offHeap(n);
+        try (TaskScope t = bridge.bindTask(7703); DeviceBuffer buf = bridge.allocate(n)) {
+            setMemory.invoke(unsafe, mem, (long) n, (byte) 0x11);
+            HostRegistration r = bridge.registerHost(mem, n);
+            bridge.callTool("spin", "{\"task\": 7703, \"seconds\": 0.5}");   // a long kernel ahead of the copy
+            buf.copyFromAddress(mem, n, 0);                     // registered: queued, asynchronous
+            r.close();
+            setMemory.invoke(unsafe, mem, (long) n, (byte) 0x77);
+            free.invoke(unsafe, mem);
+            mem = 0;
+            bridge.synchronize();
+            byte[] back = new byte[4096];
+            buf.copyTo(back, 0, (long) n - back.length, back.length);
+            byte[] want = new byte[4096];
+            java.util.Arrays.fill(want, (byte) 0x11);
+            assertArrayEquals(want, back, "data written to the region after close() reached the device");
+            assertEquals(7703, t.taskAttemptId());
+        } finally {
+            if (mem != 0) free.invoke(unsafe, mem);
         }
     }
 
