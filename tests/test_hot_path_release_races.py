@@ -215,3 +215,71 @@ def test_copies_and_launches_of_a_released_tasks_buffer_are_its_tasks_refusal(se
             call(gone)
     service.synchronize(5)
     assert service.release_task(5).leaks_reclaimed == 1
+
+
+class _Injected(Exception):
+    """What the test injects (PyThreadState_SetAsyncExc) into a thread inside a hot path call."""
+
+
+def _checkpoint() -> None:
+    """A Python call: entering it raises an injected exception still pending."""
+
+
+@pytest.mark.parametrize("fast_path", TWINS)
+def test_asynchronous_exceptions_inside_hot_path_calls_never_strand_a_lease(service, fast_path):
+    """Every hot path method enters its buffer's (or task's) lease as the registry's
+    "Interruptions" section says (the append the first statement of the ``try``, the remove the
+    first of its ``finally``), so an exception injected anywhere in the call leaves the thread
+    recorded inside no lease: the task's release then never waits for it. The calls here enter
+    the lease and are refused inside it (a range outside the buffer), or allocate and free."""
+    import ctypes
+    hot = _hot(service, fast_path)
+    service.bind_task(9)
+    h, _ = hot.allocate(9, 4096)
+    other, _ = hot.allocate(9, 4096)
+    data = memoryview(bytearray(64))
+    ops = [lambda: hot.memset(h, 4090, 0, 64), lambda: hot.copy_in(h, 4090, data),
+           lambda: hot.copy_out(h, 4090, data), lambda: hot.copy_device(h, 0, other, 4090, 64),
+           lambda: hot.copy_in_address(h, 4090, 4096, data), lambda: hot.free(hot.allocate(9, 512)[0])]
+    armed, ident, hits, errors = [False], [0], [0], []
+    stop = threading.Event()
+    set_async = ctypes.pythonapi.PyThreadState_SetAsyncExc
+    set_async.argtypes = (ctypes.c_ulong, ctypes.py_object)
+
+    def worker() -> None:
+        ident[0] = threading.get_ident()
+        rng = random.Random(9)
+        while not stop.is_set():
+            try:
+                try:
+                    armed[0] = True
+                    rng.choice(ops)()
+                except InvalidArgument:
+                    pass
+                except _Injected:
+                    raise
+                except Exception as exc:   # noqa: BLE001 - any other error is the defect
+                    errors.append(exc)
+                armed[0] = False
+                _checkpoint()   # an exception injected before the line above is raised here
+            except _Injected:
+                hits[0] += 1
+
+    t = threading.Thread(target=worker)
+    t.start()
+    end = time.monotonic() + 2.0
+    while time.monotonic() < end:
+        if armed[0]:   # read and injected under the GIL (pythonapi keeps it): the thread is in a call
+            armed[0] = False
+            set_async(ident[0], _Injected)
+        time.sleep(0.0001)
+    stop.set()
+    t.join(30)
+    assert not t.is_alive()
+    assert not errors, errors[:3]
+    assert hits[0] > 50, hits
+    lease = service.registry.leases.get(9)
+    stranded = list(lease.inside)
+    lease.inside.clear()   # so that a failure here does not hang the release below
+    assert stranded == [], f"{len(stranded)} stranded lease entries after {hits[0]} injections"
+    service.release_task(9)
