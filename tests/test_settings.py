@@ -118,10 +118,201 @@ def test_a_staging_ring_larger_than_the_pinned_pool_is_refused():
     non-zero pinnedPool could never come from it, and is refused naming the three keys."""
     from cudabridge.config import ServiceConfig
 
-    with pytest.raises(InvalidArgument, match="stagingSlots x .*stagingSlotBytes .*pinnedPool"):
+    with pytest.raises(InvalidArgument, match=r"pinnedPool='?8m'?: 8388608 bytes is less than one staging ring, "
+                                              r"spark\.cudabridge\.stagingSlots x spark\.cudabridge\.stagingSlotBytes = "
+                                              r"4 x 4194304 = 16777216 bytes"):
         ServiceConfig(pinned_pool="8m")                          # the default ring: 4 x 4 MiB
     with pytest.raises(InvalidArgument, match="pinnedPool"):
         ServiceConfig.from_mapping({"spark.cudabridge.pinnedPool": "16m", "spark.cudabridge.stagingSlots": "5"})
     assert ServiceConfig(pinned_pool="16m").staging_slots == 4   # exactly one ring: fine
     assert ServiceConfig(pinned_pool="0").pinned_pool == "0"     # no pool: rings allocate their own
     assert ServiceConfig(pinned_pool="1m", staging_slots=2, staging_slot_bytes="512k").pinned_pool == "1m"
+
+
+
+# --- bounds (issue 23: 6.6, 6.13, 6.14) ------------------------------------------------------------------
+
+def test_a_staging_slot_is_at_most_1_gib():
+    """docs/configuration.md says "at most 1 GiB" and the C twin refuses more with an untyped
+    ValueError that names no setting (jvm/_hotcore.c, enable_copies, on a GPU): the setting refuses
+    it first, naming the key, what was given and what is allowed."""
+    from cudabridge.config import ServiceConfig
+
+    assert config.BY_KEY["stagingSlotBytes"].max == 1 << 30
+    check_value("stagingSlotBytes", "1g")
+    for given in ("1025m", "2g", "16g"):
+        with pytest.raises(InvalidArgument, match=rf"spark\.cudabridge\.stagingSlotBytes='{given}': \d+ bytes is "
+                                                  r"above the most accepted, 1073741824 \(1 GiB\)"):
+            ServiceConfig(staging_slot_bytes=given, pinned_pool="0")
+    assert ServiceConfig(staging_slot_bytes="1g", staging_slots=1, pinned_pool="1g").staging_slot_bytes == "1g"
+
+
+def test_emulated_memory_is_at_most_the_emulated_address_window():
+    """Each emulated GPU's addresses lie in a 1 TiB window of its own: with more memory (2t),
+    GPU 1's buffers lay inside GPU 0's. The setting's bound is that window (one constant, the
+    table's max, which the emulated backend takes), and the backend itself refuses more."""
+    from cudabridge.device import emulated_backend
+    from cudabridge.device.emulated_backend import EmulatedBackend
+
+    assert emulated_backend._DEVICE_WINDOW == config.BY_KEY["emulatedMemory"].max == 1 << 40
+    check_value("emulatedMemory", "1t")
+    for given in ("1025g", "2t"):
+        with pytest.raises(InvalidArgument, match=rf"spark\.cudabridge\.emulatedMemory='{given}': \d+ bytes is above "
+                                                  r"the most accepted, 1099511627776 \(1 TiB\)"):
+            check_value("emulatedMemory", given)
+    with pytest.raises(InvalidArgument, match=r"memory_bytes=2199023255552: an emulated GPU has at most "
+                                              r"1099511627776 bytes .*spark\.cudabridge\.emulatedMemory"):
+        EmulatedBackend(devices=2, memory_bytes=2 << 40, race_check=False)
+    EmulatedBackend(devices=2, memory_bytes=1 << 40, race_check=False).close()   # the window itself fits
+
+
+@pytest.mark.parametrize("given, ok", [("0.0000001", False), ("1e-7", False), ("0.0000009", False),
+                                       ("0.000001", True), ("0.1e-5", True), ("0.0001", True)])
+def test_an_absurdly_small_pool_fraction_is_refused_at_configuration(given, ok):
+    """poolLimit=0.0000001 gave a 256-byte pool in which every allocation failed. A fraction
+    under 0.000001 gives less than 2 MiB on any GPU with under 1.9 TiB free: refused."""
+    if "." not in given:
+        given = "0" + given if given.startswith(".") else given
+    if ok:
+        check_value("poolLimit", given)
+    elif "." in given:
+        with pytest.raises(InvalidArgument, match=rf"spark\.cudabridge\.poolLimit='{re.escape(given)}': a fraction of "
+                                                  r"free memory must be in \[0\.000001, 1\]"):
+            check_value("poolLimit", given)
+    else:   # no decimal point: bytes, and "1e-7" is not bytes
+        with pytest.raises(InvalidArgument, match=r"spark\.cudabridge\.poolLimit"):
+            check_value("poolLimit", given)
+
+
+def test_a_pool_fraction_too_small_for_the_gpu_is_refused_at_start():
+    """A fraction that is fine on a large GPU can give a tiny pool on a small one: the service
+    refuses it at start, once each GPU's free memory is known, naming the key (on a 64 MiB
+    emulated GPU, 0.01 is 655 KiB); a fraction that gives 2 MiB or more starts."""
+    from cudabridge.config import ServiceConfig
+    from cudabridge.service import CudaBridgeService
+
+    small = ServiceConfig(backend="emulated", emulated_memory="64m", pool_limit="0.01", streams_per_gpu=1,
+                          high_priority_streams=0)
+    with pytest.raises(InvalidArgument, match=r"spark\.cudabridge\.poolLimit='0\.01': 0\.01 of GPU 0's free memory "
+                                              r"is \d+ bytes, below the least a pool can use, 2097152 \(2 MiB\)"):
+        CudaBridgeService(small)
+    with CudaBridgeService(ServiceConfig(backend="emulated", emulated_memory="64m", pool_limit="0.05",
+                                         streams_per_gpu=1, high_priority_streams=0)) as service:
+        assert service.gpus[0].memory.limit >= config.MIN_LIMIT_BYTES
+
+
+# --- the environment (issue 23: 6.7) ---------------------------------------------------------------------
+
+@pytest.fixture
+def clean_environment(monkeypatch):
+    """No CUDABRIDGE_* variable but those a test sets (the suite's race check included)."""
+    for name in [n for n in __import__("os").environ if n.startswith("CUDABRIDGE_")]:
+        monkeypatch.delenv(name)
+    return monkeypatch
+
+
+def test_service_config_reads_the_environment_under_explicit_values(clean_environment):
+    """docs/configuration.md gives every service key a CUDABRIDGE_* spelling: ServiceConfig() (so
+    the JVM bridge and every executor) reads it; an argument or a Spark key wins over it."""
+    from cudabridge.config import ServiceConfig
+
+    env = clean_environment
+    env.setenv("CUDABRIDGE_STREAMS_PER_GPU", "3")
+    env.setenv("CUDABRIDGE_POOL_LIMIT", "64m")
+    assert ServiceConfig().streams_per_gpu == 3
+    assert ServiceConfig().pool_limit == "64m"
+    assert ServiceConfig(streams_per_gpu=5).streams_per_gpu == 5                       # an argument wins
+    cfg = ServiceConfig.from_mapping({"spark.cudabridge.streamsPerGpu": "7"})
+    assert (cfg.streams_per_gpu, cfg.pool_limit) == (7, "64m")                        # a Spark key wins
+    assert ServiceConfig.from_env({}).streams_per_gpu == 32                           # that mapping alone
+    env.setenv("CUDABRIDGE_STREAMS_PER_GPU", " ")
+    assert ServiceConfig().streams_per_gpu == 32                                      # set to nothing: unset
+    env.setenv("CUDABRIDGE_STREAMS_PER_GPU", "0")
+    with pytest.raises(InvalidArgument, match=r"CUDABRIDGE_STREAMS_PER_GPU='0': expected an integer in \[1, 1024\]"):
+        ServiceConfig()
+
+
+@pytest.mark.parametrize("name, message", [
+    ("CUDABRIDGE_STREAMS_PER_GPUS", "unknown environment variable CUDABRIDGE_STREAMS_PER_GPUS; "
+                                    "did you mean CUDABRIDGE_STREAMS_PER_GPU?"),
+    ("CUDABRIDGE_POOLLIMIT", "unknown environment variable CUDABRIDGE_POOLLIMIT; did you mean CUDABRIDGE_POOL_LIMIT?"),
+    ("CUDABRIDGE_TASK_BIND", "CUDABRIDGE_TASK_BIND is not read from the environment: spark.cudabridge.taskBind is a "
+                             "plugin key, set in the Spark configuration (--conf spark.cudabridge.taskBind=...)"),
+    ("CUDABRIDGE_SOMETHING_ELSE_ENTIRELY", "unknown environment variable CUDABRIDGE_SOMETHING_ELSE_ENTIRELY; "
+                                           "no variable is close"),
+])
+def test_an_unknown_variable_is_refused_with_the_nearest(clean_environment, name, message):
+    """A misspelled CUDABRIDGE_* variable was silently ignored; it is refused as a misspelled key
+    is, with the nearest variable that is read."""
+    from cudabridge.config import ServiceConfig
+
+    clean_environment.setenv(name, "3")
+    for build in (ServiceConfig, lambda: ServiceConfig.from_mapping({}), lambda: ServiceConfig(streams_per_gpu=2)):
+        with pytest.raises(InvalidArgument, match=re.escape(message)):
+            build()
+    with pytest.raises(InvalidArgument, match=re.escape(message)):
+        ServiceConfig.from_env({name: "3"})
+
+
+def test_the_scripts_variables_are_known_and_not_checked(clean_environment):
+    """The variables dev/ and tests/ read (scope dev) are known names: the service starts with
+    them set, whatever their values (only the scripts read them)."""
+    from cudabridge.config import ServiceConfig
+
+    for s in SETTINGS:
+        if s.scope == "dev":
+            clean_environment.setenv(s.env_name, "anything")
+    clean_environment.setenv("CUDABRIDGE_PYTHON", "/some/python")   # the plugin key read from the environment
+    assert ServiceConfig().streams_per_gpu == 32
+
+
+def test_a_service_started_bare_takes_its_settings_from_the_environment(clean_environment):
+    """`CudaBridgeService()`, as the demo and a Python user start it, with the settings in the
+    environment only."""
+    from cudabridge.service import CudaBridgeService
+
+    for name, value in {"CUDABRIDGE_BACKEND": "emulated", "CUDABRIDGE_EMULATED_MEMORY": "64m",
+                        "CUDABRIDGE_STREAMS_PER_GPU": "3", "CUDABRIDGE_HIGH_PRIORITY_STREAMS": "1",
+                        "CUDABRIDGE_EMULATED_RACE_CHECK": "1"}.items():
+        clean_environment.setenv(name, value)
+    with CudaBridgeService() as service:
+        assert service.backend.name == "emulated"
+        assert service.statistics().totals()["streams"] == 4
+
+
+# Names that appear in the tests only as examples of misspelled variables (refused)
+NOT_VARIABLES = {"CUDABRIDGE_STREAMS_PER_GPUS", "CUDABRIDGE_POOL_LIMT"}
+
+
+def test_every_cudabridge_variable_the_project_reads_is_in_the_table():
+    """Unknown CUDABRIDGE_* names are refused at start, so every one that dev/, the tests, the
+    library or the docs use must be a variable the table lists as read (scope dev for the
+    scripts' own). Found by reading every tracked file: in the tests only where the environment is
+    read or set, elsewhere wherever the name is written; docs/configuration.md's own examples of
+    refused names and the generated tables are left out (the tables come from the table)."""
+    import subprocess
+
+    files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    token = re.compile(r"CUDABRIDGE_[A-Z0-9_]*[A-Z0-9]")
+    in_tests = re.compile(r"(?:environ(?:\.get)?\(?\[?|[sg]etenv\(|delenv\(|executorEnv\.|env=\{)\s*['\"]?"
+                          r"(CUDABRIDGE_[A-Z0-9_]*[A-Z0-9])")
+    found: dict[str, set[str]] = {}
+    for f in files:
+        path = ROOT / f
+        if f == "docs/configuration.md" or not path.is_file() or path.suffix in (".so", ".jar", ".png", ".svg"):
+            continue
+        try:
+            text = path.read_text()
+        except (UnicodeDecodeError, OSError):
+            continue
+        test_code = f.startswith(("tests/", "jvm/src/test/")) or f.endswith("test_settings_java.py")
+        names = set(in_tests.findall(text)) if test_code else set(token.findall(text))
+        for n in names - NOT_VARIABLES:
+            found.setdefault(n, set()).add(f)
+    # outside the tests a derived spelling of a plugin key may be named too (as an example, or in
+    # a refusal's words); in the tests only variables that are read are set or read
+    spellings = {s.env_name for s in SETTINGS if s.env_name}
+    unknown = {n: sorted(fs) for n, fs in found.items()
+               if n not in config.VARIABLES and not (n in spellings and not any(f.startswith("tests/") for f in fs))}
+    assert unknown == {}, f"CUDABRIDGE_* names the table does not list as read (add them, scope dev for a script's): {unknown}"
+    assert {"CUDABRIDGE_SKIP_JVM_TESTS", "CUDABRIDGE_EMULATED_RACE_CHECK", "CUDABRIDGE_MODEL_EXAMPLES"} <= set(found)

@@ -11,6 +11,7 @@ JDK (javac); CUDABRIDGE_SKIP_JVM_TESTS=1 skips it. The executor side's part (``T
 from __future__ import annotations
 
 import base64
+import itertools
 import json
 import os
 import re
@@ -91,6 +92,13 @@ def by_key(key: str) -> dict:
     return next(e for e in TABLE["settings"] if e["key"] == key)
 
 
+def user_name(e: dict) -> str:
+    """How users write a setting: the Spark key (service, plugin), the property (jvm), the
+    variable (environment, dev)."""
+    return (e["key"] if e["scope"] == "jvm" else PREFIX + e["key"] if e["scope"] in ("service", "plugin")
+            else env_name(e["key"]))
+
+
 # --- what Java reads --------------------------------------------------------------------------------
 
 def test_java_reads_the_same_keys_types_and_defaults(dump):
@@ -100,8 +108,11 @@ def test_java_reads_the_same_keys_types_and_defaults(dump):
     for s, e in zip(java, TABLE["settings"]):
         want = {"key": e["key"], "scope": e["scope"], "type": e["type"], "values": e.get("values", []),
                 "min": e.get("min"), "max": e.get("max"), "default": e["default"], "defaultDoc": e.get("defaultDoc"),
-                "doc": e["doc"], "test": e.get("test", False)}
+                "doc": e["doc"], "test": e.get("test", False), "env": e.get("env", False)}
         assert {k: s[k] for k in want} == want, e["key"]
+        if pyconfig is not None and hasattr(pyconfig.Setting, "env_read"):
+            p = pyconfig.BY_KEY[e["key"]]
+            assert (s["envRead"], s["envChecked"]) == (p.env_read, p.env_checked), e["key"]
 
 
 def test_derived_spellings(dump):
@@ -174,7 +185,8 @@ CASES = [
     (P + "emulatedKernels", "host_twins_for_tests,more_twins", True), (P + "emulatedKernels", "", True),
     (P + "moduleCacheDir", "/var/cache/cudabridge", True), (P + "moduleCacheDir", "", True),
     (P + "stagingSlots", "4", True), (P + "stagingSlots", "0", False), (P + "stagingSlots", "17", False),
-    (P + "stagingSlotBytes", "4m", True), (P + "stagingSlotBytes", "1k", False),
+    (P + "stagingSlotBytes", "4m", True), (P + "stagingSlotBytes", "1k", False), (P + "stagingSlotBytes", "1g", True),
+    (P + "stagingSlotBytes", "1025m", False), (P + "stagingSlotBytes", "16g", False),
     (P + "stagingCopyThreads", "8", True), (P + "stagingCopyThreads", "1", True), (P + "stagingCopyThreads", "0", False),
     (P + "stagingCopyThreads", "65", False),
     (P + "pinnedPool", "64m", True), (P + "pinnedPool", "0", True), (P + "pinnedPool", "-1", False),
@@ -213,7 +225,8 @@ CASES = [
     (P + "poolInitial", "9223372036854775807", True), (P + "poolInitial", "9223372036854775808", False),
     (P + "poolInitial", "8388607t", True), (P + "poolInitial", "8388608t", False),
     (P + "emulatedMemory", "16g", True), (P + "emulatedMemory", "2m", True), (P + "emulatedMemory", "2097151", False),
-    (P + "emulatedMemory", "1m", False),
+    (P + "emulatedMemory", "1m", False), (P + "emulatedMemory", "1t", True), (P + "emulatedMemory", "1025g", False),
+    (P + "emulatedMemory", "2t", False),
     # limit: with a decimal point a fraction in (0, 1]; else bytes of at least 2 MiB
     (P + "poolLimit", "0.9", True), (P + "poolLimit", "1.0", True), (P + "poolLimit", "1.", True),
     (P + "poolLimit", ".5", True), (P + "poolLimit", "0.5e0", True), (P + "poolLimit", "0.0", False),
@@ -222,7 +235,8 @@ CASES = [
     (P + "poolLimit", "2097151", False), (P + "poolLimit", "2097152", True), (P + "poolLimit", "2m", True),
     (P + "poolLimit", "2M", True), (P + "poolLimit", "1m", False), (P + "poolLimit", "8g", True),
     (P + "poolLimit", "8GB", True), (P + "poolLimit", "abc", False), (P + "poolLimit", "", False),
-    (P + "poolLimit", "0.5_0", False),
+    (P + "poolLimit", "0.5_0", False), (P + "poolLimit", "0.000001", True), (P + "poolLimit", "0.1e-5", True),
+    (P + "poolLimit", "0.0000009", False), (P + "poolLimit", "0.0000001", False), (P + "poolLimit", "1.0e-7", False),
     # seconds: a positive finite number
     (P + "hostWaitTimeout", "300", True), (P + "hostWaitTimeout", "0.5", True), (P + "hostWaitTimeout", "1e3", True),
     (P + "hostWaitTimeout", ".25", True), (P + "hostWaitTimeout", "0", False), (P + "hostWaitTimeout", "-1", False),
@@ -234,6 +248,12 @@ CASES = [
     (P + "backendWrapper", "faulty_backend:from_env", True), (P + "python", "/nonexistent/bin/python", True),
     (P + "pythonPath", "a:b", True), (P + "library", "", True), (P + "gpuResource", "gpu", True),
     ("cudabridge.python", "/x", True), ("cudabridge.pythonPath", "a:b", True), ("cudabridge.library", "/x.so", True),
+    # dev: the scripts' and tests' own variables (checked by type here; the service checks only their names)
+    ("CUDABRIDGE_MASTER", "local[2]", True), ("CUDABRIDGE_NO_SPARK", "1", True), ("CUDABRIDGE_NO_SPARK", "true", False),
+    ("CUDABRIDGE_SKIP_JVM_TESTS", "0", True), ("CUDABRIDGE_SKIP_JVM_TESTS", "yes", False),
+    ("CUDABRIDGE_MODEL_EXAMPLES", "600", True), ("CUDABRIDGE_MODEL_EXAMPLES", "0", False),
+    ("CUDABRIDGE_INTERRUPT_SECONDS", "2.5", True), ("CUDABRIDGE_SOAK_SECONDS", "0", False),
+    ("CUDABRIDGE_FAULT_STICKY_AFTER_COPIES", "3", True), ("CUDABRIDGE_FAULT_ONCE_FILE", "/tmp/once", True),
 ]
 
 
@@ -246,9 +266,7 @@ def check_in_java(jars, cases: list[tuple[str, str]]) -> list[dict]:
 
 
 def test_every_setting_has_cases():
-    named = {(e["key"] if e["scope"] == "jvm" else PREFIX + e["key"] if e["scope"] != "environment"
-              else env_name(e["key"])) for e in TABLE["settings"]}
-    assert named == {k for k, _, _ in CASES}
+    assert {user_name(e) for e in TABLE["settings"]} == {k for k, _, _ in CASES}
 
 
 def test_check_accepts_and_refuses_as_written(jars):
@@ -261,8 +279,7 @@ def test_check_accepts_and_refuses_as_written(jars):
 
 
 def test_every_default_is_accepted(jars):
-    cases = [(s["key"] if s["scope"] == "jvm" else PREFIX + s["key"] if s["scope"] != "environment"
-              else env_name(s["key"]), s["default"]) for s in TABLE["settings"] if s["default"] is not None]
+    cases = [(user_name(s), s["default"]) for s in TABLE["settings"] if s["default"] is not None]
     assert all(g["ok"] for g in check_in_java(jars, cases))
 
 
@@ -271,7 +288,8 @@ def test_refusal_messages(jars):
                                (P + "backend", "gpu"), (P + "asyncRelease", "yes"), (P + "poolInitial", "8388608t")])
     assert [g["message"] for g in got] == [
         "spark.cudabridge.poolLimit=255: 255 bytes is below the least accepted, 2097152 (2 MiB)",
-        "spark.cudabridge.poolLimit=1.5: a fraction of free memory must be in (0, 1]",
+        "spark.cudabridge.poolLimit=1.5: a fraction of free memory must be in [0.000001, 1] (a smaller one gives a "
+        "pool under 2 MiB on any GPU)",
         "spark.cudabridge.streamsPerGpu=0: expected an integer in [1, 1024]",
         "spark.cudabridge.backend=gpu: expected one of auto, cuda, emulated",
         "spark.cudabridge.asyncRelease=yes: expected true or false (or 1 or 0)",
@@ -387,6 +405,256 @@ def test_java_start_refuses_a_misspelled_key_before_loading_anything(jars):
     g = json.loads(proc.stdout)
     assert not g["ok"] and g["type"] == "org.cudabridge.CudaBridgeException"
     assert g["message"] == "cudabridge: unknown key spark.cudabridge.pool_limit; did you mean spark.cudabridge.poolLimit?"
+
+
+# --- the driver's check against the executor's: every key, a grid of values, the cross-key rules ---------
+#
+# The driver (Settings.checkAll, Java, no Python) and the executor (cudabridge.config: ServiceConfig,
+# check_all) must accept exactly the same configurations: one the driver accepts and an executor
+# refuses fails every executor at start (issue 23, 6.6: 13 of 1,386 pairs disagreed, all through
+# the pinned-pool rule and stagingSlotBytes' missing bound). The grid is built from the table, so
+# a new key or bound is covered without editing this list.
+
+def grid_values(e: dict) -> list[str]:
+    """Values around every bound and of every form the type's parser sees."""
+    t = e["type"]
+    out: list[str] = []
+    if t == "int":
+        lo, hi = e.get("min", 0), e.get("max", 1 << 31)
+        out = [str(n) for n in (lo - 1, lo, lo + 1, hi - 1, hi, hi + 1, 0, 1, -1, (1 << 63) - 1, 1 << 63)]
+        out += ["abc", "", " 7 ", "+3", "1.0", "0x10", "1e3"]
+    elif t == "bytes":
+        lo, hi = e.get("min", 0), e.get("max", (1 << 63) - 1)
+        out = [str(n) for n in (lo - 1, lo, lo + 1, hi - 1, hi, hi + 1)]
+        out += ["0", "1", "4095", "4k", "1m", "2m", "4m", "8m", "15m", "16m", "17m", "64m", "1g", "1025m", "2g", "16g",
+                "1t", "1025g", "2t", "8388607t", "8388608t", "-1", "1.5g", "x", "", " 4m ", "4M", "4mb"]
+    elif t == "limit":
+        out = ["0.0000001", "0.0000009", "0.000001", "0.0000010", "0.1e-5", "9.99e-7", "1e-6", "0.00001", "0.5", "1.0",
+               "1.0000001", "0.0", "-0.5", ".", "1", "255", "2097151", "2m", "8g", "1t", "abc", ""]
+    elif t == "enum":
+        for v in e["values"]:
+            out += [v, v.upper(), v.lower(), v.title(), " " + v]
+        out += ["", "x"]
+    elif t == "bool":
+        out = ["true", "false", "TRUE", "False", "1", "0", " true ", "yes", "on", "", "2"]
+    elif t == "seconds":
+        out = ["300", "0.5", "1e3", ".25", "0", "-1", "inf", "nan", "1e400", "abc", "", "5s"]
+    else:   # string, list
+        out = ["", "a", "a,b", "/x/y", "\u00e9"]
+    return list(dict.fromkeys(out))
+
+
+def checkall_env_in_java(jars, cases: list[tuple[dict, dict]]) -> list[dict]:
+    proc = probe(jars, "checkallenv", "".join(conf_line(c).rstrip("\n") + " | " + conf_line(env) for c, env in cases))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert len(out) == len(cases)
+    return out
+
+
+def python_outcome(conf: dict, env: dict) -> tuple[bool, str | None]:
+    try:
+        pyconfig.check_all(conf, env)
+    except pyconfig.InvalidArgument as exc:
+        return False, str(exc)
+    return True, None
+
+
+def executor_accepts(conf: dict, env: dict, monkeypatch) -> bool:
+    """What an executor's service does with ``conf`` in environment ``env``: ServiceConfig.from_mapping
+    (the JVM bridge's bootstrap) with exactly those CUDABRIDGE_* variables in os.environ."""
+    with monkeypatch.context() as m:
+        for k in [k for k in os.environ if k.startswith("CUDABRIDGE_")]:
+            m.delenv(k)
+        for k, v in env.items():
+            m.setenv(k, v)
+        try:
+            pyconfig.ServiceConfig.from_mapping(conf)
+        except pyconfig.InvalidArgument:
+            return False
+    return True
+
+
+def _grid_cases() -> list[tuple[dict, dict, str]]:
+    """(conf, env, what) for every key and grid value: Spark keys as a one-key configuration,
+    service keys' variables as a one-variable environment."""
+    cases = []
+    for e in TABLE["settings"]:
+        for v in grid_values(e):
+            if e["scope"] in ("service", "plugin"):
+                cases.append(({PREFIX + e["key"]: v}, {}, "key"))
+            if e["scope"] in ("service", "environment", "dev") or e.get("env"):
+                cases.append(({}, {env_name(e["key"]): v}, "variable"))
+    return cases
+
+
+def test_driver_and_executor_checks_agree_on_every_key_over_a_grid(jars, monkeypatch):
+    if pyconfig is None or not hasattr(pyconfig, "check_all"):
+        pytest.skip("cudabridge.config.check_all is not there yet")
+    cases = _grid_cases()
+    java = checkall_env_in_java(jars, [(c, env) for c, env, _ in cases])
+    disagree = []
+    for (conf, env, what), j in zip(cases, java):
+        ok, message = python_outcome(conf, env)
+        # the executor's real path, where it reads the value: the Python service (the plugin keys
+        # are the plugin's, checked by Settings on the executor too)
+        service_key = bool(conf) and pyconfig.SPARK_KEYS[next(iter(conf))].scope == "service"
+        service_var = bool(env) and pyconfig.VARIABLES.get(next(iter(env))) is not None \
+            and pyconfig.VARIABLES[next(iter(env))].scope == "service"
+        executor = executor_accepts(conf, env, monkeypatch) if service_key or service_var else ok
+        if not (j["ok"] == ok == executor):
+            disagree.append((conf, env, "java", j["ok"], "python", ok, "executor", executor, j["message"], message))
+        elif not ok:   # a refusal names the setting as it was spelled (a value's: with the value given)
+            name, value = next(iter((conf or env).items()))
+            assert name in j["message"] and name in message, (j["message"], message)
+            if " staging ring" not in message:
+                assert j["message"].startswith(f"{name}={value}: "), j["message"]
+                assert message.startswith(f"{name}={value!r}: "), message
+    assert disagree == [], f"{len(disagree)} of {len(cases)} disagree: {disagree[:10]}"
+    assert len(cases) > 500   # the grid is not empty by accident
+
+
+def test_driver_and_executor_checks_agree_on_jvm_environment_and_dev_names(jars):
+    cases = [(user_name(e), v) for e in TABLE["settings"] if e["scope"] in ("jvm", "environment", "dev")
+             for v in grid_values(e)]
+    got = check_in_java(jars, cases)
+    wrong = [(k, v, g) for (k, v), g in zip(cases, got) if g["ok"] != _python_accepts(k, v)]
+    assert wrong == []
+
+
+# the pinned pool holds one staging ring: every combination of the three keys, each given as a
+# Spark key, as a variable or left to its default
+POOLS = ["0", "1m", "2m", "4m", "8m", "15m", "16m", "64m", "1g", "16g", "17g"]
+SLOTS = ["1", "4", "5", "16"]
+SLOT_BYTES = ["4k", "1m", "4m", "64m", "1g"]
+
+
+def _ring_cases() -> list[tuple[dict, dict]]:
+    cases = []
+    for i, (pool, slots, slot_bytes) in enumerate(itertools.product(POOLS + [None], SLOTS + [None], SLOT_BYTES + [None])):
+        conf, env = {}, {}
+        for j, (key, value) in enumerate((("pinnedPool", pool), ("stagingSlots", slots), ("stagingSlotBytes", slot_bytes))):
+            if value is None:
+                continue
+            # where each value comes from: key, variable, or both (the key wins: the variable gets a bad ring)
+            where = (i + j) % 3
+            if where in (0, 2):
+                conf[PREFIX + key] = value
+            if where in (1, 2):
+                env[env_name(key)] = value if where == 1 else {"pinnedPool": "1m", "stagingSlots": "16",
+                                                               "stagingSlotBytes": "1g"}[key]
+        cases.append((conf, env))
+    return cases
+
+
+def test_driver_and_executor_agree_on_the_pinned_pool_rule(jars, monkeypatch):
+    if pyconfig is None or not hasattr(pyconfig, "check_all"):
+        pytest.skip("cudabridge.config.check_all is not there yet")
+    cases = _ring_cases()
+    java = checkall_env_in_java(jars, cases)
+    refused = 0
+    for (conf, env), j in zip(cases, java):
+        ok, message = python_outcome(conf, env)
+        assert j["ok"] == ok == executor_accepts(conf, env, monkeypatch), (conf, env, j, message)
+        assert j["message"] == message, (conf, env)   # word for word
+        refused += not ok
+    assert 0 < refused < len(cases)
+    # the issue's pairs: the driver used to accept them and every executor then failed to start
+    got = checkall_env_in_java(jars, [({P + "pinnedPool": "1m"}, {}), ({P + "pinnedPool": "8m"}, {}),
+                                      ({P + "stagingSlotBytes": "16g"}, {})])
+    assert [g["ok"] for g in got] == [False, False, False]
+    assert got[1]["message"] == (
+        "spark.cudabridge.pinnedPool=8m: 8388608 bytes is less than one staging ring, spark.cudabridge.stagingSlots "
+        "x spark.cudabridge.stagingSlotBytes = 4 x 4194304 = 16777216 bytes (16 MiB): a thread's ring is one block of "
+        "the pinned pool and could never come from it; set pinnedPool to 0 (no pool) or at least 16777216, or lower "
+        "stagingSlots or stagingSlotBytes")
+    assert got[2]["message"] == ("spark.cudabridge.stagingSlotBytes=16g: 17179869184 bytes is above the most accepted, "
+                                 "1073741824 (1 GiB)")
+
+
+def test_the_driver_checks_the_executors_variables_the_conf_sets(jars):
+    """Settings.checkAll(conf) takes spark.executorEnv.CUDABRIDGE_* as the executors' environment."""
+    confs = [{"spark.executorEnv.CUDABRIDGE_STREAMS_PER_GPUS": "3"},
+             {"spark.executorEnv.CUDABRIDGE_PINNED_POOL": "8m"},
+             {"spark.executorEnv.CUDABRIDGE_PINNED_POOL": "8m", P + "stagingSlots": "2"},
+             {"spark.executorEnv.CUDABRIDGE_FAULT_ONCE_FILE": "/tmp/x", "spark.executorEnv.OTHER": "1"}]
+    proc = probe(jars, "checkall", "".join(conf_line(c) for c in confs))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    got = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert [g["ok"] for g in got] == [False, False, True, True]
+    assert got[0]["message"] == ("unknown environment variable CUDABRIDGE_STREAMS_PER_GPUS; did you mean "
+                                 "CUDABRIDGE_STREAMS_PER_GPU?")
+    if pyconfig is not None and hasattr(pyconfig, "check_all"):
+        assert [python_outcome(c, pyconfig.executor_environment(c)) for c in confs] == \
+            [(g["ok"], g["message"]) for g in got]
+
+
+VARIABLE_NAMES = ["CUDABRIDGE_STREAMS_PER_GPUS", "CUDABRIDGE_STREAMSPERGPU", "CUDABRIDGE_POOL_LIMT",
+                  "CUDABRIDGE_TASK_BIND", "CUDABRIDGE_METRICS_REFRESH_MS", "CUDABRIDGE_PYTHON_PATH",
+                  "CUDABRIDGE_ZZZZZZZZ", "CUDABRIDGE_", "CUDABRIDGE_GATE", "CUDABRIDGE_SKIP_JVM_TEST",
+                  "CUDABRIDGE_NATIVE_FASTPATH"]
+
+
+def test_an_unknown_variable_is_refused_alike_with_the_nearest(jars):
+    got = checkall_env_in_java(jars, [({}, {n: "1"}) for n in VARIABLE_NAMES])
+    for name, g in zip(VARIABLE_NAMES, got):
+        assert not g["ok"], name
+        if pyconfig is not None and hasattr(pyconfig, "unknown_variable_message"):
+            assert g["message"] == pyconfig.unknown_variable_message(name)
+    by = dict(zip(VARIABLE_NAMES, (g["message"] for g in got)))
+    assert by["CUDABRIDGE_STREAMS_PER_GPUS"] == ("unknown environment variable CUDABRIDGE_STREAMS_PER_GPUS; did you "
+                                                 "mean CUDABRIDGE_STREAMS_PER_GPU?")
+    assert by["CUDABRIDGE_TASK_BIND"] == ("CUDABRIDGE_TASK_BIND is not read from the environment: "
+                                          "spark.cudabridge.taskBind is a plugin key, set in the Spark configuration "
+                                          "(--conf spark.cudabridge.taskBind=...)")
+    assert by["CUDABRIDGE_ZZZZZZZZ"].startswith("unknown environment variable CUDABRIDGE_ZZZZZZZZ; no variable is close")
+    # every variable that is read passes (with its default, or a value of its type)
+    known = {e: "1" for e in (env_name(s["key"]) for s in TABLE["settings"]
+                              if s["scope"] in ("service", "environment", "dev") or s.get("env"))}
+    known.update({env_name(s["key"]): s["default"] for s in TABLE["settings"]
+                  if s["default"] is not None and env_name(s["key"]) in known})
+    assert checkall_env_in_java(jars, [({}, known)])[0] == {"ok": True, "message": None}
+
+
+def test_java_start_refuses_a_misspelled_variable_before_loading_anything(jars):
+    """CudaBridge.start checks this process's CUDABRIDGE_* variables before the library or Python."""
+    jar, plugin, classes = jars
+    cp = [str(jar)] + ([str(plugin)] if plugin else []) + [str(classes)]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CUDABRIDGE_")}
+    env["CUDABRIDGE_STREAMS_PER_GPUS"] = "3"
+    proc = subprocess.run([_java(), "-cp", os.pathsep.join(cp), PROBE, "start"], input=conf_line({"backend": "emulated"}),
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    g = json.loads(proc.stdout)
+    assert not g["ok"] and g["type"] == "org.cudabridge.CudaBridgeException"
+    assert g["message"] == ("cudabridge: unknown environment variable CUDABRIDGE_STREAMS_PER_GPUS; did you mean "
+                            "CUDABRIDGE_STREAMS_PER_GPU?")
+
+
+@pytest.fixture(scope="module")
+def bridge_classpath(jars):
+    """cudabridge.jar with the bridge library and the Python recorded beside it, JPype's jar and
+    the probe: what CudaBridge.start() needs from system properties alone."""
+    built = jvm_build.build()
+    return os.pathsep.join([str(built["jar"]), str(jvm_build.jpype_jar()), str(jars[2])])
+
+
+def start_streams(cp: str, env: dict[str, str], *props: str) -> dict:
+    full = {k: v for k, v in os.environ.items() if not k.startswith("CUDABRIDGE_")}
+    full.update(env)
+    proc = subprocess.run([_java(), "-Dspark.cudabridge.backend=emulated", "-Dspark.cudabridge.emulatedMemory=256m",
+                           *props, "-cp", cp, PROBE, "streams"], capture_output=True, text=True, timeout=300,
+                          env=full, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_the_java_bridge_reads_the_environment_under_its_keys(bridge_classpath):
+    """CUDABRIDGE_STREAMS_PER_GPU=3 gives the bridge 3 streams per GPU (it had 32 + 4: the
+    variable was read only by `python -m cudabridge demo`); a key given explicitly wins over it."""
+    env = {"CUDABRIDGE_STREAMS_PER_GPU": "3", "CUDABRIDGE_HIGH_PRIORITY_STREAMS": "1"}
+    assert start_streams(bridge_classpath, env) == {"ok": True, "streams": 4}
+    assert start_streams(bridge_classpath, env, "-Dspark.cudabridge.streamsPerGpu=5") == {"ok": True, "streams": 6}
 
 
 # --- the table's reader ----------------------------------------------------------------------------------

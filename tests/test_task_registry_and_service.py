@@ -412,10 +412,11 @@ def test_unknown_or_misspelled_keys_are_refused_with_the_nearest(key, suggestion
 def test_from_mapping_other_prefix_and_from_env():
     cfg = ServiceConfig.from_mapping({"x.streamsPerGpu": "3", SPARK_PREFIX + "streamsPerGpu": "9"}, prefix="x.")
     assert cfg.streams_per_gpu == 3
-    env = {"CUDABRIDGE_STREAMS_PER_GPU": "5", "CUDABRIDGE_BACKEND": "emulated", "CUDABRIDGE_NOPE": "1",
-           "OTHER": "2"}
+    env = {"CUDABRIDGE_STREAMS_PER_GPU": "5", "CUDABRIDGE_BACKEND": "emulated", "OTHER": "2"}
     cfg = ServiceConfig.from_env(env)
     assert cfg.streams_per_gpu == 5 and cfg.backend == "emulated"
+    with pytest.raises(InvalidArgument, match="unknown environment variable"):   # tests/test_settings.py has more
+        ServiceConfig.from_env({**env, "CUDABRIDGE_NOPE": "1"})
 
 
 @pytest.mark.parametrize("conf", [

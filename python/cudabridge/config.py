@@ -8,11 +8,20 @@ and the Python field, its snake_case (``pool_limit``). :class:`ServiceConfig` is
 the service scope of the table; :func:`check_value` parses and checks a value by its type, as the
 Java side (``org.cudabridge.Settings``) does; an unknown key under ``spark.cudabridge.`` is
 refused with the nearest valid one (Spark itself ignores unknown keys silently: users mistype).
+
+The environment: :class:`ServiceConfig` reads the ``CUDABRIDGE_*`` variable of every service
+setting not given explicitly (an argument or a Spark key wins over the variable, the variable over
+the table's default), so the JVM bridge and every executor read them too. Every ``CUDABRIDGE_*``
+name in the environment must be one the table lists as read (:func:`environment_problems`), or the
+configuration is refused naming the nearest one, as an unknown key is. :func:`check_all` is the
+whole check, the same rules and messages as the Java side's ``Settings.checkAll`` (a test
+compares them over every key and a grid of values).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 import math
 import os
@@ -27,9 +36,16 @@ TABLE = Path(__file__).with_name("settings.json")
 SPARK_PREFIX = "spark.cudabridge."
 ENV_PREFIX = "CUDABRIDGE_"
 MIN_LIMIT_BYTES = 2 << 20   # a byte limit below one 2 MiB chunk makes a pool in which nothing fits
+# The least fraction of free memory a limit may be: below it, a GPU with less than 1.9 TiB free
+# (every GPU made so far) gives a pool under MIN_LIMIT_BYTES. A larger fraction can still be
+# too small for a given GPU: the service refuses that at start (ServiceConfig.check_pool_limit).
+# The same constant as org.cudabridge.Settings.MIN_LIMIT_FRACTION (both parse the text to the
+# same double and compare it with this one).
+MIN_LIMIT_FRACTION = 1e-6
 MAX_BYTES = (1 << 63) - 1   # byte counts are signed 64-bit in C and Java
 TYPES = ("enum", "int", "bool", "bytes", "limit", "seconds", "list", "string")
-SCOPES = ("service", "plugin", "jvm", "environment")
+SCOPES = ("service", "plugin", "jvm", "environment", "dev")
+EXECUTOR_ENV_PREFIX = "spark.executorEnv."   # Spark keys that set the executors' environment
 
 
 def _words(key: str) -> list[str]:
@@ -48,6 +64,7 @@ class Setting:
     max: int | None = None
     default_doc: str | None = None
     test: bool = False
+    env: bool = False   # a plugin key whose variable is read too (the table's "env": true)
 
     @property
     def spark_key(self) -> str | None:
@@ -56,6 +73,19 @@ class Setting:
     @property
     def env_name(self) -> str | None:
         return None if self.scope == "jvm" else ENV_PREFIX + "_".join(w.upper() for w in _words(self.key))
+
+    @property
+    def env_read(self) -> bool:
+        """Whether its ``CUDABRIDGE_*`` variable is read by anything: scopes service (ServiceConfig),
+        environment and dev (the scripts and tests), and plugin keys marked ``env``. A variable of
+        another setting (a plugin key's derived spelling) is refused, saying where to set it."""
+        return self.scope in ("service", "environment", "dev") or (self.scope == "plugin" and self.env)
+
+    @property
+    def env_checked(self) -> bool:
+        """Whether its variable's value is checked where the service or the bridge starts: every
+        variable read, but those of scope dev, which only the project's scripts read."""
+        return self.env_read and self.scope != "dev"
 
     @property
     def field(self) -> str:
@@ -73,8 +103,10 @@ def _load(path: Path = TABLE) -> tuple[Setting, ...]:
     for entry in raw["settings"]:
         s = Setting(key=entry["key"], scope=entry["scope"], type=entry["type"], default=entry["default"],
                     doc=entry["doc"], values=tuple(entry.get("values", ())), min=entry.get("min"),
-                    max=entry.get("max"), default_doc=entry.get("defaultDoc"), test=bool(entry.get("test", False)))
-        if s.scope not in SCOPES or s.type not in TYPES or (s.type == "enum") != bool(s.values):
+                    max=entry.get("max"), default_doc=entry.get("defaultDoc"), test=bool(entry.get("test", False)),
+                    env=bool(entry.get("env", False)))
+        if (s.scope not in SCOPES or s.type not in TYPES or (s.type == "enum") != bool(s.values)
+                or (s.env and s.scope != "plugin")):
             raise ValueError(f"{path}: bad entry {entry!r}")
         out.append(s)
     keys = [s.key for s in out]
@@ -87,6 +119,10 @@ SETTINGS: tuple[Setting, ...] = _load()
 BY_KEY: dict[str, Setting] = {s.key: s for s in SETTINGS}
 SERVICE: dict[str, Setting] = {s.field: s for s in SETTINGS if s.scope == "service"}
 SPARK_KEYS: dict[str, Setting] = {s.spark_key: s for s in SETTINGS if s.spark_key}
+# CUDABRIDGE_* names: those read (the only ones an environment may hold) and the others, which are
+# derived spellings of plugin keys that nothing reads (refused with a pointer to the Spark key)
+VARIABLES: dict[str, Setting] = {s.env_name: s for s in SETTINGS if s.env_name and s.env_read}
+_UNREAD_VARIABLES: dict[str, Setting] = {s.env_name: s for s in SETTINGS if s.env_name and not s.env_read}
 
 
 # values -------------------------------------------------------------------------------------------
@@ -102,9 +138,18 @@ _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "m": 1 << 20, "mb": 1 << 2
           "g": 1 << 30, "gb": 1 << 30, "t": 1 << 40, "tb": 1 << 40}
 
 
-def parse_bytes(text: Any, name: str = "size", minimum: int = 0) -> int:
-    """Bytes from ``1073741824``, ``512m``, ``8g`` (binary units); refused below ``minimum``
-    and at 2**63 or more."""
+def human_bytes(n: int) -> str:
+    """``2 MiB``, ``1536 KiB``, ``1000 bytes``: the largest binary unit that divides ``n`` (as
+    Java's ``Settings.humanBytes``)."""
+    for shift, unit in ((40, "TiB"), (30, "GiB"), (20, "MiB"), (10, "KiB")):
+        if n >= 1 << shift and n % (1 << shift) == 0:
+            return f"{n >> shift} {unit}"
+    return f"{n} bytes"
+
+
+def parse_bytes(text: Any, name: str = "size", minimum: int = 0, maximum: int = MAX_BYTES) -> int:
+    """Bytes from ``1073741824``, ``512m``, ``8g`` (binary units); refused below ``minimum``,
+    above ``maximum`` and at 2**63 or more."""
     if isinstance(text, bool):
         raise InvalidArgument(f"{name}={text!r}: expected bytes such as 1073741824, 512m or 8g")
     text_ = str(text).strip(BLANKS)
@@ -115,32 +160,38 @@ def parse_bytes(text: Any, name: str = "size", minimum: int = 0) -> int:
     if nbytes > MAX_BYTES:
         raise InvalidArgument(f"{name}={text!r}: {nbytes} bytes is 2**63 or more")
     if nbytes < minimum:
-        raise InvalidArgument(f"{name}={text!r}: {nbytes} bytes is below the least accepted, {minimum} (2 MiB)")
+        raise InvalidArgument(f"{name}={text!r}: {nbytes} bytes is below the least accepted, {minimum} "
+                              f"({human_bytes(minimum)})")
+    if nbytes > maximum:
+        raise InvalidArgument(f"{name}={text!r}: {nbytes} bytes is above the most accepted, {maximum} "
+                              f"({human_bytes(maximum)})")
     return nbytes
 
 
 def parse_limit(text: Any, name: str) -> tuple[int | None, float]:
     """(bytes, 1.0) or (None, fraction): a number with a decimal point is a fraction of free
-    memory in (0, 1]; anything else is bytes (a bare integer, or with a suffix), at least 2 MiB.
-    ``"1"`` is one byte (refused), not all of the memory."""
+    memory in [MIN_LIMIT_FRACTION, 1]; anything else is bytes (a bare integer, or with a suffix),
+    at least 2 MiB. ``"1"`` is one byte (refused), not all of the memory."""
     s = str(text).strip(BLANKS)
     if "." in s:
         if not _NUMBER.fullmatch(s):
             raise InvalidArgument(f"{name}={text!r}: expected bytes (1073741824, 512m, 8g) or a fraction of "
-                                  f"free memory in (0, 1] such as 0.9")
+                                  f"free memory in [0.000001, 1] such as 0.9")
         value = float(s)
-        if not 0.0 < value <= 1.0:
-            raise InvalidArgument(f"{name}={text!r}: a fraction of free memory must be in (0, 1]")
+        if not MIN_LIMIT_FRACTION <= value <= 1.0:
+            raise InvalidArgument(f"{name}={text!r}: a fraction of free memory must be in [0.000001, 1] (a smaller "
+                                  f"one gives a pool under 2 MiB on any GPU)")
         return None, value
     return parse_bytes(s, name, minimum=MIN_LIMIT_BYTES), 1.0
 
 
-def check_value(key: str, value: Any) -> Any:
+def check_value(key: str, value: Any, name: str | None = None) -> Any:
     """``value`` of setting ``key`` (table key, Spark key or Python field) parsed by its type:
     an int, a bool, a float for seconds, a str otherwise (or None where the default is None).
-    Raises :class:`InvalidArgument` naming the key and what is wrong."""
+    Raises :class:`InvalidArgument` naming the key (``name``: as spelled there instead, e.g. its
+    environment variable) and what is wrong."""
     s = _setting(key)
-    name = s.name
+    name = name or s.name
     if value is None:
         if s.default is None:
             return None
@@ -173,7 +224,7 @@ def check_value(key: str, value: Any) -> Any:
             raise InvalidArgument(f"{name}={value!r}: expected one of {', '.join(s.values)}")
         return text
     if s.type == "bytes":
-        parse_bytes(text, name, minimum=s.min or 0)
+        parse_bytes(text, name, minimum=s.min or 0, maximum=MAX_BYTES if s.max is None else s.max)
         return text
     if s.type == "limit":
         parse_limit(text, name)
@@ -210,15 +261,26 @@ def edit_distance(a: str, b: str) -> int:
     return prev[-1]
 
 
-def nearest_key(key: str) -> str | None:
-    """The known Spark key nearest to ``key`` (the part after the prefix, case-insensitive, with
-    ``_`` ``-`` ``.`` ignored), if within max(2, a third of its length) edits."""
+def _nearest(name: str, known: Any, prefix: str) -> str | None:
+    """The name in ``known`` nearest to ``name``: the parts after ``prefix`` compared
+    case-insensitively with ``_`` ``-`` ``.`` left out; ties go to the first in sorted order; None
+    unless within max(2, a third of the length) edits (Java's ``Settings.nearest``, the same rule)."""
     def norm(k: str) -> str:
-        return re.sub(r"[._-]", "", k[len(SPARK_PREFIX):] if k.startswith(SPARK_PREFIX) else k).lower()
+        return re.sub(r"[._-]", "", k[len(prefix):] if k.startswith(prefix) else k).lower()
 
-    target = norm(key)
-    best = min(SPARK_KEYS, key=lambda k: (edit_distance(norm(k), target), k))
+    target = norm(name)
+    best = min(known, key=lambda k: (edit_distance(norm(k), target), k))
     return best if edit_distance(norm(best), target) <= max(2, len(target) // 3) else None
+
+
+def nearest_key(key: str) -> str | None:
+    """The known Spark key nearest to ``key`` (see :func:`_nearest`)."""
+    return _nearest(key, SPARK_KEYS, SPARK_PREFIX)
+
+
+def nearest_variable(name: str) -> str | None:
+    """The ``CUDABRIDGE_*`` variable read that is nearest to ``name`` (see :func:`_nearest`)."""
+    return _nearest(name, VARIABLES, ENV_PREFIX)
 
 
 def unknown_key_message(key: str) -> str:
@@ -227,6 +289,116 @@ def unknown_key_message(key: str) -> str:
     near = nearest_key(spark)
     hint = f"did you mean {near}?" if near else "no key is close (python -m cudabridge config lists them)"
     return f"unknown key {spark}; {hint}"
+
+
+def unknown_variable_message(name: str) -> str:
+    """What an environment variable ``CUDABRIDGE_*`` that nothing reads gets: where its setting is
+    set instead (a plugin key's spelling), or the nearest variable that is read, as for keys."""
+    s = _UNREAD_VARIABLES.get(name)
+    if s is not None:
+        return (f"{name} is not read from the environment: {s.spark_key} is a plugin key, set in the Spark "
+                f"configuration (--conf {s.spark_key}=...)")
+    near = nearest_variable(name)
+    hint = f"did you mean {near}?" if near else "no variable is close (python -m cudabridge config lists them)"
+    return f"unknown environment variable {name}; {hint}"
+
+
+# the whole check ------------------------------------------------------------------------------------
+def executor_environment(conf: Mapping[str, Any]) -> dict[str, str]:
+    """The executors' ``CUDABRIDGE_*`` variables a Spark configuration sets
+    (``spark.executorEnv.CUDABRIDGE_*``): what the driver checks as their environment."""
+    return {k[len(EXECUTOR_ENV_PREFIX):]: v for k, v in conf.items()
+            if isinstance(k, str) and k.startswith(EXECUTOR_ENV_PREFIX + ENV_PREFIX) and isinstance(v, str)}
+
+
+def _blank(value: str) -> bool:
+    """A variable set to nothing (or blanks) is unset (``X= cmd``, as the emulated backend reads
+    CUDABRIDGE_EMULATED_RACE_CHECK); its name is still checked."""
+    return not value.strip(BLANKS)
+
+
+def environment_problems(environ: Mapping[str, str]) -> tuple[list[str], list[str]]:
+    """(unknown names, bad values) of the ``CUDABRIDGE_*`` variables in ``environ``, sorted by
+    name: every such name must be a variable the table lists as read; the values of those the
+    service or the bridge reads are checked by their types, named as the variable."""
+    ours = sorted((k, v) for k, v in environ.items() if k.startswith(ENV_PREFIX))
+    unknown = [unknown_variable_message(k) for k, _ in ours if k not in VARIABLES]
+    bad = []
+    for k, v in ours:
+        s = VARIABLES.get(k)
+        if s is not None and s.env_checked and not _blank(v):
+            try:
+                check_value(s.key, v, name=k)
+            except InvalidArgument as exc:
+                bad.append(str(exc))
+    return unknown, bad
+
+
+def environment_fields(environ: Mapping[str, str]) -> dict[str, Any]:
+    """The service fields ``environ``'s ``CUDABRIDGE_*`` variables set, checked; raises
+    :class:`InvalidArgument` saying every unknown name (else every bad value)."""
+    unknown, bad = environment_problems(environ)
+    if unknown or bad:
+        raise InvalidArgument("; ".join(unknown or bad))
+    return {s.field: check_value(s.key, environ[s.env_name], name=s.env_name) for s in SERVICE.values()
+            if s.env_name in environ and not _blank(environ[s.env_name])}
+
+
+def ring_problem(pool: tuple[str, Any], slots: tuple[str, Any], slot_bytes: tuple[str, Any]) -> str | None:
+    """The cross-key rule between the pinned pool and a staging ring (one block of the pool):
+    ``pinnedPool`` is 0 (no pool) or holds ``stagingSlots x stagingSlotBytes``. Each argument is
+    (spelling, value as given): the Spark key or the variable it came from. The message is Java's
+    ``Settings.ringProblem``'s, word for word."""
+    nbytes = parse_bytes(pool[1])
+    n, each = int(str(slots[1]).strip(BLANKS)), parse_bytes(slot_bytes[1])
+    ring = n * each
+    if 0 < nbytes < ring:
+        return (f"{pool[0]}={pool[1]}: {nbytes} bytes is less than one staging ring, {slots[0]} x {slot_bytes[0]} = "
+                f"{n} x {each} = {ring} bytes ({human_bytes(ring)}): a thread's ring is one block of the pinned pool "
+                f"and could never come from it; set pinnedPool to 0 (no pool) or at least {ring}, or lower "
+                f"stagingSlots or stagingSlotBytes")
+    return None
+
+
+def check_all(conf: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> None:
+    """The whole check of a Spark configuration (Java's ``Settings.checkAll``: the same rules, order
+    and messages). Every key under ``spark.cudabridge.`` must be a service or plugin key, and every
+    ``CUDABRIDGE_*`` name in ``environ`` (None: the executors' environment as ``conf`` sets it,
+    ``spark.executorEnv.CUDABRIDGE_*``) a variable that is read; once every name is known, every
+    value is checked; once every value is good, the cross-key rules, on what the service would use
+    (a key over its variable over the default). Raises one :class:`InvalidArgument` saying
+    everything wrong at the first stage that found something, joined by ``; ``."""
+    if environ is None:
+        environ = executor_environment(conf)
+    ours = sorted((k, v) for k, v in conf.items() if isinstance(k, str) and k.startswith(SPARK_PREFIX)
+                  and v is not None)
+    problems = [unknown_key_message(k) for k, _ in ours if k not in SPARK_KEYS]
+    unknown_vars, bad_vars = environment_problems(environ)
+    problems += unknown_vars
+    if not problems:
+        for k, v in ours:
+            try:
+                check_value(k, v)
+            except InvalidArgument as exc:
+                problems.append(str(exc))
+        problems += bad_vars
+    if not problems:
+        given = dict(ours)
+
+        def used(key: str) -> tuple[str, Any]:
+            """(spelling, text) of what the service would use: the key, else its variable, else the default."""
+            s = BY_KEY[key]
+            if s.spark_key in given:
+                return s.spark_key, given[s.spark_key]
+            if s.env_name in environ and not _blank(environ[s.env_name]):
+                return s.env_name, environ[s.env_name]
+            return s.spark_key, s.default
+
+        problem = ring_problem(used("pinnedPool"), used("stagingSlots"), used("stagingSlotBytes"))
+        if problem:
+            problems.append(problem)
+    if problems:
+        raise InvalidArgument("; ".join(problems))
 
 
 # the service's configuration ------------------------------------------------------------------------
@@ -239,17 +411,25 @@ class _ServiceConfigBase:
         for field, s in SERVICE.items():
             object.__setattr__(self, field, check_value(s.key, getattr(self, field)))
         # a staging ring is one block of the pinned pool: one that can never fit it is a mistake
-        pool = parse_bytes(self.pinned_pool)   # type: ignore[attr-defined]
-        ring = self.staging_slots * parse_bytes(self.staging_slot_bytes)   # type: ignore[attr-defined]
-        if 0 < pool < ring:
-            raise InvalidArgument(
-                f"{SPARK_PREFIX}stagingSlots x {SPARK_PREFIX}stagingSlotBytes ({ring} bytes) is more than "
-                f"{SPARK_PREFIX}pinnedPool ({pool} bytes): a thread's staging ring is one block of the pinned pool "
-                f"and could never come from it; raise pinnedPool (0 disables the pool) or lower the ring")
+        problem = ring_problem(*((s.name, getattr(self, f)) for f, s in SERVICE.items()
+                                 if f in ("pinned_pool", "staging_slots", "staging_slot_bytes")))
+        if problem:
+            raise InvalidArgument(problem)
 
     def limit(self) -> tuple[int | None, float]:
         """(bytes, 1.0) or (None, fraction) from ``pool_limit``."""
         return parse_limit(self.pool_limit, SERVICE["pool_limit"].name)  # type: ignore[attr-defined]
+
+    def check_pool_limit(self, limit_bytes: int, gpu: Any) -> None:
+        """At service start, once GPU ``gpu``'s pool took ``limit_bytes`` from its free memory: a
+        fraction that gave less than MIN_LIMIT_BYTES is refused (no 2 MiB chunk fits such a pool,
+        every allocation would fail), naming the key. A byte limit is at least that already."""
+        nbytes, fraction = self.limit()
+        if nbytes is None and limit_bytes < MIN_LIMIT_BYTES:
+            raise InvalidArgument(
+                f"{SERVICE['pool_limit'].name}={self.pool_limit!r}: {fraction} of GPU {gpu}'s free memory is "  # type: ignore[attr-defined]
+                f"{limit_bytes} bytes, below the least a pool can use, {MIN_LIMIT_BYTES} "
+                f"({human_bytes(MIN_LIMIT_BYTES)}); give a larger fraction, or bytes (at least 2m)")
 
     def wait_timeout_s(self) -> float:
         """``host_wait_timeout`` in seconds."""
@@ -257,8 +437,9 @@ class _ServiceConfigBase:
 
     @classmethod
     def from_mapping(cls, conf: Mapping[str, Any], prefix: str = SPARK_PREFIX) -> "ServiceConfig":
-        """From a Spark conf (or any mapping): the service keys under ``prefix``; the plugin's own
-        keys are skipped; any other key under the prefix is refused with the nearest valid one."""
+        """From a Spark conf (or any mapping): the service keys under ``prefix``, over the
+        process's ``CUDABRIDGE_*`` variables, over the defaults; the plugin's own keys are checked
+        and skipped; any other key under the prefix is refused with the nearest valid one."""
         kwargs: dict[str, Any] = {}
         for key, value in conf.items():
             if not key.startswith(prefix):
@@ -266,16 +447,18 @@ class _ServiceConfigBase:
             s = BY_KEY.get(key[len(prefix):])
             if s is None or s.scope not in ("service", "plugin"):
                 raise InvalidArgument(unknown_key_message(SPARK_PREFIX + key[len(prefix):]))
+            checked = check_value(s.key, value)   # a plugin key too: the driver's check refuses the same
             if s.scope == "service":
-                kwargs[s.field] = check_value(s.key, value)
+                kwargs[s.field] = checked
         return cls(**kwargs)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> "ServiceConfig":
-        """From ``CUDABRIDGE_<KEY>`` variables (other ``CUDABRIDGE_*`` variables are the scripts')."""
-        kwargs = {field: check_value(s.key, environ[s.env_name]) for field, s in SERVICE.items()
-                  if s.env_name in environ}
-        return cls(**kwargs)
+        """From the ``CUDABRIDGE_*`` variables of ``environ`` alone (not the process's, where
+        ``environ`` is another mapping), over the defaults; unknown names are refused."""
+        config = cls.__new__(cls)
+        _fields_init(config, **environment_fields(environ))
+        return config
 
 
 def _field_type(s: Setting) -> type:
@@ -289,6 +472,23 @@ ServiceConfig = dataclasses.make_dataclass(
      for field, s in SERVICE.items()],
     bases=(_ServiceConfigBase,), frozen=True)
 ServiceConfig.__module__ = __name__
+_fields_init = ServiceConfig.__init__   # the generated one: every field from its argument or the default
+
+
+def _init_with_environment(self: Any, **fields: Any) -> None:
+    # Precedence: an argument given here (or a Spark key through from_mapping) over the process's
+    # CUDABRIDGE_* variable over the table's default. The environment is checked whole every
+    # time (unknown names, bad values), also where every field is given: one rule, no surprise
+    # that depends on which fields a caller happened to pass.
+    _fields_init(self, **{**environment_fields(os.environ), **fields})
+
+
+_init_with_environment.__signature__ = inspect.Signature(   # type: ignore[attr-defined]
+    [inspect.Parameter("self", inspect.Parameter.POSITIONAL_ONLY)]
+    + [p.replace(kind=inspect.Parameter.KEYWORD_ONLY)
+       for p in list(inspect.signature(_fields_init).parameters.values())[1:]])
+_init_with_environment.__qualname__ = "ServiceConfig.__init__"
+ServiceConfig.__init__ = _init_with_environment   # type: ignore[method-assign]
 ServiceConfig.__doc__ = ("The service's settings (the table's service scope; fields in snake_case): "
                          + "; ".join(f"{f}: {s.doc}" for f, s in SERVICE.items()))
 
@@ -299,7 +499,8 @@ def markdown_table(scope: str) -> str:
     head = {"service": "| key | environment | default | meaning |\n| --- | --- | --- | --- |",
             "plugin": "| key | default | meaning |\n| --- | --- | --- |",
             "jvm": "| property | default | meaning |\n| --- | --- | --- |",
-            "environment": "| variable | default | meaning |\n| --- | --- | --- |"}[scope]
+            "environment": "| variable | default | meaning |\n| --- | --- | --- |",
+            "dev": "| variable | default | meaning |\n| --- | --- | --- |"}[scope]
     rows = [head]
     for s in SETTINGS:
         if s.scope != scope:

@@ -35,11 +35,17 @@ import org.cudabridge.BridgeOptions;
  *   <li>{@code checkall} / {@code validate}: stdin lines, each one configuration as
  *       {@code token(key) token(value) ...}; per line the outcome of {@link Settings#checkAll}
  *       / {@code PluginConf.validate()};</li>
+ *   <li>{@code checkallenv}: stdin lines {@code token(key) token(value) ... | token(name)
+ *       token(value) ...}: a configuration and an environment; per line the outcome of
+ *       {@link Settings#checkAll(Map, Map)};</li>
  *   <li>{@code nearest}: stdin lines {@code token(key)}; per line {@link Settings#nearestKey};</li>
  *   <li>{@code json}: stdin is a JSON text; prints {@code OK <it written back>} or
  *       {@code ERROR <message>} from the table's own reader;</li>
  *   <li>{@code start}: stdin line as for checkall: {@code CudaBridge.start} with those service
- *       keys, expecting a refusal before the bridge library is loaded.</li>
+ *       keys, expecting a refusal before the bridge library is loaded;</li>
+ *   <li>{@code streams}: starts the bridge from the system properties (and this process's
+ *       environment), prints {@code {"ok": .., "streams": N}} (the service's streams) and shuts
+ *       it down.</li>
  * </ul>
  */
 public final class SettingsProbe {
@@ -50,13 +56,15 @@ public final class SettingsProbe {
             case "dump": System.out.println(dump()); break;
             case "check": perLine(SettingsProbe::check); break;
             case "checkall": perLine(line -> outcome(() -> Settings.checkAll(conf(line)))); break;
+            case "checkallenv": perLine(SettingsProbe::checkAllEnv); break;
+            case "streams": System.out.println(streams()); break;
             case "validate": perLine(SettingsProbe::validate); break;
             case "nearest": perLine(line -> quote(Settings.nearestKey(decode(line.trim())))); break;
             case "json": json(); break;
             case "names": names(); break;
             case "start": perLine(SettingsProbe::start); break;
             default:
-                System.err.println("usage: SettingsProbe dump|check|checkall|validate|nearest|json|start");
+                System.err.println("usage: SettingsProbe dump|check|checkall|checkallenv|validate|nearest|json|start|streams");
                 System.exit(2);
         }
         System.out.flush();
@@ -113,6 +121,27 @@ public final class SettingsProbe {
         return outcome(() -> Settings.check(name, value));
     }
 
+    private static String checkAllEnv(String line) {
+        int bar = line.indexOf('|');
+        Map<String, String> conf = conf(line.substring(0, bar));
+        Map<String, String> env = conf(line.substring(bar + 1));
+        return outcome(() -> Settings.checkAll(conf, env));
+    }
+
+    private static String streams() {
+        try {
+            CudaBridge bridge = CudaBridge.start();
+            try {
+                return "{\"ok\": true, \"streams\": " + bridge.statistics().get("streams") + "}";
+            } finally {
+                bridge.shutdown();
+            }
+        } catch (RuntimeException e) {
+            return "{\"ok\": false, \"type\": " + quote(e.getClass().getName()) + ", \"message\": "
+                    + quote(e.getMessage()) + "}";
+        }
+    }
+
     private static String validate(String line) throws Exception {
         Class<?> pc = Class.forName("org.cudabridge.executor.PluginConf");
         Object conf = pc.getConstructor(Map.class).newInstance(conf(line));
@@ -159,6 +188,9 @@ public final class SettingsProbe {
             m.put("defaultDoc", s.defaultDoc());
             m.put("doc", s.doc());
             m.put("test", s.test());
+            m.put("env", s.env());
+            m.put("envRead", s.envRead());
+            m.put("envChecked", s.envChecked());
             m.put("sparkKey", s.sparkKey());
             m.put("envName", s.envName());
             m.put("name", s.name());

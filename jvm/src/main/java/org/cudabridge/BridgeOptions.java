@@ -15,7 +15,9 @@ import java.util.Properties;
  * {@link Settings#LIBRARY}), the environment ({@code CUDABRIDGE_PYTHON}), and the
  * {@code cudabridge-native.properties} the build wrote beside the jar ({@link InstallLayout}). The
  * service keys are checked against the settings table ({@link Settings#checkAll}) before anything
- * starts.
+ * starts, with this process's {@code CUDABRIDGE_*} variables: the Python service reads the variable
+ * of every service key not set here (a key set here wins over its variable, the variable over the
+ * table's default), and refuses the start on a variable nothing reads, as the check does first.
  */
 public final class BridgeOptions {
     /** The environment variable naming the Python executable (the plugin key {@code python}'s). */

@@ -92,7 +92,11 @@ final class Launcher {
 
     private static CudaBridge launch(BridgeOptions o) {
         try {
-            Settings.checkAll(o.conf()); // before anything is loaded: a misspelled key fails here, without Python
+            // Before anything is loaded, without Python: a misspelled key or CUDABRIDGE_* variable,
+            // a bad value or a pinned pool that cannot hold a staging ring fails here. The Python
+            // service reads this process's CUDABRIDGE_* variables under the keys given here
+            // (cudabridge.config.ServiceConfig): checked as it will use them.
+            Settings.checkAll(o.conf(), System.getenv());
         } catch (IllegalArgumentException e) {
             throw new CudaBridgeException("cudabridge: " + e.getMessage(), "java", e);
         }

@@ -30,8 +30,11 @@ import java.util.regex.Pattern;
  *
  * <p>{@link #check(String, String)} checks a value by its type as the Python side
  * ({@code cudabridge.config.check_value}) does; {@link #checkAll(Map)} refuses every unknown key
- * under the prefix with the nearest known one. No JSON library is used (the core jar has none,
- * and the GPU machine has no Spark jars): the table is read by a small strict reader here.
+ * under the prefix with the nearest known one, and every {@code CUDABRIDGE_*} variable that nothing
+ * reads, then checks the values and the rules between keys, as {@code cudabridge.config.check_all}
+ * does (tests/test_settings_java.py compares the two over every key and a grid of values). No JSON
+ * library is used (the core jar has none, and the GPU machine has no Spark jars): the table is
+ * read by a small strict reader here.
  */
 public final class Settings {
     /** Where the table is inside cudabridge.jar. */
@@ -51,16 +54,25 @@ public final class Settings {
     public static final String GATE_HOLD_MICROS = "cudabridge.gate.holdMicros";
 
     /** The scopes, in the table's order. */
-    public static final List<String> SCOPES = List.of("service", "plugin", "jvm", "environment");
+    public static final List<String> SCOPES = List.of("service", "plugin", "jvm", "environment", "dev");
     /** The value types. */
     public static final List<String> TYPES = List.of("enum", "int", "bool", "bytes", "limit", "seconds", "list", "string");
     /** Least byte count a {@code limit} accepts (a pool smaller than one 2 MiB chunk holds nothing). */
     public static final long MIN_LIMIT_BYTES = 2L << 20;
+    /** Least fraction of free memory a {@code limit} accepts: below it, a GPU with less than 1.9 TiB
+     *  free gives a pool under {@link #MIN_LIMIT_BYTES} ({@code cudabridge.config.MIN_LIMIT_FRACTION};
+     *  both sides parse the text to the same double and compare it with this one). */
+    public static final double MIN_LIMIT_FRACTION = 1e-6;
+    /** Prefix of the environment variables ({@code CUDABRIDGE_POOL_LIMIT}). */
+    public static final String ENV_PREFIX = "CUDABRIDGE_";
+    /** Prefix of the Spark keys that set the executors' environment ({@code spark.executorEnv.<NAME>}). */
+    public static final String EXECUTOR_ENV_PREFIX = "spark.executorEnv.";
 
     private static final String PREFIX;
     private static final List<Setting> ALL;
     private static final Map<String, Setting> BY_KEY;    // table key -> setting
     private static final Map<String, Setting> BY_NAME;   // Spark key, property or variable -> setting
+    private static final Map<String, Setting> VARIABLES; // CUDABRIDGE_* variable read -> setting
 
     private Settings() {}
 
@@ -76,10 +88,11 @@ public final class Settings {
     /**
      * One setting of the table, as written there ({@code values}: empty unless {@code type} is
      * {@code enum}; {@code min}/{@code max}: null where the table gives none; {@code defaultValue}:
-     * null where the default is computed, {@code defaultDoc} then says how).
+     * null where the default is computed, {@code defaultDoc} then says how; {@code env}: a plugin key
+     * whose environment variable is read too).
      */
     public record Setting(String key, String scope, String type, List<String> values, Long min, Long max,
-                          String defaultValue, String defaultDoc, String doc, boolean test) {
+                          String defaultValue, String defaultDoc, String doc, boolean test, boolean env) {
         public Setting {
             Objects.requireNonNull(key, "key");
             Objects.requireNonNull(scope, "scope");
@@ -98,6 +111,20 @@ public final class Settings {
             return scope.equals("jvm") ? null : envNameOf(key);
         }
 
+        /** Whether its {@code CUDABRIDGE_*} variable is read by anything: scopes service (the
+         *  Python service's configuration), environment and dev (the project's scripts and tests),
+         *  and plugin keys marked {@code env}. Any other {@code CUDABRIDGE_*} name is refused. */
+        public boolean envRead() {
+            return scope.equals("service") || scope.equals("environment") || scope.equals("dev")
+                    || (scope.equals("plugin") && env);
+        }
+
+        /** Whether its variable's value is checked where the bridge starts: every variable read,
+         *  but those of scope dev (only the project's scripts read them). */
+        public boolean envChecked() {
+            return envRead() && !scope.equals("dev");
+        }
+
         /** How users write it: the Spark key, the system property, or the environment variable. */
         public String name() {
             String spark = sparkKey();
@@ -112,10 +139,18 @@ public final class Settings {
                         : min != null ? "an integer of at least " + min : max != null ? "an integer of at most " + max
                         : "an integer";
                 case "bool": return "true or false";
-                case "bytes": return "bytes such as 1073741824, 512m or 8g"
-                        + (min != null && min > 0 ? " (at least " + min + ", " + humanBytes(min) + ")" : "");
+                case "bytes": {
+                    List<String> bounds = new ArrayList<>();
+                    if (min != null && min > 0) {
+                        bounds.add("at least " + min + ", " + humanBytes(min));
+                    }
+                    if (max != null) {
+                        bounds.add("at most " + max + ", " + humanBytes(max));
+                    }
+                    return "bytes such as 1073741824, 512m or 8g" + (bounds.isEmpty() ? "" : " (" + String.join("; ", bounds) + ")");
+                }
                 case "limit": return "bytes (at least " + humanBytes(MIN_LIMIT_BYTES) + ") or, with a decimal point, "
-                        + "a fraction of free memory in (0, 1]";
+                        + "a fraction of free memory in [0.000001, 1]";
                 case "seconds": return "a positive number of seconds";
                 case "list": return "a comma-separated list";
                 default: return "a string";
@@ -166,18 +201,24 @@ public final class Settings {
             return v;
         }
 
-        private IllegalArgumentException refused(String value, String why) {
-            return new IllegalArgumentException(name() + "=" + value + ": " + why);
+        private static IllegalArgumentException refused(String spelling, String value, String why) {
+            return new IllegalArgumentException(spelling + "=" + value + ": " + why);
         }
 
         /** The value parsed: a String (enum: the table's spelling; list, string), Long (int, bytes),
          *  Boolean, Double (seconds; limit as a fraction) or Long (limit as bytes). */
         Object parse(String value) {
+            return parse(value, name());
+        }
+
+        /** As {@link #parse(String)}, a refusal naming the setting as {@code spelling} (its
+         *  environment variable where the value came from there). */
+        Object parse(String value, String spelling) {
             if (value == null) {
-                throw new IllegalArgumentException(name() + ": no value (expected " + expected() + ")");
+                throw new IllegalArgumentException(spelling + ": no value (expected " + expected() + ")");
             }
             if (!type.equals("string") && !type.equals("list") && !value.chars().allMatch(c -> c < 128)) {
-                throw refused(value, "expected " + expected() + " (ASCII only)");
+                throw refused(spelling, value, "expected " + expected() + " (ASCII only)");
             }
             switch (type) {
                 case "enum": {
@@ -188,17 +229,17 @@ public final class Settings {
                             return x;
                         }
                     }
-                    throw refused(value, "expected one of " + String.join(", ", values));
+                    throw refused(spelling, value, "expected one of " + String.join(", ", values));
                 }
                 case "int": {
                     String v = asciiTrim(value);
                     if (!INTEGER.matcher(v).matches()) {
-                        throw refused(value, "expected an integer");
+                        throw refused(spelling, value, "expected an integer");
                     }
                     BigInteger n = new BigInteger(v.startsWith("+") ? v.substring(1) : v);
                     if ((min != null && n.compareTo(BigInteger.valueOf(min)) < 0)
                             || (max != null && n.compareTo(BigInteger.valueOf(max)) > 0) || n.bitLength() > 63) {
-                        throw refused(value, "expected " + expected());
+                        throw refused(spelling, value, "expected " + expected());
                     }
                     return n.longValue();
                 }
@@ -210,30 +251,31 @@ public final class Settings {
                     if (v.equalsIgnoreCase("false") || v.equals("0")) {
                         return Boolean.FALSE;
                     }
-                    throw refused(value, "expected true or false (or 1 or 0)");
+                    throw refused(spelling, value, "expected true or false (or 1 or 0)");
                 }
                 case "bytes":
-                    return parseBytes(value, min == null ? 0 : min);
+                    return parseBytes(spelling, value, min == null ? 0 : min, max == null ? Long.MAX_VALUE : max);
                 case "limit": {
                     String v = asciiTrim(value);
                     if (v.indexOf('.') >= 0) {
                         if (!DECIMAL.matcher(v).matches()) {
-                            throw refused(value, "expected bytes (1073741824, 512m, 8g) or a fraction of free memory "
-                                    + "in (0, 1] such as 0.9");
+                            throw refused(spelling, value, "expected bytes (1073741824, 512m, 8g) or a fraction of free memory "
+                                    + "in [0.000001, 1] such as 0.9");
                         }
                         double f = Double.parseDouble(v);
-                        if (!(f > 0.0 && f <= 1.0)) {
-                            throw refused(value, "a fraction of free memory must be in (0, 1]");
+                        if (!(f >= MIN_LIMIT_FRACTION && f <= 1.0)) {
+                            throw refused(spelling, value, "a fraction of free memory must be in [0.000001, 1] (a smaller "
+                                    + "one gives a pool under 2 MiB on any GPU)");
                         }
                         return f;
                     }
-                    return parseBytes(value, MIN_LIMIT_BYTES);
+                    return parseBytes(spelling, value, MIN_LIMIT_BYTES, Long.MAX_VALUE);
                 }
                 case "seconds": {
                     String v = asciiTrim(value);
                     double s = NUMBER.matcher(v).matches() ? Double.parseDouble(v) : Double.NaN;
                     if (!(s > 0.0 && s < Double.POSITIVE_INFINITY)) {
-                        throw refused(value, "expected a positive number of seconds such as 300 or 0.5");
+                        throw refused(spelling, value, "expected a positive number of seconds such as 300 or 0.5");
                     }
                     return s;
                 }
@@ -255,18 +297,23 @@ public final class Settings {
             return v.substring(i, j);
         }
 
-        private Long parseBytes(String value, long least) {
+        private static Long parseBytes(String spelling, String value, long least, long most) {
             Matcher m = BYTES.matcher(asciiTrim(value).toLowerCase(Locale.ROOT));
             Long unit = m.matches() ? UNITS.get(m.group(2)) : null;
             if (unit == null) {
-                throw refused(value, "expected bytes such as 1073741824, 512m or 8g");
+                throw refused(spelling, value, "expected bytes such as 1073741824, 512m or 8g");
             }
             BigInteger n = new BigInteger(m.group(1)).multiply(BigInteger.valueOf(unit));
             if (n.bitLength() > 63) {
-                throw refused(value, n + " bytes is 2**63 or more");
+                throw refused(spelling, value, n + " bytes is 2**63 or more");
             }
             if (n.longValue() < least) {
-                throw refused(value, n + " bytes is below the least accepted, " + least + " (" + humanBytes(least) + ")");
+                throw refused(spelling, value, n + " bytes is below the least accepted, " + least + " ("
+                        + humanBytes(least) + ")");
+            }
+            if (n.longValue() > most) {
+                throw refused(spelling, value, n + " bytes is above the most accepted, " + most + " ("
+                        + humanBytes(most) + ")");
             }
             return n.longValue();
         }
@@ -364,17 +411,50 @@ public final class Settings {
     }
 
     /**
-     * Checks a (Spark) configuration: every key under {@code spark.cudabridge.} must be a service
-     * or plugin key ({@code unknown key spark.cudabridge.poolLimt; did you mean
-     * spark.cudabridge.poolLimit?}), then every such value is checked. Keys outside the prefix are
-     * not looked at. Throws one IllegalArgumentException saying everything that is wrong (unknown
-     * keys first; values only once every key is known).
+     * The driver's check of a Spark configuration: {@link #checkAll(Map, Map)} with the executors'
+     * environment as the configuration sets it ({@code spark.executorEnv.CUDABRIDGE_*}; variables
+     * the executors get from elsewhere are checked where they start).
      */
     public static void checkAll(Map<String, String> conf) {
+        checkAll(conf, executorEnvironment(conf));
+    }
+
+    /** The {@code CUDABRIDGE_*} variables a Spark configuration sets for its executors
+     *  ({@code spark.executorEnv.CUDABRIDGE_*}), by name. */
+    public static Map<String, String> executorEnvironment(Map<String, String> conf) {
+        Map<String, String> env = new TreeMap<>();
+        for (Map.Entry<String, String> e : conf.entrySet()) {
+            String k = e.getKey();
+            if (k != null && k.startsWith(EXECUTOR_ENV_PREFIX + ENV_PREFIX) && e.getValue() != null) {
+                env.put(k.substring(EXECUTOR_ENV_PREFIX.length()), e.getValue());
+            }
+        }
+        return env;
+    }
+
+    /**
+     * Checks a (Spark) configuration and an environment, as the Python service will use them:
+     * every key under {@code spark.cudabridge.} must be a service or plugin key ({@code unknown key
+     * spark.cudabridge.poolLimt; did you mean spark.cudabridge.poolLimit?}) and every
+     * {@code CUDABRIDGE_*} name in {@code env} a variable that is read ({@link Setting#envRead});
+     * once every name is known, every value is checked (variables named as such); once every value
+     * is good, the rules between keys, on the values the service would use (a key over its variable
+     * over the default): a non-zero pinnedPool holds one staging ring. Keys outside the prefix and
+     * other variables are not looked at. Throws one IllegalArgumentException saying everything
+     * wrong at the first of those stages that found something, joined by "; ". The same rules,
+     * order and messages as {@code cudabridge.config.check_all}.
+     */
+    public static void checkAll(Map<String, String> conf, Map<String, String> env) {
         Map<String, String> ours = new TreeMap<>();
         for (Map.Entry<String, String> e : conf.entrySet()) {
             if (e.getKey() != null && e.getKey().startsWith(PREFIX) && e.getValue() != null) {
                 ours.put(e.getKey(), e.getValue());
+            }
+        }
+        Map<String, String> vars = new TreeMap<>();
+        for (Map.Entry<String, String> e : env.entrySet()) {
+            if (e.getKey() != null && e.getKey().startsWith(ENV_PREFIX) && e.getValue() != null) {
+                vars.put(e.getKey(), e.getValue());
             }
         }
         List<String> problems = new ArrayList<>();
@@ -382,6 +462,11 @@ public final class Settings {
             Setting s = BY_NAME.get(k);
             if (s == null || s.sparkKey() == null) {
                 problems.add(unknownKeyMessage(k));
+            }
+        }
+        for (String n : vars.keySet()) {
+            if (!VARIABLES.containsKey(n)) {
+                problems.add(unknownVariableMessage(n));
             }
         }
         if (problems.isEmpty()) {
@@ -392,10 +477,96 @@ public final class Settings {
                     problems.add(x.getMessage());
                 }
             }
+            for (Map.Entry<String, String> e : vars.entrySet()) {
+                Setting s = VARIABLES.get(e.getKey());
+                if (s.envChecked() && !blank(e.getValue())) {
+                    try {
+                        s.parse(e.getValue(), e.getKey());
+                    } catch (IllegalArgumentException x) {
+                        problems.add(x.getMessage());
+                    }
+                }
+            }
+        }
+        if (problems.isEmpty()) {
+            String ring = ringProblem(used("pinnedPool", ours, vars), used("stagingSlots", ours, vars),
+                    used("stagingSlotBytes", ours, vars));
+            if (ring != null) {
+                problems.add(ring);
+            }
         }
         if (!problems.isEmpty()) {
             throw new IllegalArgumentException(String.join("; ", problems));
         }
+    }
+
+    /** A variable set to nothing (or ASCII blanks) is unset ({@code X= cmd}); its name is still
+     *  checked ({@code cudabridge.config._blank}). */
+    private static boolean blank(String value) {
+        return Setting.asciiTrim(value).isEmpty();
+    }
+
+    /** {spelling, value} of what the service would use for a service setting: its Spark key's,
+     *  else its variable's, else the default (every one checked already). */
+    private static String[] used(String key, Map<String, String> ours, Map<String, String> vars) {
+        Setting s = BY_KEY.get(key);
+        if (ours.containsKey(s.sparkKey())) {
+            return new String[] {s.sparkKey(), ours.get(s.sparkKey())};
+        }
+        if (vars.containsKey(s.envName()) && !blank(vars.get(s.envName()))) {
+            return new String[] {s.envName(), vars.get(s.envName())};
+        }
+        return new String[] {s.sparkKey(), s.defaultValue()};
+    }
+
+    /**
+     * The rule between the pinned pool and a staging ring (one block of the pool): pinnedPool is 0
+     * (no pool) or holds stagingSlots x stagingSlotBytes, each given as {spelling, value} (the
+     * Spark key or variable it came from, see {@code used}); null where it holds, else the refusal
+     * ({@code cudabridge.config.ring_problem}'s, word for word). The ring cannot overflow: the
+     * table bounds slots (16) and slot bytes (1 GiB); a saturated product still refuses.
+     */
+    static String ringProblem(String[] poolGiven, String[] slotsGiven, String[] slotBytesGiven) {
+        long pool = BY_KEY.get("pinnedPool").longValue(poolGiven[1]);
+        long slots = BY_KEY.get("stagingSlots").longValue(slotsGiven[1]);
+        long slotBytes = BY_KEY.get("stagingSlotBytes").longValue(slotBytesGiven[1]);
+        long ring;
+        try {
+            ring = Math.multiplyExact(slots, slotBytes);
+        } catch (ArithmeticException e) {
+            ring = Long.MAX_VALUE;
+        }
+        if (pool > 0 && pool < ring) {
+            return poolGiven[0] + "=" + poolGiven[1] + ": " + pool + " bytes is less than one staging ring, "
+                    + slotsGiven[0] + " x " + slotBytesGiven[0] + " = " + slots + " x " + slotBytes + " = " + ring
+                    + " bytes (" + humanBytes(ring) + "): a thread's ring is one block of the pinned pool and could "
+                    + "never come from it; set pinnedPool to 0 (no pool) or at least " + ring
+                    + ", or lower stagingSlots or stagingSlotBytes";
+        }
+        return null;
+    }
+
+    /**
+     * What a {@code CUDABRIDGE_*} variable that nothing reads gets: where its setting is set
+     * instead (a plugin key's derived spelling), else {@code unknown environment variable N; did you
+     * mean M?} with the nearest variable that is read, or {@code no variable is close}. The same
+     * as {@code cudabridge.config.unknown_variable_message}.
+     */
+    public static String unknownVariableMessage(String name) {
+        for (Setting s : ALL) {
+            if (name.equals(s.envName()) && !s.envRead()) {
+                return name + " is not read from the environment: " + s.sparkKey() + " is a plugin key, set in the "
+                        + "Spark configuration (--conf " + s.sparkKey() + "=...)";
+            }
+        }
+        String near = nearest(name, VARIABLES.keySet(), ENV_PREFIX);
+        return "unknown environment variable " + name + "; "
+                + (near != null ? "did you mean " + near + "?" : "no variable is close (python -m cudabridge config lists them)");
+    }
+
+    /** The {@code CUDABRIDGE_*} variables that are read ({@link Setting#envRead}), by name. */
+    public static Map<String, Setting> variables() {
+        return VARIABLES;
     }
 
     /** What an unknown key gets: {@code unknown key K; did you mean N?}, or {@code no key is close}. */
@@ -413,15 +584,24 @@ public final class Settings {
      * max(2, a third of the key's length) edits. The same rule as {@code cudabridge.config.nearest_key}.
      */
     public static String nearestKey(String key) {
-        String target = normalized(key);
+        List<String> keys = new ArrayList<>();
+        for (Setting s : ALL) {
+            if (s.sparkKey() != null) {
+                keys.add(s.sparkKey());
+            }
+        }
+        return nearest(key, keys, PREFIX);
+    }
+
+    /** The name in {@code known} nearest to {@code name}: the parts after {@code prefix}, lower
+     *  case, '.', '_' and '-' left out; ties to the first in alphabetical order; null unless within
+     *  max(2, a third of the length) edits ({@code cudabridge.config._nearest}). */
+    static String nearest(String name, Iterable<String> known, String prefix) {
+        String target = normalized(name, prefix);
         String best = null;
         int bestDistance = Integer.MAX_VALUE;
-        for (Setting s : ALL) {
-            String k = s.sparkKey();
-            if (k == null) {
-                continue;
-            }
-            int d = editDistance(normalized(k), target);
+        for (String k : known) {
+            int d = editDistance(normalized(k, prefix), target);
             if (d < bestDistance || (d == bestDistance && k.compareTo(best) < 0)) {
                 best = k;
                 bestDistance = d;
@@ -430,8 +610,8 @@ public final class Settings {
         return best != null && bestDistance <= Math.max(2, target.length() / 3) ? best : null;
     }
 
-    private static String normalized(String key) {
-        String k = key.startsWith(PREFIX) ? key.substring(PREFIX.length()) : key;
+    private static String normalized(String key, String prefix) {
+        String k = key.startsWith(prefix) ? key.substring(prefix.length()) : key;
         return k.replaceAll("[._-]", "").toLowerCase(Locale.ROOT);
     }
 
@@ -497,7 +677,7 @@ public final class Settings {
     private static final class Table {
         private static final Set<String> ROOT_FIELDS = Set.of("about", "prefix", "settings");
         private static final Set<String> FIELDS = Set.of("key", "scope", "type", "values", "min", "max", "default",
-                "defaultDoc", "doc", "test");
+                "defaultDoc", "doc", "test", "env");
         private static final Pattern KEY = Pattern.compile("[A-Za-z][A-Za-z0-9]*(\\.[A-Za-z][A-Za-z0-9]*)*");
 
         final String prefix;
@@ -601,7 +781,12 @@ public final class Settings {
             if (test != null && !(test instanceof Boolean)) {
                 throw new IllegalStateException(where + ": 'test' must be true or false");
             }
-            return new Setting(key, scope, type, values, min, max, dflt, defaultDoc, doc, Boolean.TRUE.equals(test));
+            Object env = m.get("env");
+            if (env != null && (!(env instanceof Boolean) || !scope.equals("plugin"))) {
+                throw new IllegalStateException(where + ": 'env' is true or false, for scope plugin only");
+            }
+            return new Setting(key, scope, type, values, min, max, dflt, defaultDoc, doc, Boolean.TRUE.equals(test),
+                    Boolean.TRUE.equals(env));
         }
 
         private static String string(Map<?, ?> m, String field, String where, boolean required) {
@@ -621,9 +806,8 @@ public final class Settings {
                 return null;
             }
             Object v = m.get(field);
-            if (!type.equals("int") && !(type.equals("bytes") && field.equals("min"))) {
-                throw new IllegalStateException(where + ": '" + field + "' is for type int" + (field.equals("min")
-                        ? " and bytes" : "") + " only");
+            if (!type.equals("int") && !type.equals("bytes")) {
+                throw new IllegalStateException(where + ": '" + field + "' is for types int and bytes only");
             }
             if (!(v instanceof Long)) {
                 throw new IllegalStateException(where + ": '" + field + "' must be an integer, got " + v);
@@ -924,6 +1108,13 @@ public final class Settings {
         }
         BY_KEY = Collections.unmodifiableMap(byKey);
         BY_NAME = Collections.unmodifiableMap(byName);
+        Map<String, Setting> variables = new TreeMap<>();
+        for (Setting s : ALL) {
+            if (s.envName() != null && s.envRead()) {
+                variables.put(s.envName(), s);
+            }
+        }
+        VARIABLES = Collections.unmodifiableMap(variables);
         for (String p : new String[] {PYTHON, PYTHON_PATH, LIBRARY, GATE, GATE_HOLD_MICROS}) {
             Setting s = BY_KEY.get(p);
             if (s == null || !s.scope().equals("jvm")) {

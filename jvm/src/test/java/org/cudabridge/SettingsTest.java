@@ -56,7 +56,7 @@ class SettingsTest {
     @Test
     void unknownScopeAndUnknownKeyAreRefused() {
         IllegalArgumentException scope = assertThrows(IllegalArgumentException.class, () -> Settings.scope("executor"));
-        assertEquals("no scope executor; the scopes are service, plugin, jvm, environment", scope.getMessage());
+        assertEquals("no scope executor; the scopes are service, plugin, jvm, environment, dev", scope.getMessage());
         IllegalArgumentException key = assertThrows(IllegalArgumentException.class, () -> Settings.setting("poolLimt"));
         assertTrue(key.getMessage().endsWith("has no setting poolLimt"), key.getMessage());
     }
@@ -133,6 +133,11 @@ class SettingsTest {
         refused(key, "5x", key + "=5x: expected bytes such as 1073741824, 512m or 8g");
         refused(key, "-5m", key + "=-5m: expected bytes such as 1073741824, 512m or 8g");
         refused(key, "9000000000000t", key + "=9000000000000t: 9895604649984000000000000 bytes is 2**63 or more");
+        // at most the emulated backend's address window of one GPU
+        assertEquals(1L << 40, memory.longValue("1t"));
+        refused(key, "2t", key + "=2t: 2199023255552 bytes is above the most accepted, 1099511627776 (1 TiB)");
+        String slot = spark("stagingSlotBytes");
+        refused(slot, "16g", slot + "=16g: 17179869184 bytes is above the most accepted, 1073741824 (1 GiB)");
     }
 
     @Test
@@ -142,10 +147,14 @@ class SettingsTest {
                 accepted(key, "8g"));
         refused(key, "255", key + "=255: 255 bytes is below the least accepted, 2097152 (2 MiB)");
         refused(key, "1", key + "=1: 1 bytes is below the least accepted, 2097152 (2 MiB)"); // a bare 1 is one byte
-        refused(key, "1.5", key + "=1.5: a fraction of free memory must be in (0, 1]");
-        refused(key, "0.0", key + "=0.0: a fraction of free memory must be in (0, 1]");
+        String fraction = ": a fraction of free memory must be in [0.000001, 1] (a smaller one gives a pool under "
+                + "2 MiB on any GPU)";
+        refused(key, "1.5", key + "=1.5" + fraction);
+        refused(key, "0.0", key + "=0.0" + fraction);
+        refused(key, "0.0000001", key + "=0.0000001" + fraction); // a 256-byte pool on a 2.5 GB GPU
+        assertAll(accepted(key, "0.000001"), accepted(key, "0.1e-5"));
         refused(key, "0.5g", key + "=0.5g: expected bytes (1073741824, 512m, 8g) or a fraction of free memory "
-                + "in (0, 1] such as 0.9");
+                + "in [0.000001, 1] such as 0.9");
     }
 
     @Test
@@ -200,8 +209,9 @@ class SettingsTest {
         assertEquals("an integer in [0, 86400000]", Settings.setting("metrics.refreshMs").expected());
         assertEquals("one of normal, high", Settings.setting("taskPriority").expected());
         assertEquals("true or false", Settings.setting("asyncRelease").expected());
-        assertEquals("bytes such as 1073741824, 512m or 8g (at least 2097152, 2 MiB)",
+        assertEquals("bytes such as 1073741824, 512m or 8g (at least 2097152, 2 MiB; at most 1099511627776, 1 TiB)",
                 Settings.setting("emulatedMemory").expected());
+        assertEquals("bytes such as 1073741824, 512m or 8g", Settings.setting("pinnedPool").expected());
     }
 
     // --- unknown keys -------------------------------------------------------------------------------
@@ -265,6 +275,55 @@ class SettingsTest {
         conf.put("spark.cudabridge.backend", "emulated");
         conf.put("spark.cudabridge.taskBind", "eager"); // a plugin key is a Spark key too
         assertDoesNotThrow(() -> Settings.checkAll(conf));
+    }
+
+    @Test
+    void checkAllRefusesAPinnedPoolThatCannotHoldAStagingRing() {
+        // the executor's rule (cudabridge.config.ring_problem): the driver accepted these and every
+        // executor then failed to start
+        for (String pool : List.of("1m", "2m", "8m", "15m")) {
+            IllegalArgumentException e = assertThrows(IllegalArgumentException.class,
+                    () -> Settings.checkAll(Map.of(spark("pinnedPool"), pool)), pool);
+            assertTrue(e.getMessage().startsWith(spark("pinnedPool") + "=" + pool + ": "), e.getMessage());
+            assertTrue(e.getMessage().contains("less than one staging ring, spark.cudabridge.stagingSlots x "
+                    + "spark.cudabridge.stagingSlotBytes = 4 x 4194304 = 16777216 bytes (16 MiB)"), e.getMessage());
+        }
+        assertDoesNotThrow(() -> Settings.checkAll(Map.of(spark("pinnedPool"), "16m")));   // one ring exactly
+        assertDoesNotThrow(() -> Settings.checkAll(Map.of(spark("pinnedPool"), "0")));     // no pool
+        assertDoesNotThrow(() -> Settings.checkAll(Map.of(spark("pinnedPool"), "8m", spark("stagingSlots"), "2")));
+        // the values the service would use: a key over its variable over the default
+        IllegalArgumentException e = assertThrows(IllegalArgumentException.class, () -> Settings.checkAll(
+                Map.of(spark("stagingSlots"), "16"), Map.of("CUDABRIDGE_STAGING_SLOT_BYTES", "8m")));
+        assertEquals("spark.cudabridge.pinnedPool=64m: 67108864 bytes is less than one staging ring, "
+                + "spark.cudabridge.stagingSlots x CUDABRIDGE_STAGING_SLOT_BYTES = 16 x 8388608 = 134217728 bytes "
+                + "(128 MiB): a thread's ring is one block of the pinned pool and could never come from it; set "
+                + "pinnedPool to 0 (no pool) or at least 134217728, or lower stagingSlots or stagingSlotBytes",
+                e.getMessage());
+        assertDoesNotThrow(() -> Settings.checkAll(Map.of(spark("stagingSlotBytes"), "1m"),
+                Map.of("CUDABRIDGE_STAGING_SLOT_BYTES", "8m", "CUDABRIDGE_STAGING_SLOTS", "16")));
+    }
+
+    @Test
+    void checkAllRefusesAVariableNothingReadsWithTheNearest() {
+        IllegalArgumentException e = assertThrows(IllegalArgumentException.class, () -> Settings.checkAll(Map.of(),
+                Map.of("CUDABRIDGE_STREAMS_PER_GPUS", "3", "CUDABRIDGE_TASK_BIND", "eager", "PATH", "/bin")));
+        assertEquals("unknown environment variable CUDABRIDGE_STREAMS_PER_GPUS; did you mean CUDABRIDGE_STREAMS_PER_GPU?; "
+                + "CUDABRIDGE_TASK_BIND is not read from the environment: spark.cudabridge.taskBind is a plugin key, "
+                + "set in the Spark configuration (--conf spark.cudabridge.taskBind=...)", e.getMessage());
+        IllegalArgumentException value = assertThrows(IllegalArgumentException.class,
+                () -> Settings.checkAll(Map.of(), Map.of("CUDABRIDGE_STREAMS_PER_GPU", "0")));
+        assertEquals("CUDABRIDGE_STREAMS_PER_GPU=0: expected an integer in [1, 1024]", value.getMessage());
+        assertDoesNotThrow(() -> Settings.checkAll(Map.of(), Map.of("CUDABRIDGE_STREAMS_PER_GPU", " ")));  // unset
+        // the scripts' variables are known, their values left to the scripts; CUDABRIDGE_PYTHON is read
+        assertDoesNotThrow(() -> Settings.checkAll(Map.of(), Map.of("CUDABRIDGE_SKIP_JVM_TESTS", "whatever",
+                "CUDABRIDGE_PYTHON", "/venv/bin/python", "CUDABRIDGE_EMULATED_RACE_CHECK", "1")));
+        // the driver: the executors' variables as the Spark configuration sets them
+        IllegalArgumentException driver = assertThrows(IllegalArgumentException.class, () -> Settings.checkAll(
+                Map.of("spark.executorEnv.CUDABRIDGE_POOL_LIMT", "1g")));
+        assertEquals("unknown environment variable CUDABRIDGE_POOL_LIMT; did you mean CUDABRIDGE_POOL_LIMIT?",
+                driver.getMessage());
+        assertTrue(Settings.variables().containsKey("CUDABRIDGE_PYTHON"));
+        assertFalse(Settings.variables().containsKey("CUDABRIDGE_TASK_BIND"));
     }
 
     @Test
