@@ -78,8 +78,12 @@ _ERR_INVALID_HANDLE = (400, "cudaErrorInvalidResourceHandle")
 _ERR_ILLEGAL_ADDRESS = (700, "cudaErrorIllegalAddress")
 
 # Fake address spaces: each device gets its own 1 TiB window, chunks are separated by a gap.
+# The window is the most memory an emulated GPU may have: one constant, the emulatedMemory
+# setting's max in settings.json (which the Java check reads too), so that the setting's bound
+# and this layout cannot drift apart; a larger memory would let GPU n's buffers run into GPU n+1's
+# window (and _device_of would name the wrong GPU).
 _ADDRESS_BASE = 0x7F00_0000_0000
-_DEVICE_WINDOW = 1 << 40
+_DEVICE_WINDOW = BY_KEY["emulatedMemory"].max   # 1 << 40
 _ALLOC_GRANULE = 1 << 21  # cudaMalloc rounds to 2 MiB pages; keep one page of gap too
 
 
@@ -762,6 +766,9 @@ class EmulatedBackend(DeviceBackend):
     def __init__(self, devices: int = 1, memory_bytes: int = 16 << 30, race_check: bool | None = None) -> None:
         if devices < 1:
             raise ValueError(f"an emulated backend needs at least one device, got {devices}")
+        if memory_bytes > _DEVICE_WINDOW:   # each GPU's memory must fit its address window
+            raise InvalidArgument(f"memory_bytes={memory_bytes}: an emulated GPU has at most {_DEVICE_WINDOW} bytes "
+                                  f"(1 TiB, its address window; {BY_KEY['emulatedMemory'].name} is bounded by it)")
         if race_check is None:
             race_check = race_check_from_env()
         #: every race the detector found, in order (also raised); a test can check it is empty
