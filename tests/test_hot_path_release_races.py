@@ -283,3 +283,23 @@ def test_asynchronous_exceptions_inside_hot_path_calls_never_strand_a_lease(serv
     lease.inside.clear()   # so that a failure here does not hang the release below
     assert stranded == [], f"{len(stranded)} stranded lease entries after {hits[0]} injections"
     service.release_task(9)
+
+
+def test_the_handles_releases_took_are_remembered_up_to_a_bound():
+    """What a free racing a release needs is kept, not every handle ever released: the newest
+    RELEASED_KEPT, in the order the releases took them."""
+    from cudabridge.jvm.handles import RELEASED_KEPT, HandleTable
+
+    class Live:
+        alive = True
+
+    table = HandleTable()
+    n = RELEASED_KEPT + 1000
+    for h in range(1, n + 1):
+        table.insert(h << 6, Live())
+    assert table.forget([h << 6 for h in range(1, n + 1)], released_with=3) == [h << 6 for h in range(1, n + 1)]
+    assert table.released_remembered == RELEASED_KEPT
+    assert table.released_with(1 << 6) is None and table.released_with(n << 6) == 3
+    assert table.released_with(1001 << 6) == 3 and table.released_with(1000 << 6) is None
+    assert table.forget([5 << 6], released_with=4) == []   # not live: not taken, not remembered
+    assert table.released_with(5 << 6) is None and len(table) == 0

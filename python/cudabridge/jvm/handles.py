@@ -51,7 +51,7 @@ if TYPE_CHECKING:
 GPU_BITS = 6                      # handle = allocation id << 6 | GPU ordinal
 MAX_GPUS = 1 << GPU_BITS
 GPU_MASK = MAX_GPUS - 1
-RELEASED_KEPT = 1 << 16           # handles taken by releases that are remembered (module docstring)
+RELEASED_KEPT = 1 << 14           # handles taken by releases that are remembered (module docstring)
 
 
 class HandleTable:
