@@ -349,3 +349,30 @@ def test_unregistered_range_lookups_agree_with_a_plain_model(hot):
     for task, h in hs.items():
         hp.free(h)
         service.release_task(task)
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_unregister_waits_for_the_dma_queued_from_the_region():
+    """Item 6.1 on the real device: cudaHostUnregister of memory a queued DMA still reads (a kernel
+    ahead of it on the stream) only after that stream has passed it."""
+    import time
+    with CudaBridgeService(ServiceConfig(backend="cuda", streams_per_gpu=2, high_priority_streams=0)) as service:
+        hp = JavaHotPath(service)
+        b = service.bind_task(1)
+        n = 8 << 20
+        h, _ = hp.allocate(1, n)
+        mem = (ctypes.c_char * n)(*(b"\x11" * n))
+        base = ctypes.addressof(mem)
+        hp.register_host(base, n)
+        service.backend.spin_async(b.stream, 0.5)                 # a long kernel ahead of the copy
+        hp.copy_in_address(h, 0, base, raw(base, n))
+        start = time.monotonic()
+        hp.unregister_host(base, 1)
+        waited = time.monotonic() - start
+        ctypes.memset(base, 0x77, n)
+        out = bytearray(4096)
+        hp.copy_out(h, n - 4096, memoryview(out))
+        assert out == b"\x11" * 4096, "data written to the region after unregister_host reached the device"
+        assert waited > 0.2, waited
+        hp.free(h)
+        service.release_task(1)
