@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <time.h>
 
+#include "staging_pool.h"
 #include "staging_ring.h"
 
 typedef cb_CUresult (*mem_alloc_t)(unsigned long long *, size_t);
@@ -65,6 +66,20 @@ static void probe_start(cb_CUcontext *ctx, cb_CUstream *stream) {
     check(drv.cuDevicePrimaryCtxRetain(ctx, dev), "cuDevicePrimaryCtxRetain");
     check(drv.cuCtxSetCurrent(*ctx), "cuCtxSetCurrent");
     check(stream_create(stream, 1 /* non-blocking */), "cuStreamCreate");
+}
+
+/* A ring of `slots` slots of `bytes` over base (page-locked): all the slots of a staging pool of
+ * its own, as a copy takes them in the bridge (python/cudabridge/jvm/staging_pool.h). */
+static cb_ring *probe_ring(int slots, size_t bytes, char *base) {
+    cb_staging_gpu *pool = staging_gpu_new(base, slots, bytes, 1.0);
+    cb_ring *r = calloc(1, sizeof *r);
+    int rc = 0;
+    const char *call = NULL;
+    if (pool == NULL || r == NULL || staging_take_gpu(&drv, pool, 0, slots, 0, r, &rc, &call) != slots) {
+        fprintf(stderr, "staging slots: %s %d\n", call ? call : "out of memory", rc);
+        exit(1);
+    }
+    return r;
 }
 
 #endif

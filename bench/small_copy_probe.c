@@ -56,8 +56,7 @@ int main(void) {
     memset(pinned, 2, max);
     int rc = 0;
     const char *call = NULL;
-    cb_ring *ring = ring_make(&drv, ctx, 4, 4096 * KiB, base, &rc, &call);   /* the default 4 x 4 MiB */
-    check(ring == NULL, call ? call : "ring_make");
+    cb_ring *ring = probe_ring(4, 4096 * KiB, base);   /* the default: 4 slots of 4 MiB for one copy */
     static double t[KINDS][NSIZES][ROUNDS];
     for (int r = 0; r < ROUNDS; r++) {
         for (int z = 0; z < NSIZES; z++) {

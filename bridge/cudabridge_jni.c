@@ -68,7 +68,7 @@ static atomic_long g_states_created, g_states_deleted;
 /* Cached bound methods of the JavaHotPath, and helpers; owned references, never released. */
 static PyObject *m_stream, *m_allocate, *m_free, *m_free_many, *m_copy_in, *m_copy_out,
     *m_copy_in_direct, *m_copy_out_direct, *m_copy_device, *m_memset, *m_sync, *m_alloc_pinned,
-    *m_free_pinned, *m_alloc_staging, *m_free_staging, *m_ping, *m_thread_exit, *m_bind,
+    *m_free_pinned, *m_ping, *m_thread_exit, *m_bind,
     *m_release, *m_release_many, *m_launch, *m_copy_in_address, *m_copy_out_address, *f_error_info;
 /* The C twin's entry points (JavaHotPath.native_api), or NULL: launches then call m_launch. The
  * capsule is kept (never released) so the HotCore it holds outlives every call. */
@@ -129,7 +129,7 @@ static PyObject *host_view(char *buf, size_t len) {
 
 /* ---------------------------------------------------------------------------------------------
  * Per-thread state: the Java thread's own Python thread state, kept across calls, and its
- * staging buffer. A pthread key's destructor deletes both when the thread ends, so that threads
+ * pageable staging buffer (copies where no pinned staging applies). A pthread key's destructor deletes both when the thread ends, so that threads
  * coming and going leave nothing behind (the interpreter's thread-state list stays bounded).
  * ------------------------------------------------------------------------------------------- */
 typedef struct {
@@ -137,7 +137,6 @@ typedef struct {
     char *stage;
     size_t stage_cap;
     int keyed;           /* the pthread key points at this slot */
-    struct cb_ring *ring; /* pinned staging for heap-array copies on a GPU (staging_ring.h) */
 } thread_slot;
 
 static __thread thread_slot t_slot;
@@ -358,44 +357,14 @@ static void ctx_restore(const cb_driver *d, cb_CUcontext ctx, cb_CUcontext prev)
     if (prev != NULL && prev != ctx) d->cuCtxSetCurrent(prev);
 }
 
-/* A staging ring's block back to the pinned pool (alloc_staging's free_staging; GIL held). Best
- * effort: it runs where no one can be told (a thread's end), or after a failure the caller reports. */
-static void give_staging(long long base) {
-    PyObject *a = PyLong_FromLongLong(base);
-    PyObject *res = a != NULL && m_free_staging != NULL ? PyObject_Vectorcall(m_free_staging, &a, 1, NULL) : NULL;
-    if (res == NULL) PyErr_Clear();
-    Py_XDECREF(res);
-    Py_XDECREF(a);
-}
-
-/* ring_retire (staging_ring.h) on any thread, without the GIL: r's context current for it, the
- * thread's own put back after. Its block, or 0 when it is dropped (a driver call failed). */
-static long long retire_ring(const cb_driver *d, cb_ring *r) {
-    cb_CUcontext prev, ctx = r->context;
-    const char *call = NULL;
-    int rc = ctx_enter(d, ctx, &prev, &call);
-    char *base = rc == CB_CUDA_SUCCESS ? ring_retire(d, r, &rc, &call) : NULL;
-    ctx_restore(d, ctx, prev);
-    return (long long)(intptr_t)base;
-}
-
 /* Runs when a thread that used the bridge ends (after the JVM has detached it). */
 static void slot_destructor(void *arg) {
     thread_slot *slot = (thread_slot *)arg;
     if (slot == NULL) return;
-    /* its staging ring: the slots' last DMAs waited for (no GIL), the block back to the pool */
-    long long ring_base = slot->ring != NULL && g_api != NULL ? retire_ring(g_api->driver, slot->ring) : 0;
-    slot->ring = NULL;
     PyThreadState *ts = slot->ts;
-    if (ts == NULL && ring_base != 0 && Py_IsInitialized()) {   /* a thread that borrowed another's state */
-        PyGILState_STATE gs = PyGILState_Ensure();
-        give_staging(ring_base);
-        PyGILState_Release(gs);
-    }
     if (ts != NULL) {
         slot->ts = NULL;
         PyEval_RestoreThread(ts);
-        if (ring_base != 0) give_staging(ring_base);
         if (m_thread_exit != NULL) {
             PyObject *ident = PyLong_FromUnsignedLong(PyThread_get_thread_ident());
             PyObject *r = ident ? PyObject_CallOneArg(m_thread_exit, ident) : NULL;
@@ -878,8 +847,7 @@ static char *run_bootstrap(JNIEnv *env, jobjectArray pythonpath, const char *lib
              cache_method(hot, "copy_device", &m_copy_device) || cache_method(hot, "memset", &m_memset) ||
              cache_method(hot, "synchronize", &m_sync) || cache_method(hot, "alloc_pinned", &m_alloc_pinned) ||
              cache_method(hot, "free_pinned", &m_free_pinned) ||
-             cache_method(hot, "alloc_staging", &m_alloc_staging) ||
-             cache_method(hot, "free_staging", &m_free_staging) || cache_method(hot, "ping", &m_ping) ||
+             cache_method(hot, "ping", &m_ping) ||
              cache_method(hot, "thread_exit", &m_thread_exit) || cache_method(hot, "launch", &m_launch) ||
              cache_method(hot, "copy_in_address", &m_copy_in_address) ||
              cache_method(hot, "copy_out_address", &m_copy_out_address);
@@ -1526,11 +1494,12 @@ static void call_with_view(PyObject *fn, jlong handle, jlong devOffset, char *me
 }
 
 /* static native void copyIn(long handle, long devOffset, Object array, long byteOffset, long nbytes, int elemSize) */
-/* A staged copy of at most CB_QUICK_COPY_BYTES whose slot is idle (no wait), the GIL and the
- * buffer's lease held: host->device is done with both held (one memcpy shorter than handing the
- * GIL off and taking it back, then the DMA); device->host queues its one DMA, leaves the lease (it
- * queues nothing more) and waits for the DMA and copies out without the GIL. Returns with the GIL
- * released and the lease left; a driver error is raised to Java. */
+/* A staged copy of at most CB_QUICK_COPY_BYTES that took one idle staging slot without waiting,
+ * the GIL and the buffer's lease held: host->device is done with both held (one memcpy shorter
+ * than handing the GIL off and taking it back, then the DMA); device->host queues its one DMA,
+ * leaves the lease (it queues nothing more) and waits for the DMA and copies out without the GIL.
+ * The slot goes back at the end. Returns with the GIL released and the lease left; a driver error
+ * is raised to Java. */
 #define CB_QUICK_COPY_BYTES (64 << 10)
 static void quick_copy(JNIEnv *env, gil_section *g, cb_copy_lease *lease, cb_ring *r, cb_host_side *host,
                        jlong byteOffset, jlong nbytes, int to_device) {
@@ -1551,8 +1520,8 @@ static void quick_copy(JNIEnv *env, gil_section *g, cb_copy_lease *lease, cb_rin
         rc = ring_from_device_drain(d, r, host, byteOffset, nbytes, lease->address, lease->stream, 1, issued, &call);
     }
     ctx_restore(d, lease->context, prev);
+    g_api->staging_give(g_api->core, r, rc > 0);   /* a driver call failed: the slot's state is unknown */
     if (rc > 0) {
-        t_slot.ring = NULL;   /* a driver call failed: the slots' state is unknown, drop it */
         if (!held && gil_enter(env, g) != 0) return;
         held = 1;
         g_api->driver_failed(g_api->core, call, rc);
@@ -1563,18 +1532,60 @@ static void quick_copy(JNIEnv *env, gil_section *g, cb_copy_lease *lease, cb_rin
     /* rc -1: the array could not be pinned; its Java exception is pending */
 }
 
+/* No staging slot came within the staging wait: the copy goes through pageable memory, ordered on
+ * the buffer's stream as a staged one (the driver stages it itself: host->device returns once the
+ * source is consumed, device->host once the bytes are there). A heap array goes through this
+ * thread's pageable buffer, chunk by chunk (the array has no stable address outside a short
+ * critical region). 0, a CUresult (*call says which call), or -1 with a Java exception pending. */
+static int pageable_copy(const cb_driver *d, cb_host_side *h, jlong off, jlong nbytes, unsigned long long dev,
+                         cb_CUstream stream, int to_device, const char **call) {
+    for (jlong done = 0; done < nbytes;) {
+        size_t n = h->array == NULL ? (size_t)(nbytes - done)
+                 : (size_t)(nbytes - done) < CB_STAGE_MAX ? (size_t)(nbytes - done) : CB_STAGE_MAX;
+        char *buf = h->array == NULL ? h->raw + off + done : stage_buffer(n);
+        if (buf == NULL) {
+            throw_plain(h->env, c_oome, "java/lang/OutOfMemoryError", "cudabridge copy: staging buffer malloc failed");
+            return -1;
+        }
+        if (to_device && h->array != NULL) {
+            char *src = host_side_enter(h);
+            if (src == NULL) return -1;
+            memcpy(buf, src + off + done, n);
+            host_side_leave(h, src, 0);
+        }
+        int rc = to_device ? d->cuMemcpyHtoDAsync(dev + (unsigned long long)done, buf, n, stream)
+                           : d->cuMemcpyDtoHAsync(buf, dev + (unsigned long long)done, n, stream);
+        if (rc != CB_CUDA_SUCCESS) {
+            *call = to_device ? "cuMemcpyHtoDAsync(pageable)" : "cuMemcpyDtoHAsync(pageable)";
+            return rc;
+        }
+        if (!to_device) {   /* into pageable memory the call returns with the bytes there; make sure */
+            if ((rc = d->cuStreamSynchronize(stream)) != CB_CUDA_SUCCESS) {
+                *call = "cuStreamSynchronize(pageable copy)";
+                return rc;
+            }
+            if (h->array != NULL) {
+                char *dst = host_side_enter(h);
+                if (dst == NULL) return -1;
+                memcpy(dst + off + done, buf, n);
+                host_side_leave(h, dst, 1);
+            }
+        }
+        done += (jlong)n;
+    }
+    return CB_CUDA_SUCCESS;
+}
+
 /* A copy on a GPU, in C (native_api.h's enter_copy says how): the buffer's task lease entered
  * with the GIL held (no Python frame when the hot path's C twin takes it as it stands). Page-locked
  * host memory outside the heap is then one asynchronous DMA on the buffer's stream, queued with the
- * GIL still held, as a launch is; anything else (a heap array, pageable memory) goes through this
- * thread's pinned staging ring (staging_ring.h): a second Python call, alloc_staging, when the
- * thread needs a new ring, the chunks and DMAs without the GIL. The lease is left (and any driver
- * error raised) with the GIL. Not gated: a staged copy waits. */
+ * GIL still held, as a launch is; anything else (a heap array, pageable memory) goes through
+ * staging slots of its GPU, taken for this copy and given back when it ends (staging_ring.h), the
+ * chunks and DMAs without the GIL; with no slot free within the staging wait, through pageable
+ * memory. The lease is left (and any driver error raised) with the GIL. Not gated: a copy waits. */
 static void gpu_copy(JNIEnv *env, jlong handle, jlong devOffset, cb_host_side *host, jlong byteOffset,
                      jlong nbytes, int to_device, int kind) {
     const cb_driver *d = g_api->driver;
-    int slots = g_api->staging_slots;
-    size_t slot_bytes = (size_t)g_api->staging_slot_bytes;
     gil_section g;
     captured_error err = {0};
     if (gil_enter(env, &g) != 0) return;
@@ -1600,65 +1611,41 @@ static void gpu_copy(JNIEnv *env, jlong handle, jlong devOffset, cb_host_side *h
         if (rc != CB_CUDA_SUCCESS) throw_captured(env, &err);
         return;
     }
-    cb_ring *r = NULL, *old = NULL;
-    long long base = 0;   /* a new ring's block of the pinned pool, taken here, with the GIL */
-    long long old_base = 0;   /* the retired ring's, given back with the GIL again */
     if (!entered) {
         capture_python_error(&err);
-    } else {
-        r = t_slot.ring;
-        if (r != NULL && (r->context != lease.context || r->n != slots || r->slot_bytes != slot_bytes)) {
-            old = r;   /* another GPU's, or settings of another bridge: retired below, without the GIL */
-            r = t_slot.ring = NULL;
-        }
-        if (r == NULL) {
-            long long pinned = 0;
-            PyObject *a = PyLong_FromLongLong((long long)slots * (long long)slot_bytes);
-            PyObject *res = a ? PyObject_Vectorcall(m_alloc_staging, &a, 1, NULL) : NULL;
-            Py_XDECREF(a);
-            if (res == NULL || parse_pair(res, &base, &pinned, &err) != 0) {
-                if (res == NULL) capture_python_error(&err);
-                g_api->leave_copy(g_api->core, &lease);
-                entered = 0;
-            }
-            Py_XDECREF(res);
-        }
-    }
-    if (entered && r != NULL && nbytes <= CB_QUICK_COPY_BYTES && (size_t)nbytes <= slot_bytes &&
-        ring_slot_idle(d, r, to_device ? r->cursor : 0)) {
-        quick_copy(env, &g, &lease, r, host, byteOffset, nbytes, to_device);
-        return;
-    }
-    gil_exit(&g);
-    if (old != NULL) old_base = retire_ring(d, old);
-    if (!entered) {
-        if (old_base != 0 && gil_enter(env, &g) == 0) {
-            give_staging(old_base);
-            gil_exit(&g);
-        }
+        gil_exit(&g);
         throw_captured(env, &err);
         return;
     }
+    cb_ring slots;   /* the staging slots this copy holds */
     const char *call = NULL;
-    cb_CUcontext prev;
-    int rc = ctx_enter(d, lease.context, &prev, &call);
-    if (rc == CB_CUDA_SUCCESS && r == NULL) {
-        r = ring_make(d, lease.context, slots, slot_bytes, (char *)(intptr_t)base, &rc, &call);
-        if (r != NULL) base = 0;   /* the ring's now */
+    int rc = CB_CUDA_SUCCESS;
+    size_t slot_bytes = (size_t)g_api->staging_slot_bytes;
+    if (nbytes <= CB_QUICK_COPY_BYTES && (size_t)nbytes <= slot_bytes &&
+        g_api->staging_take(g_api->core, lease.gpu, 1, 1, &slots, &rc, &call) == 1) {
+        quick_copy(env, &g, &lease, &slots, host, byteOffset, nbytes, to_device);
+        return;
     }
-    t_slot.ring = r;
-    if (r != NULL) keep_slot();   /* its destructor gives the ring back when the thread ends */
-    if (r != NULL && rc == CB_CUDA_SUCCESS) {   /* never with the context not current */
-        int threads = g_api->staging_copy_threads;
-        rc = to_device ? ring_to_device(d, r, host, byteOffset, nbytes, lease.address, lease.stream, threads, &call)
-                       : ring_from_device(d, r, host, byteOffset, nbytes, lease.address, lease.stream, threads, &call);
-        if (rc > 0) t_slot.ring = NULL;   /* a driver call failed: the slots' state is unknown, drop it */
+    gil_exit(&g);
+    cb_CUcontext prev;
+    rc = ctx_enter(d, lease.context, &prev, &call);
+    if (rc == CB_CUDA_SUCCESS) {
+        jlong chunks = (nbytes + (jlong)slot_bytes - 1) / (jlong)slot_bytes;
+        int want = chunks < g_api->staging_slots ? (int)chunks : g_api->staging_slots;
+        int taken = g_api->staging_take(g_api->core, lease.gpu, want, 0, &slots, &rc, &call);
+        if (taken > 0) {
+            int threads = g_api->staging_copy_threads;
+            rc = to_device ? ring_to_device(d, &slots, host, byteOffset, nbytes, lease.address, lease.stream, threads, &call)
+                           : ring_from_device(d, &slots, host, byteOffset, nbytes, lease.address, lease.stream, threads,
+                                              &call);
+            g_api->staging_give(g_api->core, &slots, rc > 0);   /* a driver call failed: the slots' state is unknown */
+        } else if (taken == 0) {   /* none within the staging wait (counted there) */
+            rc = pageable_copy(d, host, byteOffset, nbytes, lease.address, lease.stream, to_device, &call);
+        }
     }
     ctx_restore(d, lease.context, prev);
     if (gil_enter(env, &g) != 0) return;   /* cannot happen: this thread has its Python state */
     g_api->leave_copy(g_api->core, &lease);
-    if (base != 0) give_staging(base);   /* no ring was made over it */
-    if (old_base != 0) give_staging(old_base);
     if (rc > 0) {
         g_api->driver_failed(g_api->core, call, rc);
         capture_python_error(&err);
@@ -1775,7 +1762,7 @@ static char *direct_range(JNIEnv *env, jobject buf, jlong bufOffset, jlong nbyte
 
 /* A copy between a buffer and host memory Java owns outside the heap (a direct ByteBuffer's:
  * CB_HOST_DIRECT, or an address: CB_HOST_ADDRESS). On a GPU it runs in C (gpu_copy: one DMA from or
- * into page-locked memory, the staging ring for pageable memory, the driver's own pageable copy
+ * into page-locked memory, the GPU's staging slots for pageable memory, the driver's own pageable copy
  * being one thread's memcpy with no overlap); elsewhere fn copies it (the hot path's Python). */
 static void host_memory_copy(JNIEnv *env, PyObject *fn, jlong handle, jlong devOffset, char *mem, jlong nbytes,
                              int to_device, int kind) {

@@ -1,36 +1,29 @@
 /*
- * staging_ring.h: heap-array copies through pinned staging, pipelined, in C. Included by
- * cudabridge_jni.c only; the driver's entry points come from the hot path's C twin
- * (native_api.h's driver table, resolved with cuGetProcAddress: python/cudabridge/jvm/cuda_driver.h).
+ * staging_ring.h: copies through pinned staging, pipelined, in C. Included by cudabridge_jni.c
+ * only; the driver's entry points come from the hot path's C twin (native_api.h's driver table,
+ * resolved with cuGetProcAddress: python/cudabridge/jvm/cuda_driver.h), and so do the slots: a
+ * copy takes them from its GPU's staging slots and gives them back when it ends
+ * (python/cudabridge/jvm/staging_pool.h, through native_api's staging_take / staging_give).
  *
  * Why: a Java heap array has no stable address, so it must be copied somewhere first. Copied into
  * pageable memory, the driver copies it again into its own pinned buffer before the DMA, and
  * nothing overlaps: a heap copy ran at a tenth of the link's speed on the H200. Pageable memory
  * Java owns off the heap (copies by address outside any registration) fares the same in the
- * driver's hands, so it is staged here too. Here each Java
- * thread has a ring of pinned slots: host->device copies chunk k of the array into a free slot
- * while the DMA of chunk k-1 runs from its own; device->host DMAs chunks into slots ahead and
- * copies each out of its slot behind its DMA. A large chunk's memcpy is split over threads
- * (host_copy.h): one thread's memcpy is slower than the link.
+ * driver's hands, so it is staged here too. A copy holds up to stagingSlots slots (a "ring"):
+ * host->device copies chunk k into a free slot while the DMA of chunk k-1 runs from its own;
+ * device->host DMAs chunks into slots ahead and copies each out of its slot behind its DMA. A
+ * large chunk's memcpy is split over threads (host_copy.h): one thread's memcpy is slower than
+ * the link.
  *
  * Invariants:
  *  - a slot is written by the host (a chunk copied in) or by a DMA only once the event recorded
  *    after its last DMA has completed (busy[i] says such an event is pending): never while a DMA
- *    still reads or writes it, whatever stream that DMA was on;
+ *    still reads or writes it, whatever copy, thread or stream queued that DMA;
  *  - every DMA of a copy is queued on the buffer's stream, inside its task's lease (the caller
  *    enters it before and leaves it after), so device work queued after on that stream sees the
  *    data, and nothing of a task is queued once its release has begun;
- *  - a ring belongs to one context (its events do); a thread whose copy is for another GPU's
- *    buffer gives its ring back and takes one for that context;
- *  - a ring's slots are one block of the pinned pool (memory/pinned_pool.py, taken through the hot
- *    path's alloc_staging), so staging shows in the pool's statistics and comes out of its
- *    reservation (the pool's fallbacks, counted, apply when it cannot serve it);
- *  - a ring is its thread's until the thread ends, or until the thread copies for another GPU (or
- *    under other ring settings): then ring_retire waits for its slots' last DMAs and destroys their
- *    events, and the caller gives its block back to the pinned pool (alloc_staging's free_staging),
- *    so the pinned memory staging holds is bounded by the threads alive that copied. A ring whose
- *    driver call failed is dropped, never reused, and its block is never given back (its slots'
- *    state is unknown; a failure there is the GPU's sticky error in practice).
+ *  - a copy's slots are its own from staging_take to staging_give: host->device gives them back
+ *    with their last DMAs pending (busy), device->host once every chunk is copied out.
  * The GIL is not held here: the caller holds the copy's lease, which a release waits for.
  */
 #ifndef CB_STAGING_RING_H
@@ -43,65 +36,9 @@
 #include "host_copy.h"
 #include "native_api.h"
 
-typedef struct cb_ring {
-    cb_CUcontext context;
-    int n;
-    size_t slot_bytes;
-    char *base;                                /* n x slot_bytes of the pinned pool, the ring's until retired */
-    char *host[CB_STAGING_MAX_SLOTS];          /* slot i: base + i x slot_bytes */
-    cb_CUevent event[CB_STAGING_MAX_SLOTS];
-    int busy[CB_STAGING_MAX_SLOTS];            /* an event after a DMA of this slot is pending */
-    int cursor;                                /* the slot a host->device copy starts at: the one after
-                                                  the last used, so back-to-back small copies do not
-                                                  wait for each other's DMA */
-} cb_ring;
+typedef cb_staging_lease cb_ring;   /* the slots one copy holds */
 
-static atomic_long g_rings_created, g_rings_retired, g_staged_chunks;
-
-/* A new ring for context ctx (current on this thread) over base, n x slot_bytes of pinned memory
- * the caller took from the pinned pool. NULL with *rc and *call set when the driver refuses; base
- * is then still the caller's to give back (nothing was queued with it). */
-static cb_ring *ring_make(const cb_driver *d, cb_CUcontext ctx, int n, size_t slot_bytes, char *base, int *rc,
-                          const char **call) {
-    cb_ring *r = calloc(1, sizeof *r);
-    if (r == NULL) {
-        *rc = 2; /* CUDA_ERROR_OUT_OF_MEMORY */
-        *call = "calloc(staging ring)";
-        return NULL;
-    }
-    r->context = ctx;
-    r->n = n;
-    r->slot_bytes = slot_bytes;
-    r->base = base;
-    for (int i = 0; i < n; i++) {
-        r->host[i] = base + (size_t)i * slot_bytes;
-        *rc = d->cuEventCreate(&r->event[i], CB_EVENT_DISABLE_TIMING);
-        if (*rc != CB_CUDA_SUCCESS) {
-            *call = "cuEventCreate(staging slot)";
-            for (int j = 0; j < i; j++) d->cuEventDestroy(r->event[j]);
-            free(r);
-            return NULL;
-        }
-    }
-    atomic_fetch_add(&g_rings_created, 1);
-    return r;
-}
-
-/* Ends ring r (its context current on this thread): waits for every slot's last DMA, destroys the
- * events and frees r. Returns its block, now untouched by any DMA, for the caller to give back to the
- * pinned pool; NULL when a driver call failed (*rc and *call say which): the block's state is then
- * unknown and it is dropped with the ring. */
-static char *ring_retire(const cb_driver *d, cb_ring *r, int *rc, const char **call) {
-    char *base = r->base;
-    *rc = CB_CUDA_SUCCESS;
-    for (int i = 0; i < r->n && *rc == CB_CUDA_SUCCESS; i++)
-        if (r->busy[i] && (*rc = d->cuEventSynchronize(r->event[i])) != CB_CUDA_SUCCESS)
-            *call = "cuEventSynchronize(retired staging slot)";
-    for (int i = 0; i < r->n; i++) d->cuEventDestroy(r->event[i]);   /* nothing waits on them now */
-    free(r);
-    atomic_fetch_add(&g_rings_retired, 1);
-    return *rc == CB_CUDA_SUCCESS ? base : NULL;
-}
+static atomic_long g_staged_chunks;
 
 /* Waits until slot i may be touched (its last DMA done). */
 static int ring_slot_free(const cb_driver *d, cb_ring *r, int i, const char **call) {

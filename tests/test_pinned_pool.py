@@ -162,29 +162,3 @@ def test_closing_with_blocks_still_held_keeps_the_memory(be):
     pool.free(held)
     pool.close()
     assert pool.reserved_bytes == 0
-
-
-def test_staging_rings_take_their_memory_from_the_pinned_pool():
-    """The JNI side's staging rings (bridge/staging_ring.h) get their slots through alloc_staging:
-    a block of the pinned pool, in its statistics; free_staging gives back one no ring was made
-    over, and refuses anything else."""
-    from cudabridge.config import ServiceConfig
-    from cudabridge.jvm.hot_path import JavaHotPath
-    from cudabridge.service import CudaBridgeService
-
-    with CudaBridgeService(ServiceConfig(backend="emulated", emulated_memory="64m", streams_per_gpu=2,
-                                         high_priority_streams=0, pinned_pool="1m", staging_slot_bytes="64k")) as service:
-        hp = JavaHotPath(service)
-        address, pinned = hp.alloc_staging(4 * 64 * KiB)
-        assert pinned and hp.pinned_pool.in_use_bytes == 256 * KiB and hp.pinned_pool.reserved_bytes == 1 << 20
-        big, _ = hp.alloc_staging(1 << 20)                # more than the pool has left: its fallback
-        assert hp.pinned_pool.fallbacks_host_alloc == 1
-        with pytest.raises(InvalidArgument, match="not a staging block"):
-            hp.free_staging(address + 1)
-        assert hp.staging_blocks == 2
-        hp.free_staging(address)
-        hp.free_staging(big)
-        assert hp.staging_blocks == 0
-        assert hp.pinned_pool.in_use_bytes == 0
-        with pytest.raises(InvalidArgument, match="not a staging block"):
-            hp.free_staging(address)                       # given back already

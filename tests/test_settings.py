@@ -113,21 +113,16 @@ def test_values_are_checked_by_type(key, value, ok):
             check_value(key, value)
 
 
-def test_a_staging_ring_larger_than_the_pinned_pool_is_refused():
-    """A staging ring is one block of the pinned pool: stagingSlots x stagingSlotBytes above a
-    non-zero pinnedPool could never come from it, and is refused naming the three keys."""
+def test_the_pinned_pool_and_staging_are_sized_apart():
+    """Staging has its own reservation (stagingCopies x stagingSlotBytes per GPU), so a pinned pool
+    smaller than what one copy stages through is fine; the staging keys are bounded on their own."""
     from cudabridge.config import ServiceConfig
 
-    with pytest.raises(InvalidArgument, match=r"pinnedPool='?8m'?: 8388608 bytes is less than one staging ring, "
-                                              r"spark\.cudabridge\.stagingSlots x spark\.cudabridge\.stagingSlotBytes = "
-                                              r"4 x 4194304 = 16777216 bytes"):
-        ServiceConfig(pinned_pool="8m")                          # the default ring: 4 x 4 MiB
-    with pytest.raises(InvalidArgument, match="pinnedPool"):
-        ServiceConfig.from_mapping({"spark.cudabridge.pinnedPool": "16m", "spark.cudabridge.stagingSlots": "5"})
-    assert ServiceConfig(pinned_pool="16m").staging_slots == 4   # exactly one ring: fine
-    assert ServiceConfig(pinned_pool="0").pinned_pool == "0"     # no pool: rings allocate their own
-    assert ServiceConfig(pinned_pool="1m", staging_slots=2, staging_slot_bytes="512k").pinned_pool == "1m"
-
+    assert ServiceConfig(pinned_pool="1m").staging_slots == 4
+    assert ServiceConfig(pinned_pool="0", staging_copies=16, staging_wait="0.5").staging_copies == 16
+    for bad in ({"staging_copies": 0}, {"staging_copies": 1025}, {"staging_wait": "0"}, {"staging_wait": "-1"}):
+        with pytest.raises(InvalidArgument, match="staging"):
+            ServiceConfig(**bad)
 
 
 # --- bounds (issue 23: 6.6, 6.13, 6.14) ------------------------------------------------------------------

@@ -344,29 +344,12 @@ def environment_fields(environ: Mapping[str, str]) -> dict[str, Any]:
             if s.env_name in environ and not _blank(environ[s.env_name])}
 
 
-def ring_problem(pool: tuple[str, Any], slots: tuple[str, Any], slot_bytes: tuple[str, Any]) -> str | None:
-    """The cross-key rule between the pinned pool and a staging ring (one block of the pool):
-    ``pinnedPool`` is 0 (no pool) or holds ``stagingSlots x stagingSlotBytes``. Each argument is
-    (spelling, value as given): the Spark key or the variable it came from. The message is Java's
-    ``Settings.ringProblem``'s, word for word."""
-    nbytes = parse_bytes(pool[1])
-    n, each = int(str(slots[1]).strip(BLANKS)), parse_bytes(slot_bytes[1])
-    ring = n * each
-    if 0 < nbytes < ring:
-        return (f"{pool[0]}={pool[1]}: {nbytes} bytes is less than one staging ring, {slots[0]} x {slot_bytes[0]} = "
-                f"{n} x {each} = {ring} bytes ({human_bytes(ring)}): a thread's ring is one block of the pinned pool "
-                f"and could never come from it; set pinnedPool to 0 (no pool) or at least {ring}, or lower "
-                f"stagingSlots or stagingSlotBytes")
-    return None
-
-
 def check_all(conf: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> None:
     """The whole check of a Spark configuration (Java's ``Settings.checkAll``: the same rules, order
     and messages). Every key under ``spark.cudabridge.`` must be a service or plugin key, and every
     ``CUDABRIDGE_*`` name in ``environ`` (None: the executors' environment as ``conf`` sets it,
     ``spark.executorEnv.CUDABRIDGE_*``) a variable that is read; once every name is known, every
-    value is checked; once every value is good, the cross-key rules, on what the service would use
-    (a key over its variable over the default). Raises one :class:`InvalidArgument` saying
+    value is checked (no rule ties keys to each other today). Raises one :class:`InvalidArgument` saying
     everything wrong at the first stage that found something, joined by ``; ``."""
     if environ is None:
         environ = executor_environment(conf)
@@ -382,21 +365,6 @@ def check_all(conf: Mapping[str, Any], environ: Mapping[str, str] | None = None)
             except InvalidArgument as exc:
                 problems.append(str(exc))
         problems += bad_vars
-    if not problems:
-        given = dict(ours)
-
-        def used(key: str) -> tuple[str, Any]:
-            """(spelling, text) of what the service would use: the key, else its variable, else the default."""
-            s = BY_KEY[key]
-            if s.spark_key in given:
-                return s.spark_key, given[s.spark_key]
-            if s.env_name in environ and not _blank(environ[s.env_name]):
-                return s.env_name, environ[s.env_name]
-            return s.spark_key, s.default
-
-        problem = ring_problem(used("pinnedPool"), used("stagingSlots"), used("stagingSlotBytes"))
-        if problem:
-            problems.append(problem)
     if problems:
         raise InvalidArgument("; ".join(problems))
 
@@ -410,11 +378,6 @@ class _ServiceConfigBase:
     def __post_init__(self) -> None:
         for field, s in SERVICE.items():
             object.__setattr__(self, field, check_value(s.key, getattr(self, field)))
-        # a staging ring is one block of the pinned pool: one that can never fit it is a mistake
-        problem = ring_problem(*((s.name, getattr(self, f)) for f, s in SERVICE.items()
-                                 if f in ("pinned_pool", "staging_slots", "staging_slot_bytes")))
-        if problem:
-            raise InvalidArgument(problem)
 
     def limit(self) -> tuple[int | None, float]:
         """(bytes, 1.0) or (None, fraction) from ``pool_limit``."""

@@ -10,14 +10,20 @@
  *    (the model hashes the slot at both moments);
  *  - a failing driver call stops the copy and says which call failed;
  *  - a slot is idle (ring_slot_idle, no wait) only once its DMA has run;
- *  - ring_retire returns the block only once every DMA queued from its slots has run, destroys
- *    each slot's event, and drops the block when a wait fails.
+ * and the staging slots a copy takes its ring from (python/cudabridge/jvm/staging_pool.h):
+ *  - a slot given back with its DMA pending is not rewritten by the next copy that takes it before
+ *    that DMA ran; free slots are taken oldest first; a copy takes at most what it asks;
+ *  - with none free a take waits for a give, or returns none after the staging wait (counted);
+ *  - a quick take gets a slot only if the oldest free one is idle now;
+ *  - a copy that failed drops its slots (counted lost);
+ *  - ending the slots waits for their last DMAs and destroys every event made.
  * Prints "ok <operations run>". */
 #include <jni.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <unistd.h>
 
+#include "staging_pool.h"
 #include "staging_ring.h"
 
 #define DEV_BASE 0x700000000000ULL
@@ -157,15 +163,22 @@ static int failures;
         }                                  \
     } while (0)
 
-static cb_ring *make(cb_driver *d, int n, size_t slot) {
+/* A copy's ring: all n slots of a fresh staging pool of its own (the pool in *pool). */
+static cb_ring *make_in(cb_driver *d, int n, size_t slot, cb_staging_gpu **pool) {
     int rc = 0;
     const char *call = NULL;
-    cb_ring *r = ring_make(d, NULL, n, slot, malloc((size_t)n * slot), &rc, &call);
-    if (r == NULL) {
-        fprintf(stderr, "ring_make: %s %d\n", call, rc);
+    *pool = staging_gpu_new(malloc((size_t)n * slot), n, slot, 0.05);
+    cb_ring *r = calloc(1, sizeof *r);
+    if (*pool == NULL || staging_take_gpu(d, *pool, 0, n, 0, r, &rc, &call) != n) {
+        fprintf(stderr, "staging_take_gpu: %s %d\n", call ? call : "", rc);
         exit(1);
     }
     return r;
+}
+
+static cb_ring *make(cb_driver *d, int n, size_t slot) {
+    cb_staging_gpu *pool;
+    return make_in(d, n, slot, &pool);
 }
 
 static void round_trip(cb_driver *d, cb_ring *r, size_t n, size_t off, int threads) {
@@ -247,37 +260,73 @@ int main(void) {
     drain();
     CHECK(ring_slot_idle(&d, probe, 0) && probe->busy[0] == 0, "slot 0 not idle after its DMA ran");
 
-    /* retiring a ring: its block comes back only after the DMAs queued from its slots have run */
-    cb_ring *old = make(&d, 4, k4);
-    char *old_base = old->base;
+    /* staging slots shared by copies: a slot given back busy is waited for by the next copy */
+    const char *c2 = NULL;
+    int rc2 = 0;
+    cb_staging_gpu *pool = staging_gpu_new(malloc(2 * k4), 2, k4, 0.05);
+    cb_ring a = {0}, b = {0};
+    CHECK(staging_take_gpu(&d, pool, 0, 4, 0, &a, &rc2, &c2) == 2 && a.slot[0] == 0 && a.slot[1] == 1,
+          "a take of 4 from 2 free slots got %d (slots %d, %d)", a.n, a.slot[0], a.slot[1]);
+    char *src2 = calloc(1, 2 * k4);
+    memset(src2, 0x11, 2 * k4);
+    cb_host_side in2 = {NULL, NULL, src2};
     last_end = DEV_BASE;
-    fail_at = -1;
-    rc = ring_to_device(&d, old, &in, 0, (jlong)(4 * k4), DEV_BASE, NULL, 1, &call);
-    CHECK(rc == 0, "a copy before retiring: rc %d", rc);
+    rc = ring_to_device(&d, &a, &in2, 0, (jlong)(2 * k4), DEV_BASE, NULL, 1, &call);
+    staging_give_gpu(pool, &a, rc != 0);
+    CHECK(pool->nfree == 2 && pool->busy[0] && pool->busy[1], "given back: %d free, busy %d %d", pool->nfree,
+          pool->busy[0], pool->busy[1]);
+    CHECK(staging_take_gpu(&d, pool, 0, 1, 1, &b, &rc2, &c2) == 0, "a quick take got a slot whose DMA is pending");
+    memset(src2, 0x22, 2 * k4);
+    CHECK(staging_take_gpu(&d, pool, 0, 2, 0, &b, &rc2, &c2) == 2, "the next copy could not take the 2 slots");
+    last_end = DEV_BASE + 2 * k4;
+    rc = ring_to_device(&d, &b, &in2, 0, (jlong)(2 * k4), DEV_BASE + 2 * k4, NULL, 1, &call);
+    drain();
+    CHECK(rc == 0 && reused_early == 0, "the second copy rewrote a slot under the first's DMA (%ld early)", reused_early);
+    CHECK(devmem[0] == 0x11 && devmem[k4] == 0x11 && devmem[2 * k4] == 0x22, "the copies' bytes on the device differ");
+    staging_give_gpu(pool, &b, 0);
+    cb_ring q = {0};
+    CHECK(staging_take_gpu(&d, pool, 0, 1, 1, &q, &rc2, &c2) == 1 && q.busy[0] == 0,
+          "a quick take of an idle slot failed");
+    staging_give_gpu(pool, &q, 0);
+    /* oldest free first */
+    cb_ring o1 = {0}, o2 = {0};
+    staging_take_gpu(&d, pool, 0, 1, 0, &o1, &rc2, &c2);
+    staging_give_gpu(pool, &o1, 0);
+    staging_take_gpu(&d, pool, 0, 1, 0, &o2, &rc2, &c2);
+    CHECK(o2.slot[0] != o1.slot[0], "the slot just given back was taken again before the older free one");
+    staging_give_gpu(pool, &o2, 0);
+    /* none free: a take waits for the staging wait (0.05 s here), then gets none, counted */
+    cb_ring all = {0}, none = {0};
+    staging_take_gpu(&d, pool, 0, 2, 0, &all, &rc2, &c2);
+    double t0 = staging_now();
+    int got = staging_take_gpu(&d, pool, 0, 1, 0, &none, &rc2, &c2);
+    double waited = staging_now() - t0;
+    CHECK(got == 0 && waited >= 0.045 && pool->timeouts == 1 && pool->waits == 1,
+          "a take with none free: got %d after %.3f s (timeouts %lld, waits %lld)", got, waited, pool->timeouts,
+          pool->waits);
+    /* a copy that failed drops its slots */
+    staging_give_gpu(pool, &all, 1);
+    CHECK(pool->lost == 2 && pool->nfree == 0 && pool->held == 0, "a failed copy's slots: lost %lld, free %d, held %lld",
+          pool->lost, pool->nfree, pool->held);
+    free(src2);
+    /* ending the slots waits for their last DMAs and destroys their events */
+    cb_staging_gpu *endp = staging_gpu_new(malloc(4 * k4), 4, k4, 0.05);
+    cb_ring e = {0};
+    staging_take_gpu(&d, endp, 0, 4, 0, &e, &rc2, &c2);
+    last_end = DEV_BASE;
+    rc = ring_to_device(&d, &e, &in, 0, (jlong)(4 * k4), DEV_BASE, NULL, 1, &call);
+    staging_give_gpu(endp, &e, rc != 0);
     pthread_mutex_lock(&q_lock);
     long queued = q_enqueued, done_before = q_done;
     pthread_mutex_unlock(&q_lock);
-    CHECK(done_before < queued, "the model ran the DMAs before the retire (make DELAY_US longer)");
+    CHECK(done_before < queued, "the model ran the DMAs before the end (make DELAY_US longer)");
     int destroyed = n_destroyed;
-    char *back_base = ring_retire(&d, old, &rc, &call);
+    staging_gpu_free(&d, endp);
     pthread_mutex_lock(&q_lock);
     long done_after = q_done;
     pthread_mutex_unlock(&q_lock);
-    CHECK(back_base == old_base && rc == 0, "ring_retire gave back %p (rc %d), not its block %p", (void *)back_base, rc,
-          (void *)old_base);
-    CHECK(done_after >= queued, "ring_retire returned with %ld of its DMAs not run", queued - done_after);
-    CHECK(n_destroyed - destroyed == 4, "ring_retire destroyed %d events, not the ring's 4", n_destroyed - destroyed);
-    free(old_base);
-    /* a wait that fails: the block's state is unknown, so it is dropped, and the call is named */
-    cb_ring *bad = make(&d, 2, k4);
-    last_end = DEV_BASE;
-    rc = ring_to_device(&d, bad, &in, 0, (jlong)(2 * k4), DEV_BASE, NULL, 1, &call);
-    fail_sync = 1;
-    call = NULL;
-    char *dropped = ring_retire(&d, bad, &rc, &call);
-    fail_sync = 0;
-    CHECK(dropped == NULL && rc == 700 && call != NULL && strstr(call, "cuEventSynchronize") != NULL,
-          "a failed wait at retire: block %p, rc %d, call %s", (void *)dropped, rc, call ? call : "(none)");
+    CHECK(done_after >= queued, "ending the slots returned with %ld of their DMAs not run", queued - done_after);
+    CHECK(n_destroyed - destroyed == 4, "ending the slots destroyed %d events, not 4", n_destroyed - destroyed);
     drain();
     if (failures) return 1;
     printf("ok %ld\n", ops_run);

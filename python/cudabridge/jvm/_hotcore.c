@@ -46,6 +46,7 @@
 
 #include "cuda_driver.h"
 #include "native_api.h"
+#include "staging_pool.h"
 
 #define GPU_BITS 6
 #define MAX_GPUS (1 << GPU_BITS)
@@ -86,6 +87,7 @@ typedef struct {
     struct native_kernel **kernels;     /* by kernel id (add_kernel); NULL: launched by the reference */
     Py_ssize_t nkernels;
     cb_CUcontext contexts[MAX_GPUS];    /* each GPU's primary context, retained at its first kernel */
+    cb_staging_gpu *staging[MAX_GPUS];  /* each GPU's staging slots (enable_staging; staging_pool.h) */
     long long allocations, frees_count, batched_frees, batches, launches, launches_referred, synchronizes;
     cb_native_api api;                  /* handed out as the native_api capsule */
 } HotCore;
@@ -151,9 +153,12 @@ static int hc_clear(HotCore *self) {
 
 static cb_driver g_driver;   /* resolved at the first add_kernel (under the GIL) */
 
+static void staging_close_all(HotCore *self);
+
 static void hc_dealloc(HotCore *self) {
     PyObject_GC_UnTrack(self);
     hc_clear(self);
+    staging_close_all(self);
     for (int i = 0; i < MAX_GPUS; i++) {
         if (self->contexts[i] != NULL) {
             cb_CUdevice dev;
@@ -1045,7 +1050,7 @@ static PyObject *hc_synchronize(HotCore *self, PyObject *const *args, size_t nar
 /* copies ----------------------------------------------------------------------------------------
  * What the JNI library's copies on a GPU need from here (native_api.h): the buffer, its task's
  * lease entered the way every queued operation enters it, and for host memory outside the heap
- * whether the range is page-locked (one asynchronous DMA) or pageable (the thread's staging ring,
+ * whether the range is page-locked (one asynchronous DMA) or pageable (its GPU's staging slots,
  * bridge/staging_ring.h); then the service's words for a driver error. The C path below takes a
  * copy whose every check passes as it stands, with no Python frame; anything else (a dead handle,
  * a range outside the buffer or running past a region, a task not open, a range the task
@@ -1306,6 +1311,7 @@ static int enter_copy(void *core, long long handle, long long offset, long long 
         self->copies_referred++;
     }
     out->context = self->contexts[gpu];
+    out->gpu = (int)gpu;
     /* counted here but for what the reference counts itself (enter_host_copy) */
     if (kind == CB_HOST_HEAP) {
         if (to_device) self->copies_in++;
@@ -1333,6 +1339,111 @@ static int driver_failed(void *core, const char *call, int rc) {
     Py_XDECREF(a[0]);
     Py_XDECREF(a[1]);
     return -1;
+}
+
+/* native_api's staging_take and staging_give (staging_pool.h); a GPU with no staging slots gives
+ * none (its copies take the pageable path). */
+static int staging_take(void *core, int gpu, int want, int quick, cb_staging_lease *out, int *rc, const char **call) {
+    HotCore *self = (HotCore *)core;
+    cb_staging_gpu *s = gpu >= 0 && gpu < MAX_GPUS ? self->staging[gpu] : NULL;
+    if (s == NULL) {
+        out->n = 0;
+        return 0;
+    }
+    return staging_take_gpu(&g_driver, s, gpu, want, quick, out, rc, call);
+}
+
+static void staging_give(void *core, cb_staging_lease *lease, int failed) {
+    HotCore *self = (HotCore *)core;
+    cb_staging_gpu *s = lease->gpu >= 0 && lease->gpu < MAX_GPUS ? self->staging[lease->gpu] : NULL;
+    if (s != NULL && lease->n > 0) staging_give_gpu(s, lease, failed);
+}
+
+/* Ends GPU gpu's staging slots (their last DMAs waited for, events destroyed) if no copy holds
+ * any: 1; 0 when some are held (left as they are). The GPU's context is made current for it. */
+static int staging_close_gpu(HotCore *self, int gpu) {
+    cb_staging_gpu *s = self->staging[gpu];
+    if (s == NULL) return 1;
+    pthread_mutex_lock(&s->mu);
+    long long held = s->held;
+    pthread_mutex_unlock(&s->mu);
+    if (held > 0) return 0;
+    cb_CUcontext prev = NULL;
+    if (g_driver.cuCtxGetCurrent != NULL && self->contexts[gpu] != NULL) {
+        g_driver.cuCtxGetCurrent(&prev);
+        g_driver.cuCtxSetCurrent(self->contexts[gpu]);
+    }
+    staging_gpu_free(&g_driver, s);
+    if (self->contexts[gpu] != NULL && prev != self->contexts[gpu]) g_driver.cuCtxSetCurrent(prev);
+    self->staging[gpu] = NULL;
+    return 1;
+}
+
+static void staging_close_all(HotCore *self) {
+    for (int i = 0; i < MAX_GPUS; i++)
+        if (self->staging[i] != NULL) staging_close_gpu(self, i);
+}
+
+/* enable_staging(gpu, address, slots, slot_bytes, wait_s): GPU gpu's staging slots over the
+ * page-locked memory at address (slots x slot_bytes; the caller keeps it until close_staging). */
+static PyObject *hc_enable_staging(HotCore *self, PyObject *args) {
+    int gpu, slots;
+    unsigned long long address;
+    long long slot_bytes;
+    double wait_s;
+    if (!PyArg_ParseTuple(args, "iKiLd:enable_staging", &gpu, &address, &slots, &slot_bytes, &wait_s)) return NULL;
+    if (gpu < 0 || gpu >= MAX_GPUS || slots < 1 || slots > CB_STAGING_POOL_MAX || slot_bytes < 4096 ||
+        slot_bytes > (1LL << 30) || address == 0 || !(wait_s >= 0)) {
+        PyErr_Format(PyExc_ValueError, "enable_staging: GPU %d, %d slots (1 to %d) of %lld bytes (4 KiB to 1 GiB) "
+                     "at %#llx, wait %g s", gpu, slots, CB_STAGING_POOL_MAX, slot_bytes, address, wait_s);
+        return NULL;
+    }
+    if (self->staging[gpu] != NULL) {
+        PyErr_Format(PyExc_ValueError, "enable_staging: GPU %d has its staging slots already", gpu);
+        return NULL;
+    }
+    if (retain_context(self, gpu) < 0) return NULL;
+    self->staging[gpu] = staging_gpu_new((char *)(uintptr_t)address, slots, (size_t)slot_bytes, wait_s);
+    if (self->staging[gpu] == NULL) return PyErr_NoMemory();
+    Py_RETURN_NONE;
+}
+
+/* close_staging(gpu) -> bool: ends the GPU's staging slots unless a copy holds some (False). */
+static PyObject *hc_close_staging(HotCore *self, PyObject *arg) {
+    long gpu = PyLong_AsLong(arg);
+    if (gpu == -1 && PyErr_Occurred()) return NULL;
+    if (gpu < 0 || gpu >= MAX_GPUS) {
+        PyErr_Format(PyExc_ValueError, "close_staging: GPU %ld", gpu);
+        return NULL;
+    }
+    return PyBool_FromLong(staging_close_gpu(self, (int)gpu));
+}
+
+/* staging_statistics() -> dict, summed over the GPUs (docs/glossary.md, staging_*). */
+static PyObject *hc_staging_statistics(HotCore *self, PyObject *unused) {
+    long long reserved = 0, slots = 0, held = 0, peak = 0, copies = 0, quick = 0, waits = 0, timeouts = 0, lost = 0;
+    double waited = 0;
+    for (int i = 0; i < MAX_GPUS; i++) {
+        cb_staging_gpu *s = self->staging[i];
+        if (s == NULL) continue;
+        pthread_mutex_lock(&s->mu);
+        reserved += (long long)s->n * (long long)s->slot_bytes;
+        slots += s->n;
+        held += s->held;
+        peak += s->held_peak;
+        copies += s->copies;
+        quick += s->quick;
+        waits += s->waits;
+        timeouts += s->timeouts;
+        lost += s->lost;
+        waited += s->waited_s;
+        pthread_mutex_unlock(&s->mu);
+    }
+    return Py_BuildValue("{s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L}", "staging_reserved_bytes", reserved,
+                         "staging_slots", slots, "staging_slots_held", held, "staging_slots_held_peak", peak,
+                         "staging_copies", copies, "staging_quick_copies", quick, "staging_waits", waits,
+                         "staging_wait_us_total", (long long)(waited * 1e6), "staging_fallbacks_pageable", timeouts,
+                         "staging_slots_lost", lost);
 }
 
 /* enable_copies(enter_buffer, copy_failed, slots, slot_bytes, copy_threads): the JNI library's
@@ -1397,6 +1508,8 @@ static PyObject *hc_native_api(HotCore *self, PyObject *unused) {
     self->api.staging_slots = self->staging_slots;
     self->api.staging_slot_bytes = self->staging_slot_bytes;
     self->api.staging_copy_threads = self->staging_copy_threads;
+    self->api.staging_take = staging_take;
+    self->api.staging_give = staging_give;
     self->api.enter_copy = enter_copy;
     self->api.leave_copy = leave_copy;
     self->api.driver_failed = driver_failed;
@@ -1446,6 +1559,11 @@ static PyMethodDef hc_methods[] = {
     {"native_api", (PyCFunction)hc_native_api, METH_NOARGS, "the cb_native_api capsule (native_api.h), or None."},
     {"enable_copies", (PyCFunction)hc_enable_copies, METH_VARARGS, "enable_copies(enter_buffer, copy_failed, "
      "slots, slot_bytes, copy_threads): heap-array copies from Java through pinned staging."},
+    {"enable_staging", (PyCFunction)hc_enable_staging, METH_VARARGS, "enable_staging(gpu, address, slots, "
+     "slot_bytes, wait_s): the GPU's staging slots over that page-locked memory."},
+    {"close_staging", (PyCFunction)hc_close_staging, METH_O, "close_staging(gpu) -> bool: end the GPU's staging "
+     "slots unless a copy holds some."},
+    {"staging_statistics", (PyCFunction)hc_staging_statistics, METH_NOARGS, "the staging slots' statistics."},
     {"set_unusable", (PyCFunction)hc_set_unusable, METH_O, "set_unusable(refusal): allocate and launch raise "
      "refusal(call) from now on."},
     {"counts", (PyCFunction)hc_counts, METH_NOARGS, "the calls counted here, by kind."},

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from ..errors import InvalidArgument, PoolClosed
 from ..stream_pool import Priority
+from .hot_path import STAGING_STATISTICS
 
 if TYPE_CHECKING:
     from ..service import CudaBridgeService
@@ -147,7 +148,7 @@ class BridgeControl:
     # What statistics() holds besides the service's totals, each a count or a gauge.
     BRIDGE_STATISTICS = ("bridge_calls_total", "bridge_live_handles", "bridge_pinned_buffers", "bridge_releases",
                          "device_unusable", "pinned_in_use_bytes", "pinned_reserved_bytes",
-                         "pinned_fallbacks_host_alloc", "pinned_fallbacks_pageable")
+                         "pinned_fallbacks_host_alloc", "pinned_fallbacks_pageable") + STAGING_STATISTICS
 
     @classmethod
     def statistics_names(cls) -> tuple[str, ...]:
@@ -176,6 +177,7 @@ class BridgeControl:
         out["pinned_reserved_bytes"] = pool.reserved_bytes
         out["pinned_fallbacks_host_alloc"] = pool.fallbacks_host_alloc
         out["pinned_fallbacks_pageable"] = pool.fallbacks_pageable
+        out.update(self.hot.staging_statistics())
         return out
 
     def device_error(self) -> str | None:
@@ -214,8 +216,9 @@ class BridgeControl:
             self.closed = True
         reports = self.service.close()
         self.hot._live.clear()
-        try:   # the streams are drained: the reserved pinned memory can go
-            self.hot.pinned_pool.close(kept=self.hot.staging_blocks)
+        self.hot.close_staging()   # the streams are drained: the staging slots' memory can go
+        try:   # ... and the pinned pool's
+            self.hot.pinned_pool.close()
         except Exception:   # a sticky error: the process is on its way out anyway
             log.warning("pinned pool: releasing its memory failed", exc_info=True)
         return len(reports)

@@ -50,6 +50,7 @@ was) released with :class:`~cudabridge.errors.UnknownTask` and one that is not l
 from __future__ import annotations
 
 import bisect
+import ctypes
 import itertools
 import struct
 import logging
@@ -58,7 +59,7 @@ from threading import get_ident
 from typing import TYPE_CHECKING, Any, Iterable
 
 from ..config import parse_bytes
-from ..errors import InvalidArgument, UnknownTask
+from ..errors import CudaError, InvalidArgument, UnknownTask
 from ..kernels import LaunchConfig
 from ..memory import FastPath
 from ..memory.allocation import RELEASED
@@ -79,6 +80,10 @@ __all__ = ["JavaHotPath", "GPU_BITS", "GPU_MASK", "MAX_GPUS"]
 
 # The reference methods the C twin replaces (and calls for the argument forms it does not take).
 TWINNED = ("stream", "allocate", "free", "free_many", "launch", "synchronize")
+# The staging slots' statistics (HotCore.staging_statistics; docs/glossary.md)
+STAGING_STATISTICS = ("staging_reserved_bytes", "staging_slots", "staging_slots_held", "staging_slots_held_peak",
+                      "staging_copies", "staging_quick_copies", "staging_waits", "staging_wait_us_total",
+                      "staging_fallbacks_pageable", "staging_slots_lost")
 
 
 # The kind codes Java sends (org.cudabridge.CudaKernel's KINDS, same order).
@@ -138,7 +143,7 @@ class JavaHotPath:
         self._registered: set[int] = set()          # bases in _pinned that register_host added
         self._pinned_blocks: dict[int, PinnedBlock] = {}   # address -> block of alloc_pinned
         self._pinned_by_task: dict[int, set[int]] = {}     # owning task -> its blocks' addresses
-        self._staging: dict[int, PinnedBlock] = {}          # address -> block of a JNI staging ring
+        self._staging: dict[int, Any] = {}                  # GPU ordinal -> its staging slots' memory
         self.pinned_pool = PinnedHostPool(service.backend, parse_bytes(service.config.pinned_pool))
         # Unregistered ranges, per task that unregistered them (0: none bound): task -> (sorted
         # bases, base -> size). Copies by that task (by any task, for 0) into them are refused
@@ -190,7 +195,50 @@ class JavaHotPath:
                                    cfg.staging_copy_threads)
             except RuntimeError as exc:   # no driver entry points: copies take the Python path
                 log.warning("copies from Java go through Python: %s", exc)
+            else:
+                self._reserve_staging(core, cfg)
         return core
+
+    def _reserve_staging(self, core: Any, cfg: Any) -> None:
+        """Each GPU's staging slots (jvm/staging_pool.h): stagingCopies x stagingSlotBytes of
+        page-locked memory, reserved here, once, and shared by the copies that need staging (a copy
+        takes up to stagingSlots of them and gives them back when it ends). Where the reservation
+        fails, that GPU's staged copies go through pageable memory (logged here, counted there)."""
+        slot_bytes = parse_bytes(cfg.staging_slot_bytes)
+        slots = cfg.staging_copies
+        for ordinal in self._service.gpus:
+            try:
+                prev = self._backend.get_device()
+                self._backend.set_device(ordinal)
+                try:
+                    memory = self._backend.alloc_pinned(slots * slot_bytes)
+                finally:
+                    self._backend.set_device(prev)
+            except CudaError as exc:
+                log.warning("GPU %d: reserving %d staging slots of %d bytes failed (%s); its staged copies go "
+                            "through pageable memory", ordinal, slots, slot_bytes, exc)
+                continue
+            core.enable_staging(ordinal, ctypes.addressof(memory), slots, slot_bytes, float(cfg.staging_wait))
+            self._staging[ordinal] = memory
+
+    def close_staging(self) -> None:
+        """Give the staging slots' memory back (at shutdown: the streams are drained). A GPU whose
+        slots a copy still holds keeps them (logged)."""
+        for ordinal in list(self._staging):
+            if self._core is not None and not self._core.close_staging(ordinal):
+                log.warning("GPU %d: staging slots still held by a copy at shutdown; their memory is kept", ordinal)
+                continue
+            memory = self._staging.pop(ordinal)
+            try:
+                self._backend.free_pinned(memory)
+            except CudaError as exc:   # a sticky error: the memory goes with the context
+                log.warning("GPU %d: freeing the staging slots failed: %s", ordinal, exc)
+
+    def staging_statistics(self) -> dict[str, int]:
+        """The staging slots' statistics (zeros where copies are not staged in C)."""
+        if self._core is None or not hasattr(self._core, "staging_statistics"):
+            return dict.fromkeys(STAGING_STATISTICS, 0)
+        return self._core.staging_statistics()
 
     def _device_unusable(self, refusal: Any) -> None:
         """The GPU is unusable (a sticky error): allocations and launches fail fast from now on,
@@ -477,29 +525,6 @@ class JavaHotPath:
                 bisect.insort(self._pinned_bases, block.address)
         return block.address, block.pinned
 
-    def alloc_staging(self, nbytes: int) -> tuple[int, bool]:
-        """Pinned memory for a staging ring of the JNI side (bridge/staging_ring.h): a block of
-        the pinned pool, like a pinned buffer (in its statistics, under its fallbacks), owned by
-        no task. The ring keeps it until its thread ends (or copies for another GPU);
-        :meth:`free_staging` gives it back then, its DMAs all waited for, or when no ring could be
-        made over it. Returns the address and whether it is page-locked."""
-        block = self.pinned_pool.allocate(nbytes)
-        with self._pinned_lock:
-            self._staging[block.address] = block
-        return block.address, block.pinned
-
-    @property
-    def staging_blocks(self) -> int:
-        """Pinned pool blocks the JNI side's staging rings hold (one per thread alive that copied)."""
-        return len(self._staging)
-
-    def free_staging(self, address: int) -> None:
-        with self._pinned_lock:
-            block = self._staging.pop(address, None)
-        if block is None:
-            raise InvalidArgument(f"free_staging: {address!r} is not a staging block of this bridge")
-        self.pinned_pool.free(block)   # no DMA uses it any more (its ring's were waited for): free at once
-
     def free_pinned(self, address: int) -> None:
         """Back to the pinned pool, reused once the copies queued from or into it have passed."""
         with self._pinned_lock:
@@ -676,7 +701,7 @@ class JavaHotPath:
         memory: ``direct``) or ``copies_address``. Page-locked memory is then copied with one
         asynchronous DMA on the allocation's stream (recorded here, for a pinned buffer's reuse
         and a registration's unregister_host; the twin looks the region up again with the GIL
-        held before it queues the DMA), pageable memory through the thread's staging ring."""
+        held before it queues the DMA), pageable memory through its GPU's staging slots."""
         call = "copy_in" if to_device else "copy_out"
         a, lease = self._buffer(hid, call)
         me = get_ident()

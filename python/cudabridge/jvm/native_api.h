@@ -12,9 +12,9 @@
 #define CB_NATIVE_API_H
 
 #define CB_NATIVE_API_CAPSULE "cudabridge.jvm._hotcore.native_api"
-#define CB_NATIVE_API_VERSION 5
+#define CB_NATIVE_API_VERSION 6
 #define CB_LAUNCH_MAX_ARGS 512
-#define CB_STAGING_MAX_SLOTS 16  /* slots in one thread's staging ring */   /* a kernel's parameters take at most 4 KiB: 512 of 8 bytes */
+#define CB_STAGING_MAX_SLOTS 16  /* slots one copy pipelines through */   /* a kernel's parameters take at most 4 KiB: 512 of 8 bytes */
 
 #include "cuda_driver.h"
 
@@ -32,9 +32,25 @@ typedef struct {
     unsigned long long address;  /* the device address at the copy's offset */
     cb_CUstream stream;          /* the buffer's stream (its task's) */
     cb_CUcontext context;        /* its GPU's primary context */
+    int gpu;                     /* its GPU's ordinal */
     int pagelocked;              /* the host range lies in a pinned buffer or a registered region:
                                     one asynchronous DMA from or into it, no staging */
 } cb_copy_lease;
+
+/* The staging slots one copy holds (staging_take fills it, staging_give hands them back): slot i
+ * of the copy is the GPU's staging slot `slot[i]`, its pinned memory `host[i]` and the event
+ * recorded after its last DMA `event[i]`; `busy[i]` says that event is pending (a slot is written,
+ * by the host or a DMA, only once it has completed). The copy updates busy[] and cursor; give
+ * takes them back. */
+typedef struct {
+    int gpu, n;
+    size_t slot_bytes;
+    int slot[CB_STAGING_MAX_SLOTS];
+    char *host[CB_STAGING_MAX_SLOTS];
+    cb_CUevent event[CB_STAGING_MAX_SLOTS];
+    int busy[CB_STAGING_MAX_SLOTS];
+    int cursor;                  /* the slot a host->device copy starts at */
+} cb_staging_lease;
 
 typedef struct {
     int version;                 /* CB_NATIVE_API_VERSION */
@@ -46,9 +62,18 @@ typedef struct {
     /* Copies through pinned staging (bridge/staging_ring.h); driver is NULL where they do not
      * apply (the emulated device): copies then take the Python path. */
     const cb_driver *driver;
-    int staging_slots;           /* slots per thread's ring */
+    int staging_slots;           /* the most slots one copy pipelines through */
     long long staging_slot_bytes;
     int staging_copy_threads;    /* threads a large chunk's host copy is split over (1: the caller's alone) */
+    /* The GPU's staging slots, shared by the executor's copies (jvm/staging_pool.h): take up to
+     * `want` of them (at least one) for a copy, waiting up to the staging wait when none is free;
+     * `quick` takes one only if one is free and idle now (no wait, no driver wait). Called without
+     * the GIL, with the lease's context current. Returns the number taken (0: none in time; the
+     * caller copies through pageable memory) or -1 (a driver call failed: *rc, *call say which). */
+    int (*staging_take)(void *core, int gpu, int want, int quick, cb_staging_lease *out, int *rc, const char **call);
+    /* Hands a copy's slots back (their busy flags as the copy left them; `failed`: a driver call
+     * failed during the copy, the slots are dropped). Without the GIL. */
+    void (*staging_give)(void *core, cb_staging_lease *lease, int failed);
     /* The buffer behind handle, live, with [offset, offset + nbytes) inside it, its task's lease
      * entered; to_device says the direction, kind the host side (CB_HOST_*), host its first byte
      * (outside the heap). Host memory outside the heap is checked as JavaHotPath.enter_host_copy

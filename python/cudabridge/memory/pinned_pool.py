@@ -200,17 +200,14 @@ class PinnedHostPool:
         with self._lock:
             return sum(size for _, size in self._free)
 
-    def close(self, kept: int = 0) -> None:
+    def close(self) -> None:
         """Release the reserved memory (after the service's streams are drained), unless blocks of
         it are still handed out: Java may still write through a ByteBuffer over one, and freed
-        memory under it would crash the JVM, so it stays reserved until the process ends.
-        ``kept``: how many of the blocks out the caller holds on purpose (the JNI side's staging
-        rings, each held until its thread ends); only others are worth an INFO line."""
+        memory under it would crash the JVM, so it stays reserved until the process ends."""
         with self._lock:
             if self._pool_blocks_out:
-                log.log(logging.INFO if self._pool_blocks_out > kept else logging.DEBUG,
-                        "pinned pool: %d block(s) still held at close (%d of them staging rings of threads "
-                        "still alive); its memory stays reserved", self._pool_blocks_out, kept)
+                log.info("pinned pool: %d block(s) still held at close; its memory stays reserved",
+                         self._pool_blocks_out)
                 return
             for _, events in self._pending:
                 for e in events:

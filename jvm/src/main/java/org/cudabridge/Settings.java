@@ -31,7 +31,7 @@ import java.util.regex.Pattern;
  * <p>{@link #check(String, String)} checks a value by its type as the Python side
  * ({@code cudabridge.config.check_value}) does; {@link #checkAll(Map)} refuses every unknown key
  * under the prefix with the nearest known one, and every {@code CUDABRIDGE_*} variable that nothing
- * reads, then checks the values and the rules between keys, as {@code cudabridge.config.check_all}
+ * reads, then checks the values, as {@code cudabridge.config.check_all}
  * does (tests/test_settings_java.py compares the two over every key and a grid of values). No JSON
  * library is used (the core jar has none, and the GPU machine has no Spark jars): the table is
  * read by a small strict reader here.
@@ -437,9 +437,8 @@ public final class Settings {
      * every key under {@code spark.cudabridge.} must be a service or plugin key ({@code unknown key
      * spark.cudabridge.poolLimt; did you mean spark.cudabridge.poolLimit?}) and every
      * {@code CUDABRIDGE_*} name in {@code env} a variable that is read ({@link Setting#envRead});
-     * once every name is known, every value is checked (variables named as such); once every value
-     * is good, the rules between keys, on the values the service would use (a key over its variable
-     * over the default): a non-zero pinnedPool holds one staging ring. Keys outside the prefix and
+     * once every name is known, every value is checked (variables named as such; no rule ties keys
+     * to each other today). Keys outside the prefix and
      * other variables are not looked at. Throws one IllegalArgumentException saying everything
      * wrong at the first of those stages that found something, joined by "; ". The same rules,
      * order and messages as {@code cudabridge.config.check_all}.
@@ -488,13 +487,6 @@ public final class Settings {
                 }
             }
         }
-        if (problems.isEmpty()) {
-            String ring = ringProblem(used("pinnedPool", ours, vars), used("stagingSlots", ours, vars),
-                    used("stagingSlotBytes", ours, vars));
-            if (ring != null) {
-                problems.add(ring);
-            }
-        }
         if (!problems.isEmpty()) {
             throw new IllegalArgumentException(String.join("; ", problems));
         }
@@ -504,46 +496,6 @@ public final class Settings {
      *  checked ({@code cudabridge.config._blank}). */
     private static boolean blank(String value) {
         return Setting.asciiTrim(value).isEmpty();
-    }
-
-    /** {spelling, value} of what the service would use for a service setting: its Spark key's,
-     *  else its variable's, else the default (every one checked already). */
-    private static String[] used(String key, Map<String, String> ours, Map<String, String> vars) {
-        Setting s = BY_KEY.get(key);
-        if (ours.containsKey(s.sparkKey())) {
-            return new String[] {s.sparkKey(), ours.get(s.sparkKey())};
-        }
-        if (vars.containsKey(s.envName()) && !blank(vars.get(s.envName()))) {
-            return new String[] {s.envName(), vars.get(s.envName())};
-        }
-        return new String[] {s.sparkKey(), s.defaultValue()};
-    }
-
-    /**
-     * The rule between the pinned pool and a staging ring (one block of the pool): pinnedPool is 0
-     * (no pool) or holds stagingSlots x stagingSlotBytes, each given as {spelling, value} (the
-     * Spark key or variable it came from, see {@code used}); null where it holds, else the refusal
-     * ({@code cudabridge.config.ring_problem}'s, word for word). The ring cannot overflow: the
-     * table bounds slots (16) and slot bytes (1 GiB); a saturated product still refuses.
-     */
-    static String ringProblem(String[] poolGiven, String[] slotsGiven, String[] slotBytesGiven) {
-        long pool = BY_KEY.get("pinnedPool").longValue(poolGiven[1]);
-        long slots = BY_KEY.get("stagingSlots").longValue(slotsGiven[1]);
-        long slotBytes = BY_KEY.get("stagingSlotBytes").longValue(slotBytesGiven[1]);
-        long ring;
-        try {
-            ring = Math.multiplyExact(slots, slotBytes);
-        } catch (ArithmeticException e) {
-            ring = Long.MAX_VALUE;
-        }
-        if (pool > 0 && pool < ring) {
-            return poolGiven[0] + "=" + poolGiven[1] + ": " + pool + " bytes is less than one staging ring, "
-                    + slotsGiven[0] + " x " + slotBytesGiven[0] + " = " + slots + " x " + slotBytes + " = " + ring
-                    + " bytes (" + humanBytes(ring) + "): a thread's ring is one block of the pinned pool and could "
-                    + "never come from it; set pinnedPool to 0 (no pool) or at least " + ring
-                    + ", or lower stagingSlots or stagingSlotBytes";
-        }
-        return null;
     }
 
     /**

@@ -278,29 +278,19 @@ class SettingsTest {
     }
 
     @Test
-    void checkAllRefusesAPinnedPoolThatCannotHoldAStagingRing() {
-        // the executor's rule (cudabridge.config.ring_problem): the driver accepted these and every
-        // executor then failed to start
-        for (String pool : List.of("1m", "2m", "8m", "15m")) {
-            IllegalArgumentException e = assertThrows(IllegalArgumentException.class,
-                    () -> Settings.checkAll(Map.of(spark("pinnedPool"), pool)), pool);
-            assertTrue(e.getMessage().startsWith(spark("pinnedPool") + "=" + pool + ": "), e.getMessage());
-            assertTrue(e.getMessage().contains("less than one staging ring, spark.cudabridge.stagingSlots x "
-                    + "spark.cudabridge.stagingSlotBytes = 4 x 4194304 = 16777216 bytes (16 MiB)"), e.getMessage());
+    void thePinnedPoolAndStagingAreSizedApart() {
+        // staging has its own reservation (stagingCopies x stagingSlotBytes per GPU): a pinned pool
+        // smaller than what one copy stages through is fine, on the driver as on the executors
+        for (String pool : List.of("0", "1m", "2m", "8m", "15m")) {
+            assertDoesNotThrow(() -> Settings.checkAll(Map.of(spark("pinnedPool"), pool)), pool);
         }
-        assertDoesNotThrow(() -> Settings.checkAll(Map.of(spark("pinnedPool"), "16m")));   // one ring exactly
-        assertDoesNotThrow(() -> Settings.checkAll(Map.of(spark("pinnedPool"), "0")));     // no pool
-        assertDoesNotThrow(() -> Settings.checkAll(Map.of(spark("pinnedPool"), "8m", spark("stagingSlots"), "2")));
-        // the values the service would use: a key over its variable over the default
-        IllegalArgumentException e = assertThrows(IllegalArgumentException.class, () -> Settings.checkAll(
-                Map.of(spark("stagingSlots"), "16"), Map.of("CUDABRIDGE_STAGING_SLOT_BYTES", "8m")));
-        assertEquals("spark.cudabridge.pinnedPool=64m: 67108864 bytes is less than one staging ring, "
-                + "spark.cudabridge.stagingSlots x CUDABRIDGE_STAGING_SLOT_BYTES = 16 x 8388608 = 134217728 bytes "
-                + "(128 MiB): a thread's ring is one block of the pinned pool and could never come from it; set "
-                + "pinnedPool to 0 (no pool) or at least 134217728, or lower stagingSlots or stagingSlotBytes",
-                e.getMessage());
-        assertDoesNotThrow(() -> Settings.checkAll(Map.of(spark("stagingSlotBytes"), "1m"),
-                Map.of("CUDABRIDGE_STAGING_SLOT_BYTES", "8m", "CUDABRIDGE_STAGING_SLOTS", "16")));
+        assertDoesNotThrow(() -> Settings.checkAll(Map.of(spark("stagingSlots"), "16"),
+                Map.of("CUDABRIDGE_STAGING_SLOT_BYTES", "8m", "CUDABRIDGE_STAGING_COPIES", "32")));
+        IllegalArgumentException e = assertThrows(IllegalArgumentException.class,
+                () -> Settings.checkAll(Map.of(spark("stagingCopies"), "0")));
+        assertTrue(e.getMessage().startsWith(spark("stagingCopies") + "=0: "), e.getMessage());
+        e = assertThrows(IllegalArgumentException.class, () -> Settings.checkAll(Map.of(spark("stagingWait"), "-1")));
+        assertTrue(e.getMessage().startsWith(spark("stagingWait") + "=-1: "), e.getMessage());
     }
 
     @Test

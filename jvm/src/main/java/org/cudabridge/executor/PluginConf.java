@@ -42,6 +42,10 @@ public final class PluginConf {
     /** The service key {@link #toOptions} sets from the executor's GPU resource addresses unless it is set. */
     public static final String GPU_ADDRESSES = Settings.setting("gpuAddresses").sparkKey();
 
+    /** The service key {@link #toOptions} sets from the executor's task slots unless it (or its
+     *  variable) is set: as many staging slots per GPU as tasks can copy at once. */
+    public static final String STAGING_COPIES = Settings.setting("stagingCopies").sparkKey();
+
     /** Every plugin key (the table's plugin scope, in its order) with its default (or, in
      *  parentheses, how it is computed) and its meaning, for {@code --help} texts. */
     public static final Map<String, String[]> KEYS;
@@ -131,6 +135,45 @@ public final class PluginConf {
      * {@link #GPU_ADDRESSES} unless that key is set.
      */
     public BridgeOptions toOptions(String[] gpuAddresses) {
+        return toOptions(gpuAddresses, 0);
+    }
+
+    /**
+     * The executor's task slots from its Spark configuration: {@code spark.executor.cores} (else
+     * the cores of a {@code local[N]}, {@code local[N,F]}, {@code local[*]} or
+     * {@code local-cluster[n,cores,mem]} master) over {@code spark.task.cpus}; 0 where they cannot
+     * be told (a value that is not a number, or nothing set).
+     */
+    public static int taskSlots(Map<String, String> sparkConf) {
+        int cores = 0;
+        try {
+            String c = sparkConf.get("spark.executor.cores");
+            if (c != null) {
+                cores = Integer.parseInt(c.trim());
+            } else {
+                String master = sparkConf.getOrDefault("spark.master", "").trim();
+                java.util.regex.Matcher m = java.util.regex.Pattern
+                        .compile("local\\[(\\*|\\d+)(?:,\\s*\\d+)?\\]").matcher(master);
+                java.util.regex.Matcher lc = java.util.regex.Pattern
+                        .compile("local-cluster\\[\\s*\\d+\\s*,\\s*(\\d+)\\s*,.*\\]").matcher(master);
+                if (m.matches()) {
+                    cores = m.group(1).equals("*") ? Runtime.getRuntime().availableProcessors() : Integer.parseInt(m.group(1));
+                } else if (lc.matches()) {
+                    cores = Integer.parseInt(lc.group(1));
+                }
+            }
+            int cpus = Integer.parseInt(sparkConf.getOrDefault("spark.task.cpus", "1").trim());
+            return cores > 0 && cpus > 0 ? Math.max(1, Math.min(1024, cores / cpus)) : 0;
+        } catch (NumberFormatException e) {
+            return 0;
+        }
+    }
+
+    /**
+     * As {@link #toOptions(String[])}, and with {@code taskSlots > 0} {@link #STAGING_COPIES} set to
+     * it where neither the key nor its variable is.
+     */
+    public BridgeOptions toOptions(String[] gpuAddresses, int taskSlots) {
         BridgeOptions o = new BridgeOptions();
         String python = get(PYTHON);
         if (python != null && !python.isEmpty()) {
@@ -157,6 +200,11 @@ public final class PluginConf {
         }
         if (gpuAddresses != null && gpuAddresses.length > 0 && !service.containsKey(GPU_ADDRESSES)) {
             service.put(GPU_ADDRESSES, String.join(",", gpuAddresses));
+        }
+        String stagingVar = Settings.setting("stagingCopies").envName();
+        if (taskSlots > 0 && !service.containsKey(STAGING_COPIES)
+                && (System.getenv(stagingVar) == null || System.getenv(stagingVar).isBlank())) {
+            service.put(STAGING_COPIES, Integer.toString(taskSlots));
         }
         o.setAll(service);
         return o;

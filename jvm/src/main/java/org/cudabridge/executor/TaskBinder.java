@@ -80,7 +80,7 @@ public final class TaskBinder {
         try {   // validate checks every key (service keys too) against the settings table
             conf = new PluginConf(sparkConf);
             conf.validate();
-            bridge = CudaBridge.start(conf.toOptions(gpuAddresses));
+            bridge = CudaBridge.start(conf.toOptions(gpuAddresses, PluginConf.taskSlots(sparkConf)));
         } catch (Throwable t) { // never out of init: Spark would relaunch the executor forever
             reason = describe(t);
             bridge = null;

@@ -44,4 +44,21 @@ class PluginConfTest {
                 () -> new PluginConf(Map.of("spark.cudabridge.poolLimt", "1g")).validate());
         assertTrue(e.getMessage().contains("poolLimit"), "names the nearest known key: " + e.getMessage());
     }
+
+    @Test
+    void stagingCopiesDefaultToTheExecutorsTaskSlots() {
+        assertEquals(8, PluginConf.taskSlots(Map.of("spark.executor.cores", "16", "spark.task.cpus", "2")));
+        assertEquals(4, PluginConf.taskSlots(Map.of("spark.master", "local[4]")));
+        assertEquals(4, PluginConf.taskSlots(Map.of("spark.master", "local[4,2]")));
+        assertEquals(Runtime.getRuntime().availableProcessors(), PluginConf.taskSlots(Map.of("spark.master", "local[*]")));
+        assertEquals(3, PluginConf.taskSlots(Map.of("spark.master", "local-cluster[2,3,1024]")));
+        assertEquals(0, PluginConf.taskSlots(Map.of("spark.master", "yarn")));
+        assertEquals(0, PluginConf.taskSlots(Map.of("spark.executor.cores", "many")));
+        assertEquals(1, PluginConf.taskSlots(Map.of("spark.executor.cores", "1", "spark.task.cpus", "4")));
+        PluginConf none = new PluginConf(Map.of());
+        assertEquals("6", none.toOptions(null, 6).conf().get(PluginConf.STAGING_COPIES));
+        assertEquals(null, none.toOptions(null, 0).conf().get(PluginConf.STAGING_COPIES));
+        PluginConf set = new PluginConf(Map.of(PluginConf.STAGING_COPIES, "2"));
+        assertEquals("2", set.toOptions(null, 6).conf().get(PluginConf.STAGING_COPIES));   // the user's key wins
+    }
 }

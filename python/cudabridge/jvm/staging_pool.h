@@ -1,0 +1,200 @@
+/*
+ * staging_pool.h: the executor's pinned staging slots, one set per GPU, shared by every copy
+ * that needs staging (Java heap arrays, pageable memory by address or in a direct ByteBuffer).
+ * Included by _hotcore.c, which hands take and give to the JNI library (native_api.h); the copy
+ * itself runs there (bridge/staging_ring.h).
+ *
+ * Why a shared set: a ring per copying thread made pinned memory follow the most threads that
+ * ever copied (Spark keeps task threads in a cached pool), not the copies in flight, and a thread
+ * that found the pinned pool empty paid a cudaHostAlloc of a whole ring. Here a GPU's slots are
+ * reserved once, at the start (one page-locked block of stagingCopies x stagingSlotBytes, the hot
+ * path's), and a copy takes as many as its chunks need, up to stagingSlots (so a small copy holds
+ * one slot, not a ring), and gives them back when its DMAs are queued (host->device) or done
+ * (device->host). A copy that finds none free waits for one, up to the staging wait, and then
+ * copies through pageable memory instead (counted); nothing is allocated on the copy path.
+ *
+ * Invariants:
+ *  - a slot is written (by the host or a DMA) only once the event recorded after its last DMA has
+ *    completed: busy[i] says such an event is pending, whichever copy or stream queued that DMA;
+ *    the copy that takes a busy slot waits for its event first (ring_slot_free);
+ *  - a free slot is in the FIFO exactly once; a taken one is held by exactly one copy; free slots
+ *    are taken oldest first, so that the one most likely idle is reused;
+ *  - a slot whose copy met a driver error is not given back (its event's state is unknown): it is
+ *    counted lost, and the GPU's sticky error is what follows in practice;
+ *  - every field below the mutex changes only with it held; the GIL is not needed (the JNI side
+ *    calls take and give without it).
+ */
+#ifndef CB_STAGING_POOL_H
+#define CB_STAGING_POOL_H
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include "native_api.h"
+
+#define CB_STAGING_POOL_MAX 1024   /* slots of one GPU */
+
+typedef struct {
+    char *base;                               /* n x slot_bytes of page-locked memory (the hot path owns it) */
+    int n;
+    size_t slot_bytes;
+    cb_CUevent event[CB_STAGING_POOL_MAX];    /* made at the slot's first take, in the GPU's context */
+    int busy[CB_STAGING_POOL_MAX];
+    int fifo[CB_STAGING_POOL_MAX];            /* the free slots, oldest first, from head */
+    int head, nfree;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;                        /* signalled when slots come back */
+    double wait_s;                            /* how long a copy waits for a slot */
+    /* statistics */
+    long long copies, quick, waits, timeouts, lost, held, held_peak;
+    double waited_s;
+} cb_staging_gpu;
+
+static double staging_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* A GPU's slots over base (n x slot_bytes, page-locked, owned by the caller); NULL when out of memory. */
+static cb_staging_gpu *staging_gpu_new(char *base, int n, size_t slot_bytes, double wait_s) {
+    cb_staging_gpu *s = calloc(1, sizeof *s);
+    if (s == NULL) return NULL;
+    pthread_condattr_t attr;
+    if (pthread_condattr_init(&attr) != 0) {
+        free(s);
+        return NULL;
+    }
+    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+    int rc = pthread_cond_init(&s->cv, &attr);
+    pthread_condattr_destroy(&attr);
+    if (rc != 0 || pthread_mutex_init(&s->mu, NULL) != 0) {
+        if (rc == 0) pthread_cond_destroy(&s->cv);
+        free(s);
+        return NULL;
+    }
+    s->base = base;
+    s->n = n;
+    s->slot_bytes = slot_bytes;
+    s->wait_s = wait_s;
+    for (int i = 0; i < n; i++) s->fifo[i] = i;
+    s->nfree = n;
+    return s;
+}
+
+/* Ends a GPU's slots: waits for every slot's last DMA (so that the caller may free the memory) and
+ * destroys the events; with the GPU's context current. Every slot must have been given back. */
+static void staging_gpu_free(const cb_driver *d, cb_staging_gpu *s) {
+    for (int i = 0; i < s->n; i++) {
+        if (s->event[i] == NULL) continue;
+        if (s->busy[i]) d->cuEventSynchronize(s->event[i]);
+        d->cuEventDestroy(s->event[i]);
+    }
+    pthread_cond_destroy(&s->cv);
+    pthread_mutex_destroy(&s->mu);
+    free(s);
+}
+
+static int staging_pop(cb_staging_gpu *s) {
+    int i = s->fifo[s->head];
+    s->head = (s->head + 1) % s->n;
+    s->nfree--;
+    return i;
+}
+
+static void staging_push(cb_staging_gpu *s, int i) {
+    s->fifo[(s->head + s->nfree) % s->n] = i;
+    s->nfree++;
+}
+
+/* Up to `want` slots (at least one) into out, mutex held; their events made where missing (the
+ * context current). Returns the number taken, or -1 with *rc, *call set (none taken). */
+static int staging_fill(const cb_driver *d, cb_staging_gpu *s, int gpu, int want, cb_staging_lease *out, int *rc,
+                        const char **call) {
+    int k = want < s->nfree ? want : s->nfree;
+    for (int j = 0; j < k; j++) {
+        int i = s->fifo[(s->head + j) % s->n];
+        if (s->event[i] == NULL && (*rc = d->cuEventCreate(&s->event[i], CB_EVENT_DISABLE_TIMING)) != CB_CUDA_SUCCESS) {
+            s->event[i] = NULL;
+            *call = "cuEventCreate(staging slot)";
+            return -1;
+        }
+    }
+    out->gpu = gpu;
+    out->n = k;
+    out->slot_bytes = s->slot_bytes;
+    out->cursor = 0;
+    for (int j = 0; j < k; j++) {
+        int i = staging_pop(s);
+        out->slot[j] = i;
+        out->host[j] = s->base + (size_t)i * s->slot_bytes;
+        out->event[j] = s->event[i];
+        out->busy[j] = s->busy[i];
+    }
+    s->copies++;
+    s->held += k;
+    if (s->held > s->held_peak) s->held_peak = s->held;
+    return k;
+}
+
+/* native_api's staging_take for GPU s (see there). */
+static int staging_take_gpu(const cb_driver *d, cb_staging_gpu *s, int gpu, int want, int quick,
+                            cb_staging_lease *out, int *rc, const char **call) {
+    if (want < 1) want = 1;
+    if (want > CB_STAGING_MAX_SLOTS) want = CB_STAGING_MAX_SLOTS;
+    pthread_mutex_lock(&s->mu);
+    if (quick) {   /* one slot, free and idle now, its event made already: else the caller's other path */
+        int taken = 0;
+        if (s->nfree > 0) {
+            int i = s->fifo[s->head];
+            if (s->event[i] != NULL && (!s->busy[i] || d->cuEventQuery(s->event[i]) == CB_CUDA_SUCCESS)) {
+                s->busy[i] = 0;
+                taken = staging_fill(d, s, gpu, 1, out, rc, call);
+                if (taken == 1) s->quick++;
+            }
+        }
+        pthread_mutex_unlock(&s->mu);
+        return taken < 0 ? 0 : taken;
+    }
+    if (s->nfree == 0) {
+        double start = staging_now(), deadline = start + s->wait_s;
+        struct timespec until;
+        until.tv_sec = (time_t)deadline;
+        until.tv_nsec = (long)((deadline - (double)until.tv_sec) * 1e9);
+        s->waits++;
+        int w = 0;
+        while (s->nfree == 0 && w != ETIMEDOUT) w = pthread_cond_timedwait(&s->cv, &s->mu, &until);
+        s->waited_s += staging_now() - start;
+        if (s->nfree == 0) {
+            s->timeouts++;
+            pthread_mutex_unlock(&s->mu);
+            return 0;
+        }
+    }
+    int taken = staging_fill(d, s, gpu, want, out, rc, call);
+    pthread_mutex_unlock(&s->mu);
+    return taken;
+}
+
+/* native_api's staging_give for GPU s: the lease's slots back, with the busy flags the copy left;
+ * `failed`: a driver call failed during the copy, the slots are dropped (counted lost). */
+static void staging_give_gpu(cb_staging_gpu *s, cb_staging_lease *lease, int failed) {
+    pthread_mutex_lock(&s->mu);
+    for (int j = 0; j < lease->n; j++) {
+        int i = lease->slot[j];
+        if (failed) {
+            s->lost++;
+            continue;
+        }
+        s->busy[i] = lease->busy[j];
+        staging_push(s, i);
+    }
+    s->held -= lease->n;
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    lease->n = 0;
+}
+
+#endif
