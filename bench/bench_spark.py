@@ -218,23 +218,28 @@ def bench_streams(args, report: Report, out: dict) -> None:
                 return (time.perf_counter() - t0) / n * 1e6
             return run
 
+        per_thread = args.thread_tasks
+
         def on_threads(threads: int, body):
-            """``threads`` threads each running ``body(first_id, n)`` at once, started together:
-            wall time per task over all of them (the inverse of the tasks/s in total)."""
+            """``threads`` threads each running ``body(first_id, per_thread)`` at once, started
+            together: wall time per task over all of them (the inverse of the tasks/s in total).
+            Each thread runs long enough (``--thread-tasks``) that the start and the end, where
+            threads queue for the GIL to pass the barrier or finish at different times, weigh
+            little against the GIL's switch interval (5 ms)."""
             def run() -> float:
                 go = threading.Barrier(threads + 1)
 
                 def worker(base: int) -> None:
                     go.wait()
-                    body(base, n)
-                pool = [threading.Thread(target=worker, args=(i * n,)) for i in range(threads)]
+                    body(base, per_thread)
+                pool = [threading.Thread(target=worker, args=(i * per_thread,)) for i in range(threads)]
                 for th in pool:
                     th.start()
                 t0 = time.perf_counter()
                 go.wait()
                 for th in pool:
                     th.join()
-                return (time.perf_counter() - t0) / (n * threads) * 1e6
+                return (time.perf_counter() - t0) / (per_thread * threads) * 1e6
             return run
 
         def binds(base: int, k: int) -> None:
@@ -289,6 +294,8 @@ def main() -> int:
                    "(e.g. 'host, plugin;stream, plugin'; the baseline always runs)")
     p.add_argument("--backend", default="emulated", help="backend of the streams part")
     p.add_argument("--stream-tasks", type=int, default=2000)
+    p.add_argument("--thread-tasks", type=int, default=20000,
+                   help="tasks each thread binds and releases in the 1- and 16-thread candidates")
     p.add_argument("--stream-rounds", "--stream-batches", dest="stream_rounds", type=int, default=7)
     p.add_argument("--out", default=str(HERE / "out"))
     args = p.parse_args()

@@ -194,6 +194,11 @@ public final class TaskHarness {
         check(problems, "live allocations", st.getOrDefault("live_allocations", -1L), 0);
         check(problems, "bytes in use", st.getOrDefault("in_use_bytes", -1L), 0);
         check(problems, "tasks bound", st.getOrDefault("tasks_bound", -1L), 0);
+        // staging is the GPUs' own slots: none held once the copies ended, and no copy took pinned
+        // memory of its own (a fallback of the pinned pool); the pool holds only pinned buffers
+        check(problems, "staging slots held", st.getOrDefault("staging_slots_held", -1L), 0);
+        check(problems, "pinned fallbacks to cudaHostAlloc", st.getOrDefault("pinned_fallbacks_host_alloc", -1L), 0);
+        check(problems, "pinned bytes in use", st.getOrDefault("pinned_in_use_bytes", -1L), 0);
         if (watch != null) {
             s.put("snapshots_checked", watch.checked()).put("snapshots_inconsistent", watch.inconsistent());
             if (watch.inconsistent() > 0) {
