@@ -16,7 +16,8 @@
  *  - with none free a take waits for a give, or returns none after the staging wait (counted);
  *  - a quick take gets a slot only if the oldest free one is idle now;
  *  - a copy that failed drops its slots (counted lost);
- *  - ending the slots waits for their last DMAs and destroys every event made.
+ *  - closing the slots is refused while a copy holds some, waits for their last DMAs, destroys every
+ *    event made, and no slot is taken after it.
  * Prints "ok <operations run>". */
 #include <jni.h>
 #include <stdio.h>
@@ -315,18 +316,23 @@ int main(void) {
     staging_take_gpu(&d, endp, 0, 4, 0, &e, &rc2, &c2);
     last_end = DEV_BASE;
     rc = ring_to_device(&d, &e, &in, 0, (jlong)(4 * k4), DEV_BASE, NULL, 1, &call);
+    CHECK(staging_gpu_close(&d, endp) == 0 && !endp->closed, "closed while a copy holds its slots");
     staging_give_gpu(endp, &e, rc != 0);
     pthread_mutex_lock(&q_lock);
     long queued = q_enqueued, done_before = q_done;
     pthread_mutex_unlock(&q_lock);
     CHECK(done_before < queued, "the model ran the DMAs before the end (make DELAY_US longer)");
     int destroyed = n_destroyed;
-    staging_gpu_free(&d, endp);
+    CHECK(staging_gpu_close(&d, endp) == 1, "the slots did not close with none held");
     pthread_mutex_lock(&q_lock);
     long done_after = q_done;
     pthread_mutex_unlock(&q_lock);
-    CHECK(done_after >= queued, "ending the slots returned with %ld of their DMAs not run", queued - done_after);
-    CHECK(n_destroyed - destroyed == 4, "ending the slots destroyed %d events, not 4", n_destroyed - destroyed);
+    CHECK(done_after >= queued, "closing the slots returned with %ld of their DMAs not run", queued - done_after);
+    CHECK(n_destroyed - destroyed == 4, "closing the slots destroyed %d events, not 4", n_destroyed - destroyed);
+    cb_ring after = {0};
+    CHECK(staging_take_gpu(&d, endp, 0, 1, 0, &after, &rc2, &c2) == 0, "a take after close got a slot");
+    staging_gpu_free(&d, endp);
+    CHECK(n_destroyed - destroyed == 4, "freeing closed slots destroyed their events again");
     drain();
     if (failures) return 1;
     printf("ok %ld\n", ops_run);

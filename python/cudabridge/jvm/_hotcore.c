@@ -1359,29 +1359,30 @@ static void staging_give(void *core, cb_staging_lease *lease, int failed) {
     if (s != NULL && lease->n > 0) staging_give_gpu(s, lease, failed);
 }
 
-/* Ends GPU gpu's staging slots (their last DMAs waited for, events destroyed) if no copy holds
- * any: 1; 0 when some are held (left as they are). The GPU's context is made current for it. */
-static int staging_close_gpu(HotCore *self, int gpu) {
+/* Closes GPU gpu's staging slots (their last DMAs waited for, events destroyed) unless a copy holds
+ * some: 1 (also when it has none); 0 when some are held (nothing changed). The GPU's context is made
+ * current for it. `free_struct`: the C twin is going; the struct goes too. */
+static int staging_close_gpu(HotCore *self, int gpu, int free_struct) {
     cb_staging_gpu *s = self->staging[gpu];
     if (s == NULL) return 1;
-    pthread_mutex_lock(&s->mu);
-    long long held = s->held;
-    pthread_mutex_unlock(&s->mu);
-    if (held > 0) return 0;
     cb_CUcontext prev = NULL;
-    if (g_driver.cuCtxGetCurrent != NULL && self->contexts[gpu] != NULL) {
-        g_driver.cuCtxGetCurrent(&prev);
-        g_driver.cuCtxSetCurrent(self->contexts[gpu]);
+    int switched = g_driver.cuCtxGetCurrent != NULL && self->contexts[gpu] != NULL &&
+                   g_driver.cuCtxGetCurrent(&prev) == CB_CUDA_SUCCESS && prev != self->contexts[gpu] &&
+                   g_driver.cuCtxSetCurrent(self->contexts[gpu]) == CB_CUDA_SUCCESS;
+    int closed = 1;
+    if (free_struct) {
+        staging_gpu_free(&g_driver, s);
+        self->staging[gpu] = NULL;
+    } else {
+        closed = staging_gpu_close(&g_driver, s);
     }
-    staging_gpu_free(&g_driver, s);
-    if (self->contexts[gpu] != NULL && prev != self->contexts[gpu]) g_driver.cuCtxSetCurrent(prev);
-    self->staging[gpu] = NULL;
-    return 1;
+    if (switched) g_driver.cuCtxSetCurrent(prev);
+    return closed;
 }
 
 static void staging_close_all(HotCore *self) {
     for (int i = 0; i < MAX_GPUS; i++)
-        if (self->staging[i] != NULL) staging_close_gpu(self, i);
+        if (self->staging[i] != NULL) staging_close_gpu(self, i, 1);
 }
 
 /* enable_staging(gpu, address, slots, slot_bytes, wait_s): GPU gpu's staging slots over the
@@ -1399,7 +1400,7 @@ static PyObject *hc_enable_staging(HotCore *self, PyObject *args) {
         return NULL;
     }
     if (self->staging[gpu] != NULL) {
-        PyErr_Format(PyExc_ValueError, "enable_staging: GPU %d has its staging slots already", gpu);
+        PyErr_Format(PyExc_ValueError, "enable_staging: GPU %d has staging slots already", gpu);
         return NULL;
     }
     if (retain_context(self, gpu) < 0) return NULL;
@@ -1408,7 +1409,8 @@ static PyObject *hc_enable_staging(HotCore *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-/* close_staging(gpu) -> bool: ends the GPU's staging slots unless a copy holds some (False). */
+/* close_staging(gpu) -> bool: closes the GPU's staging slots unless a copy holds some (False); once
+ * closed, copies that need staging go through pageable memory and the memory may be freed. */
 static PyObject *hc_close_staging(HotCore *self, PyObject *arg) {
     long gpu = PyLong_AsLong(arg);
     if (gpu == -1 && PyErr_Occurred()) return NULL;
@@ -1416,7 +1418,7 @@ static PyObject *hc_close_staging(HotCore *self, PyObject *arg) {
         PyErr_Format(PyExc_ValueError, "close_staging: GPU %ld", gpu);
         return NULL;
     }
-    return PyBool_FromLong(staging_close_gpu(self, (int)gpu));
+    return PyBool_FromLong(staging_close_gpu(self, (int)gpu, 0));
 }
 
 /* staging_statistics() -> dict, summed over the GPUs (docs/glossary.md, staging_*). */

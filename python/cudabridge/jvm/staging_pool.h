@@ -22,7 +22,10 @@
  *  - a slot whose copy met a driver error is not given back (its event's state is unknown): it is
  *    counted lost, and the GPU's sticky error is what follows in practice;
  *  - every field below the mutex changes only with it held; the GIL is not needed (the JNI side
- *    calls take and give without it).
+ *    calls take and give without it);
+ *  - once closed (at shutdown, with no slot held) a GPU's slots are never taken again, so their
+ *    memory may go; the struct itself lives as long as the hot path's C twin (a copy may still be
+ *    about to lock it).
  */
 #ifndef CB_STAGING_POOL_H
 #define CB_STAGING_POOL_H
@@ -47,6 +50,7 @@ typedef struct {
     pthread_mutex_t mu;
     pthread_cond_t cv;                        /* signalled when slots come back */
     double wait_s;                            /* how long a copy waits for a slot */
+    int closed;                               /* takes give none (copies go pageable); events destroyed */
     /* statistics */
     long long copies, quick, waits, timeouts, lost, held, held_peak;
     double waited_s;
@@ -84,14 +88,33 @@ static cb_staging_gpu *staging_gpu_new(char *base, int n, size_t slot_bytes, dou
     return s;
 }
 
-/* Ends a GPU's slots: waits for every slot's last DMA (so that the caller may free the memory) and
- * destroys the events; with the GPU's context current. Every slot must have been given back. */
-static void staging_gpu_free(const cb_driver *d, cb_staging_gpu *s) {
-    for (int i = 0; i < s->n; i++) {
-        if (s->event[i] == NULL) continue;
-        if (s->busy[i]) d->cuEventSynchronize(s->event[i]);
-        d->cuEventDestroy(s->event[i]);
+/* Closes a GPU's slots unless a copy holds some (0, nothing changed): waits for every slot's last
+ * DMA (so that the caller may free the memory) and destroys the events; with the GPU's context
+ * current. 1 once closed (again: 1). */
+static int staging_gpu_close(const cb_driver *d, cb_staging_gpu *s) {
+    pthread_mutex_lock(&s->mu);
+    if (s->held > 0) {
+        pthread_mutex_unlock(&s->mu);
+        return 0;
     }
+    if (!s->closed) {
+        s->closed = 1;
+        for (int i = 0; i < s->n; i++) {
+            if (s->event[i] == NULL) continue;
+            if (s->busy[i]) d->cuEventSynchronize(s->event[i]);
+            d->cuEventDestroy(s->event[i]);
+            s->event[i] = NULL;
+            s->busy[i] = 0;
+        }
+    }
+    pthread_cond_broadcast(&s->cv);   /* waiters give up: closed */
+    pthread_mutex_unlock(&s->mu);
+    return 1;
+}
+
+/* Frees the struct (its slots closed first where they can be): when the hot path's C twin goes. */
+static void staging_gpu_free(const cb_driver *d, cb_staging_gpu *s) {
+    staging_gpu_close(d, s);
     pthread_cond_destroy(&s->cv);
     pthread_mutex_destroy(&s->mu);
     free(s);
@@ -145,6 +168,10 @@ static int staging_take_gpu(const cb_driver *d, cb_staging_gpu *s, int gpu, int 
     if (want < 1) want = 1;
     if (want > CB_STAGING_MAX_SLOTS) want = CB_STAGING_MAX_SLOTS;
     pthread_mutex_lock(&s->mu);
+    if (s->closed) {
+        pthread_mutex_unlock(&s->mu);
+        return 0;
+    }
     if (quick) {   /* one slot, free and idle now, its event made already: else the caller's other path */
         int taken = 0;
         if (s->nfree > 0) {
@@ -165,9 +192,9 @@ static int staging_take_gpu(const cb_driver *d, cb_staging_gpu *s, int gpu, int 
         until.tv_nsec = (long)((deadline - (double)until.tv_sec) * 1e9);
         s->waits++;
         int w = 0;
-        while (s->nfree == 0 && w != ETIMEDOUT) w = pthread_cond_timedwait(&s->cv, &s->mu, &until);
+        while (s->nfree == 0 && !s->closed && w != ETIMEDOUT) w = pthread_cond_timedwait(&s->cv, &s->mu, &until);
         s->waited_s += staging_now() - start;
-        if (s->nfree == 0) {
+        if (s->nfree == 0 || s->closed) {
             s->timeouts++;
             pthread_mutex_unlock(&s->mu);
             return 0;
