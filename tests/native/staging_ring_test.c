@@ -46,6 +46,7 @@ static pthread_mutex_t q_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t q_cond = PTHREAD_COND_INITIALIZER;
 static op *q_head, *q_tail;
 static long q_enqueued, q_done;
+static int q_hold;   /* the device runs nothing while set (a test needs a DMA still pending) */
 static long event_seq[MAX_EVENTS + 1];
 static int n_events, n_destroyed, fail_sync;
 static char *devmem;
@@ -63,7 +64,7 @@ static void *device(void *unused) {
     (void)unused;
     for (;;) {
         pthread_mutex_lock(&q_lock);
-        while (q_head == NULL) pthread_cond_wait(&q_cond, &q_lock);
+        while (q_head == NULL || q_hold) pthread_cond_wait(&q_cond, &q_lock);
         op *o = q_head;
         pthread_mutex_unlock(&q_lock);
         usleep(DELAY_US);
@@ -146,6 +147,13 @@ static cb_CUresult ev_query(cb_CUevent e) {
     int done = q_done >= event_seq[(intptr_t)e];
     pthread_mutex_unlock(&q_lock);
     return done ? 0 : 600;   /* CUDA_ERROR_NOT_READY */
+}
+
+static void hold_device(int on) {
+    pthread_mutex_lock(&q_lock);
+    q_hold = on;
+    pthread_cond_broadcast(&q_cond);
+    pthread_mutex_unlock(&q_lock);
 }
 
 static void drain(void) {
@@ -272,11 +280,13 @@ int main(void) {
     memset(src2, 0x11, 2 * k4);
     cb_host_side in2 = {NULL, NULL, src2};
     last_end = DEV_BASE;
+    hold_device(1);   /* the DMAs stay pending until the next copy has to wait for them */
     rc = ring_to_device(&d, &a, &in2, 0, (jlong)(2 * k4), DEV_BASE, NULL, 1, &call);
     staging_give_gpu(pool, &a, rc != 0);
     CHECK(pool->nfree == 2 && pool->busy[0] && pool->busy[1], "given back: %d free, busy %d %d", pool->nfree,
           pool->busy[0], pool->busy[1]);
     CHECK(staging_take_gpu(&d, pool, 0, 1, 1, &b, &rc2, &c2) == 0, "a quick take got a slot whose DMA is pending");
+    hold_device(0);
     memset(src2, 0x22, 2 * k4);
     CHECK(staging_take_gpu(&d, pool, 0, 2, 0, &b, &rc2, &c2) == 2, "the next copy could not take the 2 slots");
     last_end = DEV_BASE + 2 * k4;
@@ -315,13 +325,15 @@ int main(void) {
     cb_ring e = {0};
     staging_take_gpu(&d, endp, 0, 4, 0, &e, &rc2, &c2);
     last_end = DEV_BASE;
+    hold_device(1);
     rc = ring_to_device(&d, &e, &in, 0, (jlong)(4 * k4), DEV_BASE, NULL, 1, &call);
     CHECK(staging_gpu_close(&d, endp) == 0 && !endp->closed, "closed while a copy holds its slots");
     staging_give_gpu(endp, &e, rc != 0);
     pthread_mutex_lock(&q_lock);
     long queued = q_enqueued, done_before = q_done;
     pthread_mutex_unlock(&q_lock);
-    CHECK(done_before < queued, "the model ran the DMAs before the end (make DELAY_US longer)");
+    CHECK(done_before < queued, "the model ran the DMAs while held");
+    hold_device(0);
     int destroyed = n_destroyed;
     CHECK(staging_gpu_close(&d, endp) == 1, "the slots did not close with none held");
     pthread_mutex_lock(&q_lock);
