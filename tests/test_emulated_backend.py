@@ -675,3 +675,93 @@ def test_views_without_an_exporter_are_pageable(emulated):
     pinned = emulated.alloc_pinned(64)
     assert emulated._is_pinned(memoryview(pinned).cast("B"))
     emulated.free_pinned(pinned)
+
+
+# host registration refuses what cudaHostRegister refuses (issue 23, item 6.15) ------------------
+
+def _pages(n: int, prot: int) -> int:
+    """n fresh anonymous pages with protection ``prot`` (never freed: the test's process ends)."""
+    import ctypes
+    import mmap
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long)
+    address = libc.mmap(None, n * mmap.PAGESIZE, prot, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)
+    assert address not in (None, ctypes.c_void_p(-1).value), ctypes.get_errno()
+    return address
+
+
+def _hole_after_a_page() -> int:
+    """The address of a readable, writable page whose next page is not mapped."""
+    import ctypes
+    import mmap
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.munmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
+    base = _pages(3, mmap.PROT_READ | mmap.PROT_WRITE)
+    assert libc.munmap(base + mmap.PAGESIZE, mmap.PAGESIZE) == 0
+    return base
+
+
+def test_host_registration_refuses_what_cuda_host_register_refuses(be):
+    """What cudaHostRegister (portable) answered on the H200 for each case (a probe through
+    cuda.bindings, its answers in the commit message): memory not mapped readable and writable is
+    cudaErrorInvalidValue, as is a range that wraps past 2^64; a range reaching into the upper
+    half of the address space is cudaErrorNotSupported. Before the fix the emulated device took
+    them all, and a later copy from the range would have crashed the process."""
+    import ctypes
+    import mmap
+
+    page = mmap.PAGESIZE
+    ok = (ctypes.c_char * (4 * page))()
+    a = ctypes.addressof(ok)
+    hole = _hole_after_a_page()
+    cases = [
+        (0x10000, 4096, 1, "the issue's case: nothing is mapped there"),
+        (hole + page, page, 1, "an unmapped page"),
+        (hole, 2 * page, 1, "a mapped page, then an unmapped one"),
+        (hole + page - 16, 32, 1, "16 bytes either side of the hole's start"),
+        (_pages(1, mmap.PROT_READ), page, 1, "read-only memory (portable registration writes)"),
+        (_pages(1, 0), page, 1, "PROT_NONE: mapped, not accessible"),
+        (a, (1 << 63) - 1, 801, "the issue's length"),
+        (a, (1 << 64) - a + page, 1, "a range that wraps past 2^64"),
+        (a, 1 << 64, 1, "more bytes than size_t holds"),
+        (0xFFFF_8000_0000_0000, page, 801, "the kernel's half"),
+        (0x0000_8000_0000_0000, page, 1, "just past the user half"),
+    ]
+    for address, nbytes, code, why in cases:
+        with pytest.raises(CudaError) as info:
+            be.host_register(address, nbytes)
+        err = info.value
+        assert (err.call, err.code, err.sticky) == ("cudaHostRegister", code, False), (why, err)
+        assert f"{address:#x}" in str(err), (why, str(err))
+    region = be.host_register(a, 4 * page)    # nothing was registered: the whole buffer still registers
+    be.host_unregister(region)
+    be.host_unregister(be.host_register(hole, page))   # the page before the hole is fine on its own
+    be.host_unregister(be.host_register(a + 3, 100))   # an unaligned interior range is too (as on the H200)
+    s = be.stream_create()
+    be.spin_async(s, 0)
+    be.stream_synchronize(s)                  # and the device is not sticky
+
+
+def test_the_java_hot_path_passes_the_refusal_on_and_records_nothing():
+    """registerHost's path (JavaHotPath.register_host): the device's refusal reaches the caller
+    as the CudaError the CUDA backend raises, and the bridge records no region."""
+    from cudabridge.config import ServiceConfig
+    from cudabridge.jvm.hot_path import JavaHotPath
+    from cudabridge.service import CudaBridgeService
+
+    with CudaBridgeService(ServiceConfig(backend="emulated", emulated_memory="64m", streams_per_gpu=1,
+                                         high_priority_streams=0)) as service:
+        hp = JavaHotPath(service, fast_path="python")
+        for address, nbytes in [(0x10000, 4096), (_hole_after_a_page(), 1 << 20)]:
+            with pytest.raises(CudaError, match="cudaHostRegister failed: cudaErrorInvalidValue"):
+                hp.register_host(address, nbytes)
+            assert address not in hp._pinned
+        import ctypes
+        buf = (ctypes.c_char * 4096)()
+        with pytest.raises(CudaError, match="cudaErrorNotSupported"):
+            hp.register_host(ctypes.addressof(buf), (1 << 63) - 1)
+        hp.register_host(ctypes.addressof(buf), 4096)
+        hp.unregister_host(ctypes.addressof(buf))

@@ -20,6 +20,9 @@ What is modelled, because the service's correctness depends on it:
   A handle can be mapped at one place at a time here (CUDA allows several; the pool never does).
 * An error inside queued work (for example an out-of-bounds kernel write) is sticky, as CUDA's
   are: every later call on that device raises it.
+* Host registration refuses what ``cudaHostRegister`` refuses (memory that is not mapped readable
+  and writable in the process, ranges that wrap or reach the kernel's half of the address space),
+  with the driver's error codes, instead of accepting a range that a later copy would fault on.
 
 Race detector (``race_check=True``, or ``CUDABRIDGE_EMULATED_RACE_CHECK=1`` in the environment;
 off by default, because it costs every queued call a lock and some bookkeeping): like
@@ -76,6 +79,7 @@ _ERR_HOST_NOT_REGISTERED = (713, "cudaErrorHostMemoryNotRegistered")
 _ERR_INVALID_DEVICE = (101, "cudaErrorInvalidDevice")
 _ERR_INVALID_HANDLE = (400, "cudaErrorInvalidResourceHandle")
 _ERR_ILLEGAL_ADDRESS = (700, "cudaErrorIllegalAddress")
+_ERR_NOT_SUPPORTED = (801, "cudaErrorNotSupported")
 
 # Fake address spaces: each device gets its own 1 TiB window, chunks are separated by a gap.
 # The window is the most memory an emulated GPU may have: one constant, the emulatedMemory
@@ -89,6 +93,44 @@ _ALLOC_GRANULE = 1 << 21  # cudaMalloc rounds to 2 MiB pages; keep one page of g
 
 def _fail(call: str, err: tuple[int, str], detail: str = "") -> CudaError:
     return CudaError(call, err[0], err[1], detail)
+
+
+def _host_register_refusal(address: int, nbytes: int) -> CudaError | None:
+    """What ``cudaHostRegister(address, nbytes, portable)`` refuses, as it answered on the H200
+    (CUDA 13 runtime): a null address or no bytes, and a range that wraps past 2^64, are
+    ``cudaErrorInvalidValue``; a range reaching into the upper half of the address space (where no
+    process memory is: the kernel's half, or a length like 2^63-1) is ``cudaErrorNotSupported``;
+    any byte that is not in memory the process has mapped readable and writable (unmapped,
+    ``PROT_NONE``, read-only: a portable registration writes) is ``cudaErrorInvalidValue``. The
+    driver pins every page; here nothing is pinned, so the pages are checked in /proc/self/maps."""
+    call = "cudaHostRegister"
+    end = address + nbytes
+    if address <= 0 or nbytes <= 0 or end > 1 << 64:
+        return _fail(call, _ERR_INVALID_VALUE, f"address {address:#x}, {nbytes} bytes")
+    if end > 1 << 63:
+        return _fail(call, _ERR_NOT_SUPPORTED, f"[{address:#x}, +{nbytes}) reaches into the upper (the "
+                                               f"kernel's) half of the address space")
+    try:
+        with open("/proc/self/maps", "rb") as f:
+            maps = f.read()
+    except OSError:   # no /proc (not Linux): the pages go unchecked
+        return None
+    at = address      # [address, at) is readable and writable; the lines are in address order
+    for line in maps.splitlines():
+        span, perms = line.split(None, 2)[:2]
+        lo, _, hi = span.partition(b"-")
+        lo, hi = int(lo, 16), int(hi, 16)
+        if hi <= at:
+            continue
+        if lo > at:
+            break
+        if perms[:2] != b"rw":
+            return _fail(call, _ERR_INVALID_VALUE, f"[{address:#x}, +{nbytes}): {at:#x} is in memory mapped "
+                                                   f"{perms.decode()}, not readable and writable")
+        at = hi
+        if at >= end:
+            return None
+    return _fail(call, _ERR_INVALID_VALUE, f"[{address:#x}, +{nbytes}): nothing is mapped at {at:#x}")
 
 
 class _EmuStream:
@@ -1028,17 +1070,18 @@ class EmulatedBackend(DeviceBackend):
     def host_register(self, address: int, nbytes: int) -> Any:
         import ctypes
 
-        if address == 0 or nbytes <= 0:
-            raise _fail("cudaHostRegister", _ERR_INVALID_VALUE, f"address {address:#x}, {nbytes} bytes")
-        with self._lock:
-            for buf in self._pinned.values():
+        refused = _host_register_refusal(address, nbytes)
+        if refused is not None:
+            raise refused
+        region = (ctypes.c_char * nbytes).from_address(address)
+        with self._lock:   # (checks first, then the one store)
+            for buf in list(self._pinned.values()):
                 base = ctypes.addressof(buf)
                 if address < base + len(buf) and base < address + nbytes:
                     raise _fail("cudaHostRegister", _ERR_HOST_ALREADY_REGISTERED,
                                 f"[{address:#x}, +{nbytes}) overlaps page-locked [{base:#x}, +{len(buf)})")
-            buf = (ctypes.c_char * nbytes).from_address(address)
-            self._pinned[id(buf)] = buf
-        return buf
+            self._pinned[id(region)] = region
+        return region
 
     def host_unregister(self, region: Any) -> None:
         with self._lock:
