@@ -677,6 +677,139 @@ def test_views_without_an_exporter_are_pageable(emulated):
     emulated.free_pinned(pinned)
 
 
+# a host twin that raises anything (issue 23, item 6.3) -------------------------------------------
+
+def within(seconds, fn, what):
+    """``fn()`` on a daemon thread: its value, or what it raised; a test failure naming ``what``
+    if it has not returned after ``seconds`` (a hang is reported, never waited out)."""
+    box = {}
+
+    def target():
+        try:
+            box["value"] = fn()
+        except BaseException as exc:  # noqa: BLE001 - handed back to the test thread
+            box["error"] = exc
+
+    t = threading.Thread(target=target, name=f"within: {what}", daemon=True)
+    t.start()
+    t.join(seconds)
+    if t.is_alive():
+        pytest.fail(f"{what} hung: no return after {seconds} s")
+    if "error" in box:
+        raise box["error"]
+    return box.get("value")
+
+
+class _ReprFails(Exception):
+    def __repr__(self):
+        raise RuntimeError("no repr")
+
+
+class _ReprRaisesKeyboardInterrupt(Exception):
+    def __repr__(self):
+        raise KeyboardInterrupt
+
+
+class _NoName(type):
+    """A metaclass whose classes cannot even be named."""
+
+    def __getattribute__(cls, name):
+        if name in ("__name__", "__qualname__", "__module__"):
+            raise RuntimeError("no name")
+        return super().__getattribute__(name)
+
+
+class _Anonymous(Exception, metaclass=_NoName):
+    def __repr__(self):
+        raise SystemExit("no repr either")
+
+
+# by name: pytest itself must not hold (and describe) these exceptions in a failure's report
+_RAISED = {"SystemExit": lambda: SystemExit(3), "KeyboardInterrupt": KeyboardInterrupt, "GeneratorExit": GeneratorExit,
+           "BaseException": lambda: BaseException("base"), "repr-fails": _ReprFails,
+           "repr-raises-KeyboardInterrupt": _ReprRaisesKeyboardInterrupt, "nothing-describes-it": _Anonymous}
+
+
+@pytest.mark.parametrize("raised", sorted(_RAISED))
+def test_a_twin_that_raises_anything_is_a_sticky_illegal_address_and_its_stream_lives_on(raised):
+    """docs/kernels.md: an exception inside a host twin is the device's sticky illegal-address
+    error. Before the fix a BaseException that is not an Exception, or one whose repr() failed,
+    ended the stream's worker thread: the synchronize hung, and so did everything queued after it
+    and close()."""
+    from cudabridge.kernels import LaunchConfig
+    from cudabridge.kernels.host_kernels import HostKernel
+
+    be = EmulatedBackend(devices=2, memory_bytes=64 * MiB)
+    try:
+        s = be.stream_create()
+        p = be.malloc(4096)
+
+        def twin(grid, block, ptr):
+            raise _RAISED[raised]()
+        release, after = threading.Event(), []
+        be.launch_host_func(s, lambda: release.wait(10))       # all three are queued before the twin runs
+        be.launch_host_kernel(s, HostKernel("raises", ("ptr",), twin, "test.raises"), LaunchConfig(1, 1), [p])
+        be.launch_host_func(s, lambda: after.append("ran"))
+        release.set()
+        with pytest.raises(CudaError) as info:
+            within(10, lambda: be.stream_synchronize(s), "stream_synchronize after the twin raised")
+        sticky = info.value
+        assert (sticky.code, sticky.name, sticky.sticky) == (700, "cudaErrorIllegalAddress", True)
+        assert sticky.call == "kernel"
+        assert after == ["ran"], "the work queued behind the twin never ran: the stream's worker ended"
+        assert be._streams[s]._worker.is_alive()
+        for later in (lambda: be.spin_async(s, 0), lambda: be.stream_synchronize(s), lambda: be.malloc(64),
+                      lambda: be.device_synchronize(), lambda: be.launch_host_func(s, lambda: None)):
+            with pytest.raises(CudaError) as again:
+                within(10, later, "a call after the sticky error")
+            assert again.value is sticky
+        be.set_device(1)   # the other device is unaffected
+        s1 = be.stream_create()
+        be.spin_async(s1, 0)
+        within(10, lambda: be.stream_synchronize(s1), "a synchronize on the other device")
+    finally:
+        within(10, be.close, "close after the twin raised")
+
+
+def test_a_twin_that_raises_system_exit_is_described_by_its_repr():
+    be = EmulatedBackend(devices=1, memory_bytes=64 * MiB)
+    try:
+        s = be.stream_create()
+
+        def exits():
+            raise SystemExit("twin says bye")
+        be.launch_host_func(s, exits)
+        with pytest.raises(CudaError, match=r"cudaErrorIllegalAddress \(700\): SystemExit\('twin says bye'\)"):
+            within(10, lambda: be.stream_synchronize(s), "stream_synchronize")
+    finally:
+        within(10, be.close, "close")
+
+
+@pytest.mark.parametrize("kernel", ["exits", "interrupts", "undescribable"])
+def test_a_service_whose_twin_raised_reports_the_fault_and_closes(kernel):
+    """The service's view of item 6.3: the task's synchronize reports the kernel's fault, the
+    stream's other work runs, and close() returns (before the fix all three hung)."""
+    from cudabridge.config import ServiceConfig
+    from cudabridge.errors import KernelFault
+    from cudabridge.kernels import LaunchConfig
+    from cudabridge.service import CudaBridgeService
+
+    service = CudaBridgeService(ServiceConfig(backend="emulated", emulated_kernels="host_twins_that_raise",
+                                              emulated_memory="64m", streams_per_gpu=1, high_priority_streams=0))
+    try:
+        service.registry.bind(1)
+        x = service.registry.allocate(1, 4096)
+        service.launch(1, service.host_kernels.get(kernel), LaunchConfig(1, 1), [x])
+        with pytest.raises(KernelFault) as info:
+            within(10, lambda: service.synchronize(1), "the task's synchronize after its twin raised")
+        assert info.value.candidates == [kernel] and info.value.code == 700
+    finally:
+        try:
+            within(15, service.close, "service.close() after a twin raised")
+        except CudaError:   # the device is unusable: close may report the error again
+            pass
+
+
 # host registration refuses what cudaHostRegister refuses (issue 23, item 6.15) ------------------
 
 def _pages(n: int, prot: int) -> int:

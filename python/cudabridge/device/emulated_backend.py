@@ -18,11 +18,21 @@ What is modelled, because the service's correctness depends on it:
   costs no memory, physical handles count against the device's memory, and touching a page of a
   reservation with nothing mapped is an illegal address. Unmapping discards the pages' contents.
   A handle can be mapped at one place at a time here (CUDA allows several; the pool never does).
-* An error inside queued work (for example an out-of-bounds kernel write) is sticky, as CUDA's
-  are: every later call on that device raises it.
+* An error inside queued work (for example an out-of-bounds kernel write, or any exception a
+  host twin raises, ``SystemExit`` and ``KeyboardInterrupt`` included) is sticky, as CUDA's are:
+  every later call on that device raises it. The stream's worker goes on: what was queued behind
+  the failed work still completes, so that synchronize and close return.
 * Host registration refuses what ``cudaHostRegister`` refuses (memory that is not mapped readable
   and writable in the process, ranges that wrap or reach the kernel's half of the address space),
   with the driver's error codes, instead of accepting a range that a later copy would fault on.
+
+Exceptions, asynchronous ones included (``PyThreadState_SetAsyncExc``, a SIGINT's
+``KeyboardInterrupt``), landing anywhere in a thread that calls the device or in a stream's own
+worker, leave no lock of the device held and no books of it half changed (see ``_EmuStream``,
+``_EmuDevice``, ``_DeviceThread`` and the race detector for how); ``tests/test_emulated_interruptions.py``
+injects them. A call cut short may have taken effect already, as a CUDA call interrupted after it
+reached the driver: work it queued runs, memory it allocated stays allocated, and a stream it made
+may be left unreachable (its worker idle).
 
 Race detector (``race_check=True``, or ``CUDABRIDGE_EMULATED_RACE_CHECK=1`` in the environment;
 off by default, because it costs every queued call a lock and some bookkeeping): like
@@ -50,10 +60,12 @@ and stream priorities (accepted and reported, not scheduled).
 from __future__ import annotations
 
 import bisect
+import functools
 import itertools
 import logging
 import mmap
 import os
+import queue
 import threading
 import time
 import uuid
@@ -133,10 +145,104 @@ def _host_register_refusal(address: int, nbytes: int) -> CudaError | None:
     return _fail(call, _ERR_INVALID_VALUE, f"[{address:#x}, +{nbytes}): nothing is mapped at {at:#x}")
 
 
-class _EmuStream:
-    """An ordered queue of host callables, run by one worker thread."""
+def _describe(exc: BaseException) -> str:
+    """``repr(exc)`` for a fault's message. Never raises: whatever a twin raised, and whatever its
+    ``repr`` (or its class's name) raises in turn, the worker must go on to the next op."""
+    try:
+        text = repr(exc)
+        if text.__class__ is str:
+            return text
+    except BaseException:   # noqa: BLE001 - a repr that fails is described without it
+        pass
+    try:
+        return f"{type(exc).__qualname__} (its repr() failed)"
+    except BaseException:   # noqa: BLE001
+        return "an exception that cannot be described (its repr() and its class's name failed)"
 
-    __slots__ = ("device", "handle", "priority", "_queue", "_cond", "_enqueued", "_completed",
+
+_STOP = object()   # close()'s last item: the worker ends when it takes it
+
+
+class _DeviceThread:
+    """The device's own thread: it starts the streams' worker threads and writes the device's log
+    lines, so that neither a caller of the device nor a stream's worker (threads an exception can
+    be injected into) runs code outside the device that takes a Python-level lock: ``Thread.start()``
+    waits on a ``threading.Event`` (a ``Condition``) and ``logging`` takes its handlers' locks in
+    Python methods, both of which an exception can leave held. Also, CPython gives a thread being
+    started its starter's id until it runs, so that ``PyThreadState_SetAsyncExc`` aimed at the
+    starter can land in the new thread before its first line and end it. Jobs are queued with one
+    C call; a stream takes work before its worker has started, and the worker runs it once started."""
+
+    def __init__(self) -> None:
+        self._q: queue.SimpleQueue = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def post(self, job: Callable[[], None]) -> None:
+        self._q.put(job)
+        if self._thread is None:
+            with self._lock:
+                if self._thread is None:
+                    # the one start a caller makes, once per process (an exception in it leaves
+                    # _thread unset: a later post starts another, which serves the same queue)
+                    thread = threading.Thread(target=self._run, name="emulated-device", daemon=True)
+                    thread.start()
+                    self._thread = thread
+
+    def _run(self) -> None:
+        while True:
+            job = self._q.get()
+            try:
+                job()
+            except BaseException:   # noqa: BLE001 - a log line that failed (or an exception landing
+                pass                # here): the next job still runs
+
+    def forget(self) -> None:
+        """In a forked child: the thread is the parent's; the child's first post starts its own."""
+        self._q = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._thread = None
+
+
+_DEVICE_THREAD = _DeviceThread()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_DEVICE_THREAD.forget)
+
+
+def _start_worker(worker: threading.Thread) -> None:
+    """Start a stream's worker (a job of the device thread). While the process can start no thread,
+    wait: the stream's work waits with it, as it would for a busy GPU."""
+    while worker.ident is None:   # set once started
+        try:
+            worker.start()
+        except RuntimeError as exc:
+            log.warning("emulated device: cannot start %s yet: %s", worker.name, exc)
+            time.sleep(0.05)
+
+
+class _EmuStream:
+    """An ordered queue of host callables, run by one worker thread.
+
+    Safe under any exception in any thread, asynchronous ones included (``PyThreadState_SetAsyncExc``,
+    a SIGINT's ``KeyboardInterrupt``), which the interpreter raises only at a call's return or a
+    function's entry, and a loop's jump back, never between plain loads and stores:
+
+    * No ``threading.Condition``: its Python-level ``__enter__`` and ``wait`` can take an exception
+      between acquiring (or releasing) its lock and the ``try`` that undoes it, leaving the lock held
+      for good (or released twice).
+    * ``_lock`` is a plain ``_thread`` lock, only ever taken by ``with``: the interpreter acquires
+      and releases it in C, and an exception raised anywhere inside the block releases it. Each
+      block makes its calls before its first change and then changes state with plain stores, its
+      one mutating call last, so that an exception finds its step done or not begun.
+    * The queue is a ``queue.SimpleQueue``: ``put`` and ``get`` are single C operations.
+    * A waiter needs no lock: it parks on a fresh lock of its own, registered in ``_waiters`` (one
+      dict store); the worker releases it once the stream has passed its target.
+    * The worker never ends but at close()'s ``_STOP``: an op's exception of any kind is the
+      device's sticky fault, and an exception that lands in the worker's own steps (an injected one)
+      is recovered from: ops taken from the queue and never run count as faulted, never run twice.
+    """
+
+    __slots__ = ("device", "handle", "priority", "_q", "_lock", "_waiters", "_enqueued", "_completed",
                  "_worker", "_closed", "kind", "label", "clock", "host_seen", "observed")
 
     def __init__(self, device: "_EmuDevice", handle: int, priority: int, kind: str) -> None:
@@ -155,25 +261,31 @@ class _EmuStream:
         self.clock: dict[int, int] = {}
         self.host_seen = -1
         self.observed = -1
-        self._queue: deque[Callable[[], None]] = deque()
-        self._cond = threading.Condition(threading.Lock())
-        self._enqueued = 0
-        self._completed = 0
+        self._q: queue.SimpleQueue = queue.SimpleQueue()   # (seq, op) in seq order, then _STOP
+        self._lock = threading.Lock()                      # numbering + put; close's _STOP
+        self._waiters: dict[Any, int] = {}                 # parked waiter's lock -> the seq it waits for
+        self._enqueued = 0      # ops numbered so far (the last seq handed out)
+        self._completed = 0     # every op up to this seq has run or faulted (only the worker writes it)
         self._closed = False
         self._worker = threading.Thread(
             target=self._run, name=f"emulated-gpu{device.ordinal}-stream-{kind}-{handle:#x}", daemon=True
         )
-        self._worker.start()
+        _DEVICE_THREAD.post(functools.partial(_start_worker, self._worker))
 
     def enqueue(self, op: Callable[[], None]) -> int:
         """Queue ``op``; returns its sequence number (1-based)."""
-        with self._cond:
+        with self._lock:
             if self._closed:
                 raise _fail("stream", _ERR_INVALID_HANDLE, f"stream {self.handle:#x} was destroyed")
-            self._enqueued += 1
-            self._queue.append(op)
-            self._cond.notify_all()
-            return self._enqueued
+            seq = self._enqueued + 1
+            item = (seq, op)
+            self._enqueued = seq
+            try:
+                self._q.put(item)       # the block's one call, last: numbered and queued together
+            except MemoryError:         # raised inside put (an asynchronous exception lands after it)
+                self._enqueued = seq - 1
+                raise
+        return seq
 
     def marker(self) -> int:
         """The sequence number that the next completion check must reach (an event record)."""
@@ -183,43 +295,107 @@ class _EmuStream:
         return self._completed >= seq
 
     def wait_for(self, seq: int) -> None:
-        with self._cond:
-            self._cond.wait_for(lambda: self._completed >= seq or self._closed)
+        """Block until every op up to ``seq`` has run (or faulted)."""
+        if self._completed >= seq:
+            return
+        gate = threading.Lock()
+        gate.acquire()
+        self._waiters[gate] = seq
+        # The worker stores _completed before it reads _waiters, and this thread stored its gate
+        # before this read: either the worker sees the gate, or this sees the seq passed.
+        if self._completed < seq:
+            gate.acquire()
+        # An exception that ends the wait early (a SIGINT during it) leaves the gate registered:
+        # the worker releases and drops it once the stream passes seq.
+        self._waiters.pop(gate, None)
 
     def idle(self) -> bool:
         return self._completed >= self._enqueued
 
     def synchronize(self) -> None:
-        with self._cond:
-            target = self._enqueued
-            self._cond.wait_for(lambda: self._completed >= target)
+        self.wait_for(self._enqueued)
 
     def close(self) -> None:
-        self.synchronize()
-        with self._cond:
-            self._closed = True
-            self._cond.notify_all()
-        if threading.current_thread() is not self._worker:
-            self._worker.join(timeout=5)
+        """Run what is queued, then end the worker. Repeatable: a close that an exception cut short
+        can be called again, and finishes."""
+        with self._lock:
+            if not self._closed:
+                self._closed = True          # no op is numbered after this ...
+                self._q.put(_STOP)           # ... so _STOP comes after every op
+        if threading.current_thread() is not self._worker:   # (the worker cannot wait for itself)
+            self.synchronize()
+            try:
+                self._worker.join(timeout=5)
+            except RuntimeError:   # not started yet: once the device thread starts it, it takes _STOP and ends
+                pass
 
+    # the worker ------------------------------------------------------------------------------
     def _run(self) -> None:
-        cond = self._cond
+        unsure = False   # whether an exception may have cut one of the worker's own steps short
         while True:
-            with cond:
-                while not self._queue and not self._closed:
-                    cond.wait()
-                if not self._queue:
-                    return
-                op = self._queue.popleft()
+            try:
+                if unsure:
+                    if self._recover():
+                        return
+                    unsure = False
+                self._serve()
+                return
+            except BaseException:   # noqa: BLE001 - only an asynchronous one gets here: recover
+                # A second exception landing on the jump back to the ``try`` would still end the
+                # worker: Python has no way to close that window of a few instructions.
+                unsure = True
+
+    def _serve(self) -> None:
+        """Run the queue's ops in order until ``_STOP``."""
+        get, device = self._q.get, self.device
+        while True:
+            item = get()
+            if item is _STOP:
+                return
+            seq, op = item
+            if seq != self._completed + 1:   # ops before it were taken, then lost to an exception here
+                self._lost(seq - 1)
             try:
                 op()
-            except CudaError as exc:
-                self.device.set_sticky(exc)
-            except Exception as exc:  # a host callable standing in for a kernel went wrong
-                self.device.set_sticky(_fail("kernel", _ERR_ILLEGAL_ADDRESS, repr(exc)))
-            with cond:
-                self._completed += 1
-                cond.notify_all()
+            except CudaError as exc:         # an emulated kernel's own fault (an access out of bounds)
+                device.set_sticky(exc)
+            except BaseException as exc:     # noqa: BLE001 - a host twin's exception, of any kind: the
+                # device's fault, as docs/kernels.md says (not this thread's: a twin's SystemExit or
+                # KeyboardInterrupt is not meant for the device's worker)
+                device.set_sticky(_fail("kernel", _ERR_ILLEGAL_ADDRESS, _describe(exc)))
+            item = op = None                 # the op's views of device memory go now, not at the next op
+            self._completed = seq
+            if self._waiters:
+                self._wake()
+
+    def _lost(self, upto: int) -> None:
+        """Ops up to ``upto`` were taken from the queue and did not finish (an exception landed in this
+        worker): they fault the device, as an interrupted kernel would, and count as done."""
+        self.device.set_sticky(_fail("kernel", _ERR_ILLEGAL_ADDRESS, f"work on {self.label} was cut short "
+                                                                     f"by an exception in its worker thread"))
+        self._completed = upto
+
+    def _recover(self) -> bool:
+        """After an exception in the worker's own steps: count as faulted what was taken and not run,
+        wake the waiters a cut-short wake-up missed; whether close()'s ``_STOP`` was taken."""
+        with self._lock:   # not between an enqueue's numbering and its put: empty means all taken
+            drained = self._q.empty()
+            enqueued, closed = self._enqueued, self._closed
+        if drained and self._completed < enqueued:
+            self._lost(enqueued)
+        # (not drained: the next op taken shows the gap, and _serve counts it)
+        self._wake()
+        return drained and closed
+
+    def _wake(self) -> None:
+        done = self._completed
+        for gate, seq in list(self._waiters.items()):   # a snapshot in one C call
+            if seq <= done:
+                try:
+                    gate.release()
+                except RuntimeError:   # released already, by a pass that an exception cut short
+                    pass
+                self._waiters.pop(gate, None)
 
 
 def _noop() -> None:
@@ -270,6 +446,14 @@ class _Physical:
 
 
 class _EmuDevice:
+    """One emulated GPU: its memory, virtual memory and sticky error.
+
+    ``_lock`` is a plain ``_thread`` lock taken only by ``with``, so that no exception leaves it
+    held; inside it each step makes its calls (``mmap``, ``bisect``, lookups, constructors) before
+    its first change and then changes the books with plain stores, any one mutating call last: an
+    exception, asynchronous ones included (they land only at calls and loops' jumps back), finds
+    the step done or not begun, never the books half changed."""
+
     def __init__(self, ordinal: int, memory_bytes: int) -> None:
         self.ordinal = ordinal
         self.total = memory_bytes
@@ -287,8 +471,9 @@ class _EmuDevice:
 
     def set_sticky(self, exc: CudaError) -> None:
         if self.sticky is None:
-            log.error("emulated GPU %d: sticky error %s", self.ordinal, exc)
             self.sticky = exc
+            # logged by the device thread: a stream's worker (the usual caller) never takes logging's locks
+            _DEVICE_THREAD.post(functools.partial(log.error, "emulated GPU %d: sticky error %s", self.ordinal, exc))
 
     def malloc(self, nbytes: int) -> int:
         span = -(-nbytes // _ALLOC_GRANULE) * _ALLOC_GRANULE
@@ -297,10 +482,11 @@ class _EmuDevice:
                 raise DeviceAllocationFailed(nbytes, f"emulated GPU {self.ordinal} has "
                                              f"{self.total - self.used} of {self.total} bytes free")
             base = self._next
-            self._next += span + _ALLOC_GRANULE
-            self._chunks[base] = mmap.mmap(-1, span)
-            bisect.insort(self._bases, base)
+            chunk = mmap.mmap(-1, span)
+            self._next = base + span + _ALLOC_GRANULE
+            self._chunks[base] = chunk
             self.used += span
+            self._bases.append(base)   # last; the largest base yet (_next only grows): still sorted
         return base
 
     # virtual memory: a reservation is one lazily committed host mapping; its pages are
@@ -311,10 +497,12 @@ class _EmuDevice:
                         f"size {nbytes} is not a positive multiple of {_ALLOC_GRANULE}")
         with self._lock:
             base = self._next
-            self._next += nbytes + _ALLOC_GRANULE
-            self._chunks[base] = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_NORESERVE)
-            bisect.insort(self._bases, base)
-            self._reservations[base] = _Reservation(base, nbytes)
+            chunk = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_NORESERVE)
+            res = _Reservation(base, nbytes)
+            self._next = base + nbytes + _ALLOC_GRANULE
+            self._chunks[base] = chunk
+            self._reservations[base] = res
+            self._bases.append(base)   # last; the largest base yet (_next only grows): still sorted
         return base
 
     def _reservation_of(self, call: str, ptr: int, nbytes: int) -> "_Reservation":
@@ -335,9 +523,11 @@ class _EmuDevice:
             if res.mappings:
                 raise _fail("cuMemAddressFree", _ERR_INVALID_VALUE,
                             f"reservation {ptr:#x} still has {len(res.mappings)} mapping(s)")
+            chunk = self._chunks[ptr]
+            i = bisect.bisect_left(self._bases, ptr)
             del self._reservations[ptr]
-            chunk = self._chunks.pop(ptr)
-            del self._bases[bisect.bisect_left(self._bases, ptr)]
+            del self._chunks[ptr]
+            del self._bases[i]
         try:
             chunk.close()
         except BufferError:
@@ -346,13 +536,14 @@ class _EmuDevice:
     def phys_create(self, nbytes: int) -> int:
         if nbytes <= 0 or nbytes % _ALLOC_GRANULE:
             raise _fail("cuMemCreate", _ERR_INVALID_VALUE, f"size {nbytes} is not a positive multiple of {_ALLOC_GRANULE}")
+        phys = _Physical(nbytes)
+        handle = next(_PHYS_HANDLES)
         with self._lock:
             if self.used + nbytes > self.total:
                 raise DeviceAllocationFailed(nbytes, f"emulated GPU {self.ordinal} has "
                                              f"{self.total - self.used} of {self.total} bytes free")
             self.used += nbytes
-            handle = next(_PHYS_HANDLES)
-            self._phys[handle] = _Physical(nbytes)
+            self._phys[handle] = phys
         return handle
 
     def phys_release(self, handle: int) -> None:
@@ -393,29 +584,35 @@ class _EmuDevice:
                 at += m[0]
             if at != ptr + nbytes:
                 raise _fail("cuMemUnmap", _ERR_INVALID_VALUE, f"[{ptr:#x}, +{nbytes}) cuts a mapping")
+            chunk = self._chunks[res.base]
+            # One mapping at a time, each undone whole (an exception can land at the loop's jump
+            # back): an unmap cut short leaves whole mappings, mapped or not, never half of one.
             for start, (size, handle) in spans:
-                del res.mappings[start]
+                p0, p1 = (start - res.base) // _ALLOC_GRANULE, (start - res.base + size) // _ALLOC_GRANULE
+                unmapped = bytes(p1 - p0)
                 phys = self._phys[handle]
+                del res.mappings[start]
+                res.pages[p0:p1] = unmapped
                 phys.mapped_at = None
                 if phys.released:
                     del self._phys[handle]
                     self.used -= phys.size
-            p0, p1 = (ptr - res.base) // _ALLOC_GRANULE, (ptr - res.base + nbytes) // _ALLOC_GRANULE
-            res.pages[p0:p1] = bytes(p1 - p0)
-            # The physical pages are gone: what a later mapping shows is not what was written.
-            self._chunks[res.base].madvise(mmap.MADV_DONTNEED, ptr - res.base, nbytes)
+                # The physical pages are gone: what a later mapping shows is not what was written.
+                chunk.madvise(mmap.MADV_DONTNEED, start - res.base, size)
 
     def free(self, ptr: int) -> int:
         """Free a ``malloc`` result; returns the bytes it spanned."""
         if ptr in self._reservations:
             raise _fail("cudaFree", _ERR_INVALID_VALUE, f"{ptr:#x} is a reservation (cuMemAddressFree), not a cudaMalloc")
         with self._lock:
-            chunk = self._chunks.pop(ptr, None)
+            chunk = self._chunks.get(ptr)
             if chunk is None:
                 raise _fail("cudaFree", _ERR_INVALID_VALUE, f"{ptr:#x} is not an allocation of GPU {self.ordinal}")
-            del self._bases[bisect.bisect_left(self._bases, ptr)]
-            self.used -= len(chunk)
-        span = len(chunk)
+            span = len(chunk)
+            i = bisect.bisect_left(self._bases, ptr)
+            del self._chunks[ptr]
+            del self._bases[i]
+            self.used -= span
         try:
             chunk.close()
         except BufferError:
@@ -519,6 +716,13 @@ class _RaceDetector:
     in the caller's thread, against the last write and the reads since it of every byte it
     touches: deterministic, whatever the timing. Everything here runs under one lock, and work
     is queued on its stream inside it, so that clock positions are queue positions.
+
+    Under an exception that cuts a step short (an asynchronous one lands at a call or a loop's
+    jump back): the lock is a plain one taken by ``with``, so it is released; the interval map's
+    two lists change together, with no call between; and a cut-short step leaves the detector
+    knowing less than happened (an access or an ordering not recorded), never more, and never
+    ordering that did not happen: work is queued before the clocks say so, and the host clock's
+    version is bumped before it grows.
     """
 
     def __init__(self, races: list) -> None:
@@ -545,8 +749,13 @@ class _RaceDetector:
         return clock
 
     def _observe(self, clock: dict[int, int]) -> None:
-        if _join(self.host, clock):
-            self.host_version += 1
+        host = self.host
+        for k, v in clock.items():
+            if host.get(k, 0) < v:
+                # bumped before the join: a join cut short leaves streams to join the host again
+                self.host_version += 1
+                _join(host, clock)
+                return
 
     def observe(self, clock: dict[int, int]) -> None:
         with self.lock:
@@ -590,8 +799,9 @@ class _RaceDetector:
             if source is None:
                 return
             clock = self._frontier(s)
+            seq_here = s.enqueue(lambda: source.wait_for(seq))   # the wait first, then the clocks
             _join(clock, evclock)
-            clock[s.handle] = s.enqueue(lambda: source.wait_for(seq))
+            clock[s.handle] = seq_here
 
     # host observations ----------------------------------------------------------------------
     def stream_idle(self, s: "_EmuStream") -> bool:
@@ -642,8 +852,9 @@ class _RaceDetector:
     def device_snapshot(self, ordinal: int, streams: list["_EmuStream"]) -> dict[int, int]:
         with self.lock:
             while self.retiring:
-                dev, clock = self.retiring.popleft()
+                dev, clock = self.retiring[0]
                 _join(self.retired.setdefault(dev, {}), clock)
+                self.retiring.popleft()   # after the join: one cut short is joined again, never lost
             snap = dict(self.retired.get(ordinal, {}))
             for s in streams:
                 _join(snap, s.clock)
@@ -718,8 +929,9 @@ class _RaceDetector:
                     last.end = seg.end
                     continue
             merged.append(seg)
-        self._segs[i:j] = merged
-        self._starts[i:j] = [seg.start for seg in merged]
+        starts = [seg.start for seg in merged]
+        self._segs[i:j] = merged        # the two lists change together: no call between
+        self._starts[i:j] = starts
 
     def _span(self, a: int, b: int) -> tuple[int, int]:
         segs = self._segs
@@ -786,8 +998,9 @@ class _RaceDetector:
                 new.append(_Seg(first.start, a, first.write, first.reads))
             if last.end > b:
                 new.append(_Seg(b, last.end, last.write, last.reads))
-            self._segs[i:j] = new
-            self._starts[i:j] = [seg.start for seg in new]
+            starts = [seg.start for seg in new]
+            self._segs[i:j] = new           # the two lists change together: no call between
+            self._starts[i:j] = starts
 
     def segments(self) -> list[tuple[int, int, tuple | None, dict | None]]:
         """The interval map, for tests: (start, end, write, reads) per segment."""
@@ -849,18 +1062,30 @@ class EmulatedBackend(DeviceBackend):
             stream = per_thread.get(dev)
         elif handle in (LEGACY_STREAM, DEFAULT_STREAM):
             dev = self._current()
-            with self._lock:
-                if dev.legacy is None:
-                    dev.legacy = _EmuStream(dev, next(self._handles), 0, "legacy")
-                    if self._race is not None:
-                        self._race.add_stream(dev.legacy)
-                stream = dev.legacy
+            stream = dev.legacy
+            if stream is None:
+                stream = self._legacy(dev)
         else:
             stream = self._streams.get(handle)
             if stream is None:
                 raise _fail(call, _ERR_INVALID_HANDLE, f"no stream {handle:#x}")
         if stream.device.sticky is not None:
             raise stream.device.sticky
+        return stream
+
+    def _legacy(self, dev: _EmuDevice) -> _EmuStream:
+        """The device's legacy stream, made on first use: made whole outside the lock (making one
+        calls into ``threading``), then published under it with a plain store; a thread that lost
+        the race closes its own."""
+        fresh = _EmuStream(dev, next(self._handles), 0, "legacy")
+        if self._race is not None:
+            self._race.add_stream(fresh)
+        with self._lock:
+            if dev.legacy is None:
+                dev.legacy = fresh
+            stream = dev.legacy
+        if stream is not fresh:
+            fresh.close()
         return stream
 
     def _event(self, call: str, handle: int) -> _EmuEvent:
@@ -959,11 +1184,13 @@ class EmulatedBackend(DeviceBackend):
         return handle
 
     def stream_destroy(self, stream: int) -> None:
-        s = self._streams.pop(stream, None)
+        s = self._streams.get(stream)
         if s is None:
             raise _fail("cudaStreamDestroy", _ERR_INVALID_HANDLE, f"no stream {stream:#x}")
         s.close()
-        if self._race is not None:
+        # dropped after its close: a destroy cut short leaves a closed stream that a later destroy
+        # (or the backend's close) finishes, never a live worker nobody can reach
+        if self._streams.pop(stream, None) is s and self._race is not None:
             # Not a host synchronization (cudaStreamDestroy returns at once in CUDA), but its
             # work still counts for a later device synchronize.
             self._race.retire(s)
@@ -1239,8 +1466,7 @@ class EmulatedBackend(DeviceBackend):
     def close(self) -> None:
         if self._closed:
             return
-        self._closed = True
-        for s in list(self._streams.values()):
+        for s in list(self._streams.values()):   # each close is repeatable
             s.close()
         self._streams.clear()
         for dev in self._devices:
@@ -1248,6 +1474,7 @@ class EmulatedBackend(DeviceBackend):
                 dev.legacy.close()
         for s in list(self._ptds):
             s.close()
+        self._closed = True   # last: a close cut short by an exception can be called again, and finishes
 
 
 class _PerThreadStreams:
@@ -1263,20 +1490,23 @@ class _PerThreadStreams:
             stream = _EmuStream(dev, next(self._backend._handles), 0, "per-thread")
             if self._backend._race is not None:
                 self._backend._race.add_stream(stream)
+            # list.append and list.remove are single steps under the GIL (no lock needed): the
+            # backend's list first, so that device synchronize and close see every published stream
+            self._backend._ptds.append(stream)
             self._streams[dev.ordinal] = stream
-            with self._backend._lock:
-                self._backend._ptds.append(stream)
         return stream
 
     def __del__(self) -> None:  # the owning thread ended: its default streams go with it
-        for stream in self._streams.values():
+        for stream in list(self._streams.values()):
             try:
-                with self._backend._lock:
-                    self._backend._ptds.remove(stream)
                 stream.close()
+                try:
+                    self._backend._ptds.remove(stream)
+                except ValueError:   # removed already
+                    pass
                 if self._backend._race is not None:
                     # no lock here (this may run inside any call, by GC): the detector takes
                     # it in at the next device synchronize
                     self._backend._race.retiring.append((stream.device.ordinal, stream.clock))
-            except Exception:  # interpreter shutdown
-                pass
+            except BaseException:  # noqa: BLE001 - interpreter shutdown, or an exception landing here:
+                pass               # the thread's other streams still close (and the backend's close)
