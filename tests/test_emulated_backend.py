@@ -898,3 +898,28 @@ def test_the_java_hot_path_passes_the_refusal_on_and_records_nothing():
             hp.register_host(ctypes.addressof(buf), (1 << 63) - 1)
         hp.register_host(ctypes.addressof(buf), 4096)
         hp.unregister_host(ctypes.addressof(buf))
+
+
+def test_stream_destroy_returns_at_once_and_a_device_synchronize_still_waits_for_its_work():
+    """As cudaStreamDestroy: the destroy does not wait for the stream's queued work (a hung kernel
+    would otherwise hang whoever destroys its stream: the service's close), and a device
+    synchronize still does."""
+    be = EmulatedBackend(devices=1, memory_bytes=64 << 20)
+    s = be.stream_create()
+    be.spin_async(s, 0.4)
+    start = time.monotonic()
+    be.stream_destroy(s)
+    assert time.monotonic() - start < 0.2
+    be.device_synchronize()
+    assert time.monotonic() - start >= 0.39
+    be.close()
+
+
+def test_close_waits_a_bounded_time_for_work_that_does_not_finish(monkeypatch):
+    monkeypatch.setattr(EmulatedBackend, "CLOSE_WAIT_S", 0.3)
+    be = EmulatedBackend(devices=1, memory_bytes=64 << 20)
+    s = be.stream_create()
+    be.spin_async(s, 10.0)   # a kernel that runs on and on
+    start = time.monotonic()
+    be.close()
+    assert time.monotonic() - start < 2.0

@@ -294,20 +294,22 @@ class _EmuStream:
     def completed(self, seq: int) -> bool:
         return self._completed >= seq
 
-    def wait_for(self, seq: int) -> None:
-        """Block until every op up to ``seq`` has run (or faulted)."""
+    def wait_for(self, seq: int, timeout: float = -1) -> bool:
+        """Block until every op up to ``seq`` has run (or faulted), or ``timeout`` seconds have
+        passed (-1: no end); whether it has run."""
         if self._completed >= seq:
-            return
+            return True
         gate = threading.Lock()
         gate.acquire()
         self._waiters[gate] = seq
         # The worker stores _completed before it reads _waiters, and this thread stored its gate
         # before this read: either the worker sees the gate, or this sees the seq passed.
         if self._completed < seq:
-            gate.acquire()
-        # An exception that ends the wait early (a SIGINT during it) leaves the gate registered:
-        # the worker releases and drops it once the stream passes seq.
+            gate.acquire(timeout=timeout)
+        # An exception that ends the wait early (a SIGINT during it), or the timeout, leaves the
+        # gate registered: the worker releases and drops it once the stream passes seq.
         self._waiters.pop(gate, None)
+        return self._completed >= seq
 
     def idle(self) -> bool:
         return self._completed >= self._enqueued
@@ -315,19 +317,25 @@ class _EmuStream:
     def synchronize(self) -> None:
         self.wait_for(self._enqueued)
 
-    def close(self) -> None:
-        """Run what is queued, then end the worker. Repeatable: a close that an exception cut short
-        can be called again, and finishes."""
+    def close(self, timeout: float | None = None) -> bool:
+        """Let what is queued run, then end the worker; wait for that up to ``timeout`` seconds
+        (None: no end; 0: return at once, as cudaStreamDestroy does). Whether the worker has
+        ended. Repeatable: a close that an exception cut short can be called again, and finishes."""
         with self._lock:
             if not self._closed:
                 self._closed = True          # no op is numbered after this ...
                 self._q.put(_STOP)           # ... so _STOP comes after every op
-        if threading.current_thread() is not self._worker:   # (the worker cannot wait for itself)
-            self.synchronize()
-            try:
-                self._worker.join(timeout=5)
-            except RuntimeError:   # not started yet: once the device thread starts it, it takes _STOP and ends
-                pass
+        if threading.current_thread() is self._worker:   # (the worker cannot wait for itself)
+            return False
+        if timeout == 0:
+            return not self._worker.is_alive() and self.idle()
+        if not self.wait_for(self._enqueued, -1 if timeout is None else timeout):
+            return False
+        try:
+            self._worker.join(timeout=5)
+        except RuntimeError:   # not started yet: once the device thread starts it, it takes _STOP and ends
+            pass
+        return not self._worker.is_alive()
 
     # the worker ------------------------------------------------------------------------------
     def _run(self) -> None:
@@ -1037,6 +1045,7 @@ class EmulatedBackend(DeviceBackend):
         self._local = threading.local()
         self._lock = threading.Lock()
         self._ptds: list[_EmuStream] = []
+        self._destroyed: list[_EmuStream] = []   # destroyed streams whose work may still run
         self._pinned: dict[int, Any] = {}
         self._closed = False
 
@@ -1148,12 +1157,17 @@ class EmulatedBackend(DeviceBackend):
 
     def device_synchronize(self) -> None:
         dev = self._current()
-        streams = [s for s in list(self._streams.values()) + list(self._ptds) + [dev.legacy]
+        streams = [s for s in list(self._streams.values()) + list(self._ptds) + list(self._destroyed) + [dev.legacy]
                    if s is not None and s.device is dev]
         race = self._race
         snap = race.device_snapshot(dev.ordinal, streams) if race is not None else None
         for stream in streams:
             stream.synchronize()
+        for stream in [d for d in list(self._destroyed) if d.idle()]:   # destroyed and done: forgotten
+            try:
+                self._destroyed.remove(stream)
+            except ValueError:   # by another thread meanwhile
+                pass
         if dev.sticky is not None:
             raise dev.sticky
         if snap is not None:
@@ -1184,10 +1198,13 @@ class EmulatedBackend(DeviceBackend):
         return handle
 
     def stream_destroy(self, stream: int) -> None:
+        """As cudaStreamDestroy: returns at once; the work queued on the stream still runs, and a
+        device synchronize (or the backend's close) still waits for it."""
         s = self._streams.get(stream)
         if s is None:
             raise _fail("cudaStreamDestroy", _ERR_INVALID_HANDLE, f"no stream {stream:#x}")
-        s.close()
+        self._destroyed.append(s)   # first: a destroy cut short leaves it reachable, never lost
+        s.close(timeout=0)
         # dropped after its close: a destroy cut short leaves a closed stream that a later destroy
         # (or the backend's close) finishes, never a live worker nobody can reach
         if self._streams.pop(stream, None) is s and self._race is not None:
@@ -1463,17 +1480,25 @@ class EmulatedBackend(DeviceBackend):
         else:  # touches no device memory; queued through the detector so that positions stay exact
             self._race.enqueue(s, fn, "cudaLaunchHostFunc")
 
+    # How long close() waits, in all, for the streams' queued work: a host twin that never returns
+    # (a hung kernel) must not hang the service's close; its worker, a daemon thread, is left.
+    CLOSE_WAIT_S = 5.0
+
     def close(self) -> None:
         if self._closed:
             return
-        for s in list(self._streams.values()):   # each close is repeatable
-            s.close()
+        end = time.monotonic() + self.CLOSE_WAIT_S
+        streams = (list(self._streams.values()) + list(self._destroyed)
+                   + [dev.legacy for dev in self._devices if dev.legacy is not None] + list(self._ptds))
+        left = []
+        for s in streams:   # each close is repeatable
+            if not s.close(timeout=max(0.0, end - time.monotonic())):
+                left.append(s.label)
+        if left:
+            log.warning("emulated device closed with work still running on %d stream(s) after %g s (%s): "
+                        "their workers are left to finish", len(left), self.CLOSE_WAIT_S, ", ".join(left[:4]))
         self._streams.clear()
-        for dev in self._devices:
-            if dev.legacy is not None:
-                dev.legacy.close()
-        for s in list(self._ptds):
-            s.close()
+        self._destroyed.clear()
         self._closed = True   # last: a close cut short by an exception can be called again, and finishes
 
 
