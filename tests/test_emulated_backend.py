@@ -923,3 +923,26 @@ def test_close_waits_a_bounded_time_for_work_that_does_not_finish(monkeypatch):
     start = time.monotonic()
     be.close()
     assert time.monotonic() - start < 2.0
+
+
+def test_an_emulated_gpus_allocations_never_leave_its_address_window():
+    """Addresses are never reused, so enough allocations would walk past a GPU's window into the
+    next GPU's: refused instead (found by the issue-23 settings review)."""
+    import cudabridge.device.emulated_backend as eb
+    from cudabridge.device.backend import DeviceAllocationFailed
+
+    be = EmulatedBackend(devices=2, memory_bytes=64 << 20)
+    be.set_device(0)
+    dev = be._devices[0]
+    dev._next = dev._window_end - (4 << 20)   # as if most of the window had been handed out
+    p = be.malloc(1 << 20)
+    be.free(p)
+    with pytest.raises(DeviceAllocationFailed, match="address window"):
+        be.malloc(4 << 20)                    # would end past the window
+    with pytest.raises(CudaError):
+        be.va_reserve(4 << 20)
+    be.set_device(1)
+    q = be.malloc(1 << 20)
+    assert (q - eb._ADDRESS_BASE) // eb._DEVICE_WINDOW == 1
+    be.free(q)
+    be.close()

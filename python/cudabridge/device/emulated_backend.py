@@ -85,6 +85,7 @@ from .backend import (
 
 log = logging.getLogger(__name__)
 
+_ERR_OUT_OF_MEMORY = (2, "cudaErrorMemoryAllocation")
 _ERR_INVALID_VALUE = (1, "cudaErrorInvalidValue")
 _ERR_HOST_ALREADY_REGISTERED = (712, "cudaErrorHostMemoryAlreadyRegistered")
 _ERR_HOST_NOT_REGISTERED = (713, "cudaErrorHostMemoryNotRegistered")
@@ -473,6 +474,9 @@ class _EmuDevice:
         self._reservations: dict[int, _Reservation] = {}
         self._phys: dict[int, _Physical] = {}
         self._next = _ADDRESS_BASE + ordinal * _DEVICE_WINDOW
+        # addresses are never reused (_next only grows), and all of them lie in this GPU's window:
+        # an allocation past its end is refused, never placed in the next GPU's addresses
+        self._window_end = _ADDRESS_BASE + (ordinal + 1) * _DEVICE_WINDOW
         self.sticky: CudaError | None = None
         self.context_created = False
         self.legacy: _EmuStream | None = None
@@ -490,6 +494,9 @@ class _EmuDevice:
                 raise DeviceAllocationFailed(nbytes, f"emulated GPU {self.ordinal} has "
                                              f"{self.total - self.used} of {self.total} bytes free")
             base = self._next
+            if base + span > self._window_end:
+                raise DeviceAllocationFailed(nbytes, f"emulated GPU {self.ordinal} has used up its address "
+                                             f"window ({_DEVICE_WINDOW} bytes of addresses, never reused)")
             chunk = mmap.mmap(-1, span)
             self._next = base + span + _ALLOC_GRANULE
             self._chunks[base] = chunk
@@ -505,6 +512,9 @@ class _EmuDevice:
                         f"size {nbytes} is not a positive multiple of {_ALLOC_GRANULE}")
         with self._lock:
             base = self._next
+            if base + nbytes > self._window_end:
+                raise _fail("cuMemAddressReserve", _ERR_OUT_OF_MEMORY,
+                            f"emulated GPU {self.ordinal} has no {nbytes} bytes of addresses left in its window")
             chunk = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_NORESERVE)
             res = _Reservation(base, nbytes)
             self._next = base + nbytes + _ALLOC_GRANULE
