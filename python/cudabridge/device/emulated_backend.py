@@ -190,6 +190,18 @@ class _DeviceThread:
                     thread.start()
                     self._thread = thread
 
+    def settle(self, timeout: float = 5.0) -> bool:
+        """Wait (up to ``timeout`` s) until every job posted so far has run: a stream's worker has
+        started once its stream is made, so that threads come and go where the caller does. A
+        lock acquired in C, not an Event: an exception cutting the wait short leaves nothing held
+        (the job releases the gate later, unseen)."""
+        if self._thread is not None and threading.current_thread() is self._thread:
+            return False
+        gate = threading.Lock()
+        gate.acquire()
+        self.post(gate.release)
+        return gate.acquire(timeout=timeout)
+
     def _run(self) -> None:
         while True:
             job = self._q.get()
@@ -272,6 +284,7 @@ class _EmuStream:
             target=self._run, name=f"emulated-gpu{device.ordinal}-stream-{kind}-{handle:#x}", daemon=True
         )
         _DEVICE_THREAD.post(functools.partial(_start_worker, self._worker))
+        _DEVICE_THREAD.settle()   # its worker is running when the stream is made (thread counts stay put)
 
     def enqueue(self, op: Callable[[], None]) -> int:
         """Queue ``op``; returns its sequence number (1-based)."""
