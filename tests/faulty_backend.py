@@ -107,9 +107,9 @@ class FaultyBackend:
             raise CudaError("cudaStreamQuery", *TRANSIENT, "injected")
         return self.inner.stream_query(stream)
 
-    def close(self) -> None:
+    def close(self, timeout_s: float | None = None) -> None:
         self.release_all()
-        self.inner.close()
+        self.inner.close(timeout_s)
 
 
 def from_env(backend: Any) -> "FaultyBackend":

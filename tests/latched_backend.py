@@ -98,7 +98,7 @@ class LatchedBackend:
         self.complete_all()
         self.inner.device_synchronize()
 
-    def close(self) -> None:
+    def close(self, timeout_s: float | None = None) -> None:
         self.complete_all()
-        self.inner.close()
+        self.inner.close(timeout_s)
 

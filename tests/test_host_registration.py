@@ -268,7 +268,7 @@ def test_unregistered_ranges_stay_few_and_a_copy_looks_them_up_by_bisection(hot)
     hp, service = hot
     service.bind_task(1)
     h, _ = hp.allocate(1, 4096)
-    n, step = 4000, 64
+    n, step = 1200, 64                              # more than the 1,024 kept before
     mem = (ctypes.c_char * (n * step * 2))()
     base = ctypes.addressof(mem)
     for i in range(n):                              # a region re-registered as it moves along a buffer

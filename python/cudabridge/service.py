@@ -340,7 +340,7 @@ class CudaBridgeService:
                     errors.append(exc)
         if self._owns_backend:
             try:
-                self.backend.close()
+                self.backend.close(self.config.wait_timeout_s())
             except Exception as exc:   # noqa: BLE001
                 errors.append(exc)
         report = CloseReport(reports, errors, self._unusable or next(

@@ -193,8 +193,9 @@ class DeviceBackend(abc.ABC):
         the backend has no such call it raises NotImplementedError."""
         raise NotImplementedError(f"{self.name}: no cudaLaunchHostFunc")
 
-    def close(self) -> None:
-        """Release backend-wide resources (worker threads, modules). Idempotent."""
+    def close(self, timeout_s: float | None = None) -> None:
+        """Release backend-wide resources (worker threads, modules). Idempotent. ``timeout_s``:
+        how long to wait, at most, for work still queued (None: the backend's own bound)."""
 
 
 class DeviceAllocationFailed(Exception):

@@ -1503,14 +1503,16 @@ class EmulatedBackend(DeviceBackend):
         else:  # touches no device memory; queued through the detector so that positions stay exact
             self._race.enqueue(s, fn, "cudaLaunchHostFunc")
 
-    # How long close() waits, in all, for the streams' queued work: a host twin that never returns
-    # (a hung kernel) must not hang the service's close; its worker, a daemon thread, is left.
+    # How long close() waits, in all, for the streams' queued work at most (the service passes its
+    # hostWaitTimeout when shorter): a host twin that never returns (a hung kernel) must not hang
+    # the service's close; its worker, a daemon thread, is left.
     CLOSE_WAIT_S = 5.0
 
-    def close(self) -> None:
+    def close(self, timeout_s: float | None = None) -> None:
         if self._closed:
             return
-        end = time.monotonic() + self.CLOSE_WAIT_S
+        wait_s = self.CLOSE_WAIT_S if timeout_s is None else min(timeout_s, self.CLOSE_WAIT_S)
+        end = time.monotonic() + wait_s
         streams = (list(self._streams.values()) + list(self._destroyed)
                    + [dev.legacy for dev in self._devices if dev.legacy is not None] + list(self._ptds))
         left = []
@@ -1519,7 +1521,7 @@ class EmulatedBackend(DeviceBackend):
                 left.append(s.label)
         if left:
             log.warning("emulated device closed with work still running on %d stream(s) after %g s (%s): "
-                        "their workers are left to finish", len(left), self.CLOSE_WAIT_S, ", ".join(left[:4]))
+                        "their workers are left to finish", len(left), wait_s, ", ".join(left[:4]))
         self._streams.clear()
         self._destroyed.clear()
         self._closed = True   # last: a close cut short by an exception can be called again, and finishes
