@@ -497,8 +497,11 @@ class TaskRegistry:
         return ReleaseReport(task_id, count, nbytes)
 
     def _drain(self, lease: TaskLease) -> None:
-        """Wait (GIL released) until no operation of the closed lease is in progress. An entry of
-        a thread that has ended is dropped (logged): that thread is no longer inside."""
+        """Wait (GIL released) until no operation of the closed lease is in progress. Every entry
+        is some thread's operation in progress: the entries are made and removed by single
+        built-in calls (module docstring), so none outlives its operation. (Whether a thread still
+        lives cannot be told here: Java threads that call in have no ``threading`` object, and a
+        thread's ident is reused once it ends.)"""
         inside = lease.inside
         if not inside:
             return
@@ -508,26 +511,11 @@ class TaskRegistry:
         while inside:
             time.sleep(pause)
             pause = min(0.001, pause * 2 or 0.00002)
-            if pause == 0.001:
-                self._drop_ended(lease)
             now = time.monotonic()
             if now >= warn_at:
                 log.warning("release of task %d: still waiting after %.0f s for operations in progress on "
                             "thread(s) %s", lease.binding.task_id, now - start, sorted(set(inside)))
                 warn_at = now + self.DRAIN_WARN_S
-
-    @staticmethod
-    def _drop_ended(lease: TaskLease) -> None:
-        alive = {t.ident for t in threading.enumerate()}
-        for ident in set(lease.inside):
-            if ident not in alive:
-                log.warning("release of task %d: thread %d ended inside one of its operations; not waiting "
-                            "for it", lease.binding.task_id, ident)
-                while ident in lease.inside:
-                    try:
-                        lease.inside.remove(ident)
-                    except ValueError:
-                        break
 
     @property
     def tasks_bound(self) -> int:
