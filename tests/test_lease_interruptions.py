@@ -15,12 +15,9 @@ sets the length of the two injection tests together (default 6, as in tests/test
 
 from __future__ import annotations
 
-import ctypes
 import os
 import random
-import signal
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -30,6 +27,7 @@ from cudabridge.errors import OutOfDeviceMemory
 from cudabridge.kernels import LaunchConfig, copy_to_global
 from cudabridge.kernels.modules import ModuleSource
 from cudabridge.service import CudaBridgeService
+from interruption_storms import async_storm, sigint_storm
 
 # each of the two injection tests runs for half (per twin): without the fix a third of that
 # already left hundreds of stale entries
@@ -75,57 +73,19 @@ def _release_within(svc, task: int, seconds: float = 20.0) -> object:
 
 @pytest.mark.parametrize("twin", ["native", "python"])
 def test_sigint_every_millisecond_while_the_main_thread_allocates_leaves_no_stale_entry(twin):
-    assert threading.current_thread() is threading.main_thread()
     svc = _service(twin)
     svc.bind_task(1)
     lease = svc.registry.leases[1]
-    armed = [False]
-
-    def on_sigint(signum, frame):
-        if armed[0]:
-            armed[0] = False
-            raise KeyboardInterrupt
-
-    main = threading.main_thread().ident
-    stop = threading.Event()
-
-    def interrupter():
-        while not stop.is_set():
-            signal.pthread_kill(main, signal.SIGINT)
-            time.sleep(0.001)
-
     rng = random.Random(5)
     held: list = []
-    interrupts = calls = 0
-    errors: list[BaseException] = []
-    previous = signal.signal(signal.SIGINT, on_sigint)
-    sender = threading.Thread(target=interrupter, daemon=True)
-    sender.start()
-    try:
-        end = time.monotonic() + SECONDS
-        while time.monotonic() < end:
-            try:
-                try:
-                    armed[0] = True
-                    if held and rng.random() < 0.5:
-                        held.pop().free()
-                    else:
-                        held.append(svc.allocate(1, rng.choice((256, 4096, 1 << 20))))
-                    calls += 1
-                except OutOfDeviceMemory:
-                    pass
-                except KeyboardInterrupt:
-                    raise
-                except Exception as exc:   # noqa: BLE001 - every other error is the defect
-                    errors.append(exc)
-                armed[0] = False
-            except KeyboardInterrupt:
-                interrupts += 1
-    finally:
-        stop.set()
-        sender.join()
-        armed[0] = False
-        signal.signal(signal.SIGINT, previous)
+
+    def op():
+        if held and rng.random() < 0.5:
+            held.pop().free()
+        else:
+            held.append(svc.allocate(1, rng.choice((256, 4096, 1 << 20))))
+
+    interrupts, calls, errors = sigint_storm(SECONDS, op, expected=(OutOfDeviceMemory,))
     assert not errors, f"{len(errors)} errors besides the interruptions, first: {errors[0]!r}"
     assert interrupts > 20 and calls > 100, (interrupts, calls)
     assert not lease.inside, f"{len(lease.inside)} stale entries in task 1's lease"
@@ -146,13 +106,6 @@ def test_async_exceptions_into_threads_allocating_launching_and_writing_globals(
         svc.bind_task(t)
     bufs = {t: (svc.allocate(t, 64), svc.allocate(t, 64)) for t in tasks}
     value = bytearray(np.float32(2.0).tobytes())
-    armed = [False] * len(tasks)
-    idents = [0] * len(tasks)
-    hits = [0] * len(tasks)
-    errors: list[BaseException] = []
-    stop = threading.Event()
-    set_async = ctypes.pythonapi.PyThreadState_SetAsyncExc
-    set_async.argtypes = (ctypes.c_ulong, ctypes.py_object)
 
     def op(i, rng, held):
         t = tasks[i]
@@ -166,42 +119,8 @@ def test_async_exceptions_into_threads_allocating_launching_and_writing_globals(
         else:
             copy_to_global(reg, t, scale, value)
 
-    def worker(i):
-        idents[i] = threading.get_ident()
-        rng = random.Random(i)
-        held: list = []
-        while not stop.is_set():
-            try:
-                try:
-                    armed[i] = True
-                    op(i, rng, held)
-                except OutOfDeviceMemory:
-                    pass
-                except KeyboardInterrupt:
-                    raise
-                except Exception as exc:   # noqa: BLE001 - every other error is the defect
-                    errors.append(exc)
-                armed[i] = False
-                _checkpoint()   # an exception injected before the line above is raised here
-            except KeyboardInterrupt:
-                hits[i] += 1
-
-    threads = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(len(tasks))]
-    for t in threads:
-        t.start()
-    end = time.monotonic() + SECONDS
-    k = 0
-    while time.monotonic() < end:
-        i = k % len(tasks)
-        k += 1
-        if armed[i]:   # read and injected under the GIL: the thread is inside an operation
-            armed[i] = False
-            set_async(idents[i], KeyboardInterrupt)
-        time.sleep(0.001 / len(tasks))
-    stop.set()
-    for t in threads:
-        t.join(timeout=60)
-    assert not any(t.is_alive() for t in threads), "a worker thread hung"
+    hits, errors, finished = async_storm(len(tasks), SECONDS, op, expected=(OutOfDeviceMemory,))
+    assert finished, "a worker thread hung"
     assert not errors, f"{len(errors)} errors besides the interruptions, first: {errors[0]!r}"
     assert sum(hits) > 20, hits
     stale = {t: len(reg.leases[t].inside) for t in tasks if reg.leases[t].inside}
@@ -211,10 +130,6 @@ def test_async_exceptions_into_threads_allocating_launching_and_writing_globals(
     svc.backend.device_synchronize()
     assert svc.memory_pool(0).statistics().live_allocations == 0
     svc.close()
-
-
-def _checkpoint() -> None:
-    """A Python call: entering it raises a pending asynchronous exception."""
 
 
 @pytest.mark.parametrize("twin", ["native", "python"])
