@@ -75,10 +75,14 @@ def sigint_storm(seconds: float, op: Callable[[], None],
 
 
 def async_storm(workers: int, seconds: float, op: Callable[[int, random.Random, list], None],
-                expected: tuple[type[BaseException], ...] = ()) -> tuple[list[int], list[BaseException], bool]:
-    """``workers`` threads call ``op(i, rng, held)`` again and again for ``seconds`` while
-    KeyboardInterrupt is injected into whichever is inside an operation, about every millisecond.
-    Returns (interruptions per thread, errors, whether every thread finished within a minute)."""
+                expected: tuple[type[BaseException], ...] = (),
+                held: list[list] | None = None) -> tuple[list[int], list[BaseException], bool]:
+    """``workers`` threads call ``op(i, rng, held[i])`` again and again for ``seconds`` while
+    KeyboardInterrupt is injected into whichever is inside an operation, about every millisecond
+    (``held``: the lists the threads keep what they hold in, for the caller to settle; fresh ones
+    by default). Returns (interruptions per thread, errors, whether every thread finished within a
+    minute)."""
+    held = held if held is not None else [[] for _ in range(workers)]
     armed = [False] * workers
     idents = [0] * workers
     hits = [0] * workers
@@ -90,12 +94,11 @@ def async_storm(workers: int, seconds: float, op: Callable[[int, random.Random, 
     def worker(i):
         idents[i] = threading.get_ident()
         rng = random.Random(i)
-        held: list = []
         while not stop.is_set():
             try:
                 try:
                     armed[i] = True
-                    op(i, rng, held)
+                    op(i, rng, held[i])
                 except expected:
                     pass
                 except KeyboardInterrupt:
