@@ -177,19 +177,15 @@ static PyObject *new_record(PyObject *type, Py_ssize_t n, PyObject **items) {
     return t;
 }
 
-static PyObject *call_ref(PyObject *fn, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
-    return PyObject_Vectorcall(fn, args, nargs, kwnames);
-}
-
 /* bind(task_id, gpu=None, priority="normal") -> TaskBinding */
 static PyObject *core_bind(RegistryCore *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
     if (kwnames != NULL || nargs < 1 || nargs > 3)
-        return call_ref(self->bind_ref, args, nargs, kwnames);
+        return PyObject_Vectorcall(self->bind_ref, args, nargs, kwnames);
     PyObject *task = args[0];
     PyObject *gpu = nargs > 1 ? args[1] : Py_None;
     PyObject *priority = nargs > 2 ? args[2] : s_normal;
     if (!PyLong_CheckExact(task) || _PyLong_Sign(task) < 0 || self->closed || !PyUnicode_CheckExact(priority))
-        return call_ref(self->bind_ref, args, nargs, NULL);
+        return PyObject_Vectorcall(self->bind_ref, args, nargs, NULL);
     PyObject *res;
     if (gpu == Py_None)
         res = self->sole;
@@ -200,20 +196,20 @@ static PyObject *core_bind(RegistryCore *self, PyObject *const *args, Py_ssize_t
     if (res == NULL || res == Py_None) {
         if (PyErr_Occurred())
             return NULL;
-        return call_ref(self->bind_ref, args, nargs, NULL);
+        return PyObject_Vectorcall(self->bind_ref, args, nargs, NULL);
     }
     PyObject *cycles = PyTuple_GET_ITEM(res, 2);
     PyObject *cycle = cycles == Py_None ? NULL : PyDict_GetItemWithError(cycles, priority);
     if (cycle == NULL) {
         if (PyErr_Occurred())
             return NULL;
-        return call_ref(self->bind_ref, args, nargs, NULL);
+        return PyObject_Vectorcall(self->bind_ref, args, nargs, NULL);
     }
     int known = PyDict_Contains(self->releasing, task);
     if (known == 0)
         known = PyDict_Contains(self->table, task);
     if (known != 0)
-        return known < 0 ? NULL : call_ref(self->bind_ref, args, nargs, NULL);   /* refused there */
+        return known < 0 ? NULL : PyObject_Vectorcall(self->bind_ref, args, nargs, NULL);   /* refused there */
     /* From here on no Python code runs: the steps are one atomic step for every other thread. */
     PyObject *stream = PyIter_Next(cycle);
     if (stream == NULL) {
@@ -249,7 +245,7 @@ static PyObject *core_bind(RegistryCore *self, PyObject *const *args, Py_ssize_t
         if (PyDict_Contains(self->table, task) != 0) {   /* bound meanwhile: the reference refuses */
             Py_DECREF(lease);
             Py_DECREF(binding);
-            return PyErr_Occurred() ? NULL : call_ref(self->bind_ref, args, nargs, NULL);
+            return PyErr_Occurred() ? NULL : PyObject_Vectorcall(self->bind_ref, args, nargs, NULL);
         }
     }
     int rc = PyDict_SetItem(self->table, task, (PyObject *)lease);

@@ -97,12 +97,11 @@ class StreamPool:
         finally:
             if prev != device:
                 backend.set_device(prev)
-        self._cycles = {p: itertools.cycle(h) for p, h in self._streams.items() if h}
-        # The same cycles by plain priority name, for a caller that takes streams itself (the task
-        # registry's C twin): one next() on a cycle is acquire(). None unless round-robin is the
-        # policy; emptied in place at close, so that nothing hands out a closed pool's streams.
-        self.round_robin_cycles: dict[str, Iterator[int]] | None = (
-            {str(p): c for p, c in self._cycles.items()} if self.policy == StreamPolicy.ROUND_ROBIN else None)
+        # priority -> its round-robin cycle (a priority with no streams has none). Read by a caller
+        # that takes streams itself under the round-robin policy (the task registry's C twin: one
+        # next() is acquire()); emptied in place at close, so that nothing hands out a closed
+        # pool's streams.
+        self.cycles: dict[str, Iterator[int]] = {p: itertools.cycle(h) for p, h in self._streams.items() if h}
         self._lock = threading.Lock()
         self._closed = False
         self.idle_queries = 0
@@ -122,7 +121,7 @@ class StreamPool:
         """A stream of the pool; nothing to return. ``round-robin`` costs one atomic step;
         ``idle-first`` queries streams from the round-robin position and takes the first with no
         pending work (falling back to round-robin when all are busy)."""
-        cycle = self._cycles.get(priority)
+        cycle = self.cycles.get(priority)
         if cycle is None:
             if self._closed:
                 raise PoolClosed(f"acquire on the stream pool of GPU {self.device} after close()")
@@ -154,9 +153,7 @@ class StreamPool:
             if self._closed:
                 return
             self._closed = True
-            self._cycles = {}
-            if self.round_robin_cycles is not None:
-                self.round_robin_cycles.clear()
+            self.cycles.clear()
         first: BaseException | None = None
         handles = self.handles
         self._streams = {p: [] for p in Priority}

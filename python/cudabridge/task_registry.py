@@ -72,6 +72,7 @@ from .errors import CudaError, InvalidArgument, KernelFault, PoolClosed, Unknown
 from .kernels.launch_config import check_launch_request
 from .kernels.launch_log import LaunchLog
 from .memory.native import load as load_native
+from .stream_pool import StreamPolicy
 
 if TYPE_CHECKING:
     from .kernels import LaunchConfig
@@ -265,8 +266,8 @@ class TaskRegistry:
         if _core is not None:
             self._core = _core.RegistryCore(
                 table=self._leases._by_id, releasing=self._releasing, claims=self._claims,
-                gpus={o: (o, r.address, r.streams.round_robin_cycles, r.memory.owner_table, r.memory.release_owner)
-                      for o, r in self._gpus.items()},
+                gpus={o: (o, r.address, r.streams.cycles if r.streams.policy == StreamPolicy.ROUND_ROBIN else None,
+                          r.memory.owner_table, r.memory.release_owner) for o, r in self._gpus.items()},
                 binding_type=TaskBinding, report_type=ReleaseReport, lease_type=TaskLease,
                 lease_direct=TaskLease is _PLAIN_LEASE, local=self._local,
                 listeners=self._release_listeners, drain=self._drain, bind_ref=self._bind_reference,
