@@ -24,6 +24,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <jni.h>
+#include <jvmti.h>
 
 #include <dlfcn.h>
 #include <errno.h>
@@ -790,6 +791,62 @@ static char *copy_jstring(JNIEnv *env, jstring js) {
     return out;
 }
 
+/* Whether the JVM's system class loader can load `name` (binary name, dots); clears what it threw. */
+static int system_loader_sees(JNIEnv *env, const char *name) {
+    int seen = 0;
+    jclass loader_class = (*env)->FindClass(env, "java/lang/ClassLoader");
+    jmethodID get_system = loader_class == NULL ? NULL
+        : (*env)->GetStaticMethodID(env, loader_class, "getSystemClassLoader", "()Ljava/lang/ClassLoader;");
+    jmethodID load_class = loader_class == NULL ? NULL
+        : (*env)->GetMethodID(env, loader_class, "loadClass", "(Ljava/lang/String;)Ljava/lang/Class;");
+    jobject system = get_system == NULL ? NULL : (*env)->CallStaticObjectMethod(env, loader_class, get_system);
+    jstring jname = system == NULL ? NULL : (*env)->NewStringUTF(env, name);
+    if (jname != NULL && load_class != NULL) {
+        jobject found = (*env)->CallObjectMethod(env, system, load_class, jname);
+        seen = found != NULL && !(*env)->ExceptionCheck(env);
+        if (found != NULL) (*env)->DeleteLocalRef(env, found);
+    }
+    (*env)->ExceptionClear(env);
+    if (jname != NULL) (*env)->DeleteLocalRef(env, jname);
+    if (system != NULL) (*env)->DeleteLocalRef(env, system);
+    if (loader_class != NULL) (*env)->DeleteLocalRef(env, loader_class);
+    return seen;
+}
+
+/* JPype 1.7 finds its entry class with FindClass and defines the rest through a loader whose parent
+ * is the system class loader: org.jpype.jar must be the system class loader's. Where the bridge's
+ * own jars came through a child loader (Spark's --jars) it is not on the system class path, and it
+ * cannot be put there at launch (Spark unpacks --archives after the executor JVM starts, and the
+ * JVM drops class path entries that do not exist when it first searches them). So it is appended
+ * to the system class loader's search (JVMTI, live phase: the JDK's application class loader
+ * supports it). Returns NULL or a malloc'ed message. */
+static char *jpype_on_system_class_path(JNIEnv *env, const char *jar) {
+    const char *probe = "org.jpype.JPypeClassLoader";
+    if (system_loader_sees(env, probe)) return NULL;
+    jvmtiEnv *jvmti = NULL;
+    jint rc = (*g_vm)->GetEnv(g_vm, (void **)&jvmti, JVMTI_VERSION_1_2);
+    char msg[PATH_MAX + 256];
+    if (rc != JNI_OK || jvmti == NULL) {
+        snprintf(msg, sizeof msg, "cudabridge: JPype's %s is not on the JVM's system class path and JVMTI is not "
+                 "available to add it (GetEnv returned %d): put it on the system class path "
+                 "(spark.executor.extraClassPath)", jar, (int)rc);
+        return strdup(msg);
+    }
+    jvmtiError err = (*jvmti)->AddToSystemClassLoaderSearch(jvmti, jar);
+    (*jvmti)->DisposeEnvironment(jvmti);
+    if (err != JVMTI_ERROR_NONE) {
+        snprintf(msg, sizeof msg, "cudabridge: appending JPype's %s to the system class loader's search failed "
+                 "(JVMTI error %d): put it on the system class path (spark.executor.extraClassPath)", jar, (int)err);
+        return strdup(msg);
+    }
+    if (!system_loader_sees(env, probe)) {
+        snprintf(msg, sizeof msg, "cudabridge: %s was appended to the system class loader's search but %s is still "
+                 "not found there: is it JPype's org.jpype.jar?", jar, probe);
+        return strdup(msg);
+    }
+    return NULL;
+}
+
 /* Called with g_start_lock held, and GIL held by this thread. Runs the bootstrap and caches the
  * hot path's methods. Returns NULL or a malloc'ed message (the GIL is still held either way). */
 static char *run_bootstrap(JNIEnv *env, jobjectArray pythonpath, const char *library, const char *conf) {
@@ -818,6 +875,19 @@ static char *run_bootstrap(JNIEnv *env, jobjectArray pythonpath, const char *lib
         char *msg = format_python_failure(what); /* `what` already holds a copy of rp */
         Py_XDECREF(repr);
         return msg;
+    }
+    PyObject *jar = PyObject_CallMethod(mod, "jpype_class_path", NULL);
+    const char *jar_path = jar == NULL ? NULL : PyUnicode_AsUTF8(jar);
+    if (jar_path == NULL) {
+        Py_XDECREF(jar);
+        Py_DECREF(mod);
+        return format_python_failure("cudabridge: JPype's org.jpype.jar was not found");
+    }
+    char *unseen = jpype_on_system_class_path(env, jar_path);
+    Py_DECREF(jar);
+    if (unseen != NULL) {
+        Py_DECREF(mod);
+        return unseen;
     }
     PyObject *control = PyObject_CallMethod(mod, "start", "ss", library, conf);
     Py_DECREF(mod);

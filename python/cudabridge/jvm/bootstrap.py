@@ -27,9 +27,21 @@ import os
 import sys
 from typing import Any
 
+from . import java_classes
+
 log = logging.getLogger("cudabridge.jvm")
 
 _started: dict[str, Any] = {}   # keeps the service, control and proxy alive for the JVM's life
+
+
+def jpype_class_path() -> str:
+    """JPype's ``org.jpype.jar`` in this environment. JPype defines its classes through a loader
+    whose parent is the JVM's system class loader, so the jar must be on the system class path;
+    where it is not (the bridge's jars came through a child loader, as Spark's ``--jars`` gives),
+    the bridge library appends it to the system class loader's search before JPype starts."""
+    from .build import jpype_jar
+
+    return str(jpype_jar())
 
 
 def _bind_jpype(library: str) -> None:
@@ -140,8 +152,7 @@ def start(library: str, conf_json: str) -> Any:
     conf = {(k if k.startswith(SPARK_PREFIX) else SPARK_PREFIX + k): v for k, v in conf.items()}
     config = ServiceConfig.from_mapping(conf)
     _bind_jpype(library)
-
-    from jpype import JClass
+    java_classes.bind()
 
     from ..service import CudaBridgeService
     from .control import BridgeControl, make_proxy
@@ -154,7 +165,7 @@ def start(library: str, conf_json: str) -> Any:
                 "pid": os.getpid(), "library": library}
         control = BridgeControl(service, hot, info)
         proxy = make_proxy(control)
-        JClass("org.cudabridge.NativeBridge").installControl(proxy)
+        java_classes.java_class("org.cudabridge.NativeBridge").installControl(proxy)
     except BaseException:
         service.close()
         raise

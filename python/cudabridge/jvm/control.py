@@ -233,10 +233,11 @@ def make_proxy(control: BridgeControl) -> Any:
     from jpype import JArray, JByte, JClass, JImplements, JLong, JOverride
 
     from .errors import java_exception
+    from .java_classes import java_class
 
     HashMap = JClass("java.util.HashMap")
     Long = JClass("java.lang.Long")
-    StreamBinding = JClass("org.cudabridge.StreamBinding")
+    StreamBinding = java_class("org.cudabridge.StreamBinding")
 
     def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
         def wrapper(self: Any, *args: Any) -> Any:
@@ -297,7 +298,7 @@ def make_proxy(control: BridgeControl) -> Any:
         c.check_open("unregisterHost")
         c.hot.unregister_host(int(address), int(task))
 
-    @JImplements("org.cudabridge.ControlPlane")
+    @JImplements(java_class("org.cudabridge.ControlPlane"))
     class ControlProxy:
         lookupTask = JOverride(guarded(j_lookup_task))
         statistics = JOverride(guarded(j_statistics))

@@ -35,9 +35,11 @@ def error_info(exc: BaseException) -> tuple[str, str, Optional[OomFields]]:
 
 def java_exception(exc: BaseException):
     """The Java exception (a JPype object, raisable from Python) that stands for ``exc``."""
-    from jpype import JArray, JClass, JLong
+    from jpype import JArray, JLong
+
+    from .java_classes import java_class
 
     message, pytype, oom = error_info(exc)
     if oom is not None:
-        return JClass("org.cudabridge.GpuOutOfMemoryException")(message, pytype, JArray(JLong)(oom))
-    return JClass("org.cudabridge.CudaBridgeException")(message, pytype)
+        return java_class("org.cudabridge.GpuOutOfMemoryException")(message, pytype, JArray(JLong)(oom))
+    return java_class("org.cudabridge.CudaBridgeException")(message, pytype)

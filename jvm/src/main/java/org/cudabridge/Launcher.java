@@ -119,7 +119,17 @@ final class Launcher {
         Path builtFile = layout.nativePropertiesFile();
         NativeBridge.load(library, LibraryCheck.recordedFor(Paths.get(library),
                 builtFile == null ? null : layout.nativeProperties(), builtFile));
-        NativeBridge.startPython(o.python(), o.pythonPath().toArray(new String[0]), library, JsonText.object(o.conf()));
+        // Python looks the bridge's classes up through the loader that loaded them (a child loader
+        // where the jars came with --jars): it reads it as this thread's context class loader.
+        Thread starter = Thread.currentThread();
+        ClassLoader context = starter.getContextClassLoader();
+        starter.setContextClassLoader(NativeBridge.class.getClassLoader());
+        try {
+            NativeBridge.startPython(o.python(), o.pythonPath().toArray(new String[0]), library,
+                    JsonText.object(o.conf()));
+        } finally {
+            starter.setContextClassLoader(context);
+        }
         ControlPlane plane = NativeBridge.control();
         if (plane == null) {
             throw new CudaBridgeException("cudabridge: Python started but installed no control plane", "java");
