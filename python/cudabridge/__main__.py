@@ -1,7 +1,7 @@
 """``python -m cudabridge``: ``demo`` (many concurrent simulated tasks through the service),
 ``info`` (backend and devices), ``config`` (every configuration key with its default), and for the
 JVM bridge ``build`` (the JNI library and the jar), ``jar`` and ``classpath`` (what spark-submit
-needs)."""
+needs); ``doctor`` checks what a new machine has and lacks (:mod:`cudabridge.doctor`)."""
 
 from __future__ import annotations
 
@@ -30,7 +30,17 @@ def main(argv: list[str] | None = None) -> int:
     build.add_argument("--force", action="store_true", help="rebuild even if up to date")
     sub.add_parser("jar", help="print the path of cudabridge.jar")
     sub.add_parser("classpath", help="print the class path for spark.{driver,executor}.extraClassPath")
+    doctor = sub.add_parser("doctor", help="check this machine: Python, JPype, the bridge library, C fast paths, "
+                                           "jars, the device and pinned memory (exit 1 if something is missing)")
+    doctor.add_argument("--backend", choices=("auto", "cuda", "emulated"), default=None,
+                        help="the backend to check for (default: spark.cudabridge.backend from CUDABRIDGE_BACKEND, "
+                             "else auto)")
+    doctor.add_argument("--json", action="store_true", help="print the checks as a JSON list")
     args = parser.parse_args(argv)
+    if args.command == "doctor":
+        from .doctor import main as doctor_main
+
+        return doctor_main(args)
     if args.command in ("build", "jar", "classpath"):
         return _jvm_command(args)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
