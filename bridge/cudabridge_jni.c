@@ -794,19 +794,25 @@ static char *copy_jstring(JNIEnv *env, jstring js) {
 /* Whether the JVM's system class loader can load `name` (binary name, dots); clears what it threw. */
 static int system_loader_sees(JNIEnv *env, const char *name) {
     int seen = 0;
+    jobject system = NULL;
+    jstring jname = NULL;
     jclass loader_class = (*env)->FindClass(env, "java/lang/ClassLoader");
-    jmethodID get_system = loader_class == NULL ? NULL
-        : (*env)->GetStaticMethodID(env, loader_class, "getSystemClassLoader", "()Ljava/lang/ClassLoader;");
-    jmethodID load_class = loader_class == NULL ? NULL
-        : (*env)->GetMethodID(env, loader_class, "loadClass", "(Ljava/lang/String;)Ljava/lang/Class;");
-    jobject system = get_system == NULL ? NULL : (*env)->CallStaticObjectMethod(env, loader_class, get_system);
-    jstring jname = system == NULL ? NULL : (*env)->NewStringUTF(env, name);
-    if (jname != NULL && load_class != NULL) {
+    jmethodID get_system = NULL, load_class = NULL;
+    if (loader_class != NULL)
+        get_system = (*env)->GetStaticMethodID(env, loader_class, "getSystemClassLoader", "()Ljava/lang/ClassLoader;");
+    if (get_system != NULL)
+        load_class = (*env)->GetMethodID(env, loader_class, "loadClass", "(Ljava/lang/String;)Ljava/lang/Class;");
+    if (load_class != NULL) {
+        system = (*env)->CallStaticObjectMethod(env, loader_class, get_system);
+        if ((*env)->ExceptionCheck(env)) system = NULL;
+    }
+    if (system != NULL) jname = (*env)->NewStringUTF(env, name);
+    if (jname != NULL) {
         jobject found = (*env)->CallObjectMethod(env, system, load_class, jname);
-        seen = found != NULL && !(*env)->ExceptionCheck(env);
+        seen = !(*env)->ExceptionCheck(env) && found != NULL;
         if (found != NULL) (*env)->DeleteLocalRef(env, found);
     }
-    (*env)->ExceptionClear(env);
+    (*env)->ExceptionClear(env);   /* ClassNotFoundException: not seen */
     if (jname != NULL) (*env)->DeleteLocalRef(env, jname);
     if (system != NULL) (*env)->DeleteLocalRef(env, system);
     if (loader_class != NULL) (*env)->DeleteLocalRef(env, loader_class);

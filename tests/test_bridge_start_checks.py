@@ -260,18 +260,19 @@ def test_intact_copy_with_its_properties_starts(lib_copy):
     assert r["retry_started"] == "true"
 
 
-def test_stale_recorded_checksum_rebuilds(harness, monkeypatch, tmp_path):
+def test_stale_recorded_checksum_rebuilds(harness, tmp_path):
     """``build`` does not take a damaged library as current (it would record the damage as the
     reference): a library whose bytes differ from the recorded ones is rebuilt."""
     native = tmp_path / "_native"
     shutil.copytree(jvm_build.NATIVE_DIR, native)
-    monkeypatch.setattr(jvm_build, "NATIVE_DIR", native)
+    jvm_build.build_native(native_dir=native)   # its own record (a copy records no interpreter)
     lib = native / jvm_build.LIBRARY_NAME
     good = lib.read_bytes()
     with open(lib, "r+b") as f:
         f.truncate(len(good) // 2)
     os.utime(lib)  # newer than the sources: only the recorded checksum says it is stale
-    jvm_build.build_native()
-    assert lib.stat().st_size == int(jvm_build.read_properties()["library.size"])
-    assert hashlib.sha256(lib.read_bytes()).hexdigest() == jvm_build.read_properties()["library.sha256"]
+    jvm_build.build_native(native_dir=native)
+    props = jvm_build.read_properties(native / jvm_build.PROPERTIES_NAME)
+    assert lib.stat().st_size == int(props["library.size"])
+    assert hashlib.sha256(lib.read_bytes()).hexdigest() == props["library.sha256"]
     assert stat.S_ISREG(lib.stat().st_mode) and lib.stat().st_size > len(good) // 2

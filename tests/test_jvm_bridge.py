@@ -162,13 +162,17 @@ def test_gate_starves_nobody_and_never_holds_up_a_synchronize(harness, enabled):
 
 @pytest.fixture
 def bare_jar(harness, tmp_path):
-    """The jar alone in a folder (no cudabridge-native.properties beside it, so no build
-    defaults), with the library given by -Dcudabridge.library."""
+    """The jar alone in a folder (no library beside it, so no defaults from an install), with a
+    copy of the library (and its properties) outside any package given by -Dcudabridge.library."""
     jar = tmp_path / "cudabridge.jar"
     shutil.copyfile(jvm_build.jar_path(), jar)
+    native = tmp_path / "native"
+    native.mkdir()
+    for name in (jvm_build.LIBRARY_NAME, jvm_build.PROPERTIES_NAME):
+        shutil.copyfile(jvm_build.NATIVE_DIR / name, native / name)
     classes = harness.split(os.pathsep)[-1]
     cp = os.pathsep.join([str(jar), str(jvm_build.jpype_jar()), classes])
-    return cp, [f"-Dcudabridge.library={jvm_build.library_path()}"]
+    return cp, [f"-Dcudabridge.library={native / jvm_build.LIBRARY_NAME}"]
 
 
 def _message(r: Run) -> str:

@@ -252,8 +252,7 @@ CASES = [
     (P + "pythonPath", "a:b", True), (P + "library", "", True), (P + "gpuResource", "gpu", True),
     ("cudabridge.python", "/x", True), ("cudabridge.pythonPath", "a:b", True), ("cudabridge.library", "/x.so", True),
     # dev: the scripts' and tests' own variables (checked by type here; the service checks only their names)
-    ("CUDABRIDGE_MASTER", "local[2]", True), ("CUDABRIDGE_NO_SPARK", "1", True), ("CUDABRIDGE_NO_SPARK", "true", False),
-    ("CUDABRIDGE_SKIP_JVM_TESTS", "0", True), ("CUDABRIDGE_SKIP_JVM_TESTS", "yes", False),
+    ("CUDABRIDGE_MASTER", "local[2]", True), ("CUDABRIDGE_SKIP_JVM_TESTS", "0", True), ("CUDABRIDGE_SKIP_JVM_TESTS", "yes", False),
     ("CUDABRIDGE_MODEL_EXAMPLES", "600", True), ("CUDABRIDGE_MODEL_EXAMPLES", "0", False),
     ("CUDABRIDGE_INTERRUPT_SECONDS", "2.5", True), ("CUDABRIDGE_SOAK_SECONDS", "0", False),
     ("CUDABRIDGE_FAULT_STICKY_AFTER_COPIES", "3", True), ("CUDABRIDGE_FAULT_ONCE_FILE", "/tmp/once", True),

@@ -22,6 +22,7 @@ from .kernels.host_kernels import HostKernels
 from .kernels.module_loader import ModuleLoader
 from .kernels.modules import ModuleCache, ModuleSource
 from .memory import Allocation, PoolStatistics, StreamOrderedMemoryPool
+from .memory.native import unavailable as c_paths_unavailable
 from .stream_pool import StreamPool, ensure_hardware_queues
 from .task_registry import GpuResources, ReleaseReport, TaskBinding, TaskRegistry
 
@@ -36,6 +37,7 @@ class ServiceStatistics:
     streams_in_use: int
     tasks_bound: int
     tasks_bound_total: int
+    c_paths_missing: int
     memory: dict[int, PoolStatistics]
 
     @staticmethod
@@ -47,7 +49,8 @@ class ServiceStatistics:
     def totals(self) -> dict[str, int]:
         """Executor-level numbers: the per-GPU pool statistics summed (peaks too)."""
         out: dict[str, int] = {"gpus": self.gpus, "streams": self.streams, "streams_in_use": self.streams_in_use,
-                               "tasks_bound": self.tasks_bound, "tasks_bound_total": self.tasks_bound_total}
+                               "tasks_bound": self.tasks_bound, "tasks_bound_total": self.tasks_bound_total,
+                               "c_paths_missing": self.c_paths_missing}
         for stats in self.memory.values():
             for key, value in stats.as_dict().items():
                 if key != "device":
@@ -160,6 +163,12 @@ class CudaBridgeService:
         self._unusable: CudaError | None = None   # the sticky error that made a GPU unusable
         self._unusable_listeners: list[Any] = []
         self._lock = threading.Lock()
+        # The C paths are required parts of an install; without them everything works, slower.
+        self._c_paths_missing = c_paths_unavailable()
+        if self._c_paths_missing:
+            log.warning("cudabridge runs WITHOUT %d of its C paths, their Python twins instead (about 3x slower per "
+                        "allocation): %s; `python -m cudabridge doctor` says how to fix it",
+                        len(self._c_paths_missing), "; ".join(f"{m}: {why}" for m, why in self._c_paths_missing.items()))
         log.info("cudabridge service up: backend %s, GPUs %s, %d+%d streams each",
                  backend.name, {a: o for a, o in mapping.items()}, config.streams_per_gpu, config.high_priority_streams)
 
@@ -306,6 +315,7 @@ class CudaBridgeService:
             streams_in_use=self.registry.streams_in_use,
             tasks_bound=self.registry.tasks_bound,
             tasks_bound_total=self.registry.tasks_bound_total,
+            c_paths_missing=len(self._c_paths_missing),
             memory={o: r.memory.statistics() for o, r in self.gpus.items()},
         )
 

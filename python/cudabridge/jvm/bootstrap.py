@@ -39,19 +39,26 @@ def jpype_class_path() -> str:
     whose parent is the JVM's system class loader, so the jar must be on the system class path;
     where it is not (the bridge's jars came through a child loader, as Spark's ``--jars`` gives),
     the bridge library appends it to the system class loader's search before JPype starts."""
+    _import_jpype()
     from .build import jpype_jar
 
     return str(jpype_jar())
 
 
-def _bind_jpype(library: str) -> None:
+def _import_jpype() -> None:
     try:
-        import jpype
-        import jpype.config
+        import jpype  # noqa: F401
+        import jpype.config  # noqa: F401
     except ImportError as exc:
         raise RuntimeError(
             f"JPype is not importable from {sys.prefix} (Python {sys.version.split()[0]}): {exc}. "
             f"Install it there: {sys.executable} -m pip install JPype1==1.7.1") from exc
+
+
+def _bind_jpype(library: str) -> None:
+    _import_jpype()
+    import jpype
+    import jpype.config
     if jpype.isJVMStarted():
         return
     # Never let Python's exit shut the JVM down: this JVM is not Python's (Python is not

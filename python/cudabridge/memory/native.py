@@ -1,11 +1,17 @@
-"""The pool's C fast paths (``_fastpath.c``): build and load.
+"""The service's C paths: three Python extensions, built by the package's build (setup.py) as
+required parts, and loaded here.
 
-The extension is optional: without it (no compiler, a free-threaded build, or
-``CUDABRIDGE_NATIVE_FAST_PATH=0``) the pool runs its pure-Python fast paths, which are the
-reference the C code follows line by line. It is built with the interpreter's own headers
-(paths from ``sysconfig``), so it needs neither setuptools nor network, and it can be built on a
-machine that only has gcc and a Python (the GPU machine):
-``python -m cudabridge.memory.build_fastpath``.
+* ``cudabridge.memory._fastpath``: the pool's allocate/free (its Python twin: python_fast_path.py);
+* ``cudabridge._registry_core``: the task registry's bind/release (task_registry.py);
+* ``cudabridge.jvm._hotcore``: the Java hot path's allocate/free/copies (jvm/hot_path.py).
+
+Each has a Python twin, the reference its C code follows line by line, which runs where the
+extension is missing: a build with ``CUDABRIDGE_NATIVE_FAST_PATH=0`` (the explicit opt-out, which
+builds none), a free-threaded CPython, or the ``nativeFastPath`` setting false at run time. The
+service says so at start (a WARN line) and counts them in ``c_paths_missing``.
+:func:`build` compiles one with the interpreter's own headers and gcc, no setuptools: for machines
+that have a compiler and a Python but no package index (the GPU machine,
+``python -m cudabridge.memory.build_fastpath``); the flags are setup.py's.
 """
 
 from __future__ import annotations
@@ -24,8 +30,18 @@ from ..config import BY_KEY, check_value
 log = logging.getLogger(__name__)
 
 HERE = Path(__file__).resolve().parent
+PACKAGE_DIR = HERE.parent
 SOURCE = HERE / "_fastpath.c"
 ENV_SWITCH = BY_KEY["nativeFastPath"].env_name   # CUDABRIDGE_NATIVE_FAST_PATH
+# module -> its C source, relative to the package directory (setup.py builds these)
+EXTENSIONS = {
+    "cudabridge.memory._fastpath": "memory/_fastpath.c",
+    "cudabridge._registry_core": "_registry_core.c",
+    "cudabridge.jvm._hotcore": "jvm/_hotcore.c",
+}
+# the compiler flags of every extension (setup.py and build() use these)
+COMPILE_ARGS = ("-O2", "-Wall", "-Werror=implicit-function-declaration")
+LIBRARIES = ("dl",)
 
 
 def target(source: Path = SOURCE) -> Path:
@@ -35,7 +51,12 @@ def target(source: Path = SOURCE) -> Path:
 def supported() -> tuple[bool, str]:
     if sysconfig.get_config_var("Py_GIL_DISABLED"):
         return False, "free-threaded CPython: the C fast path relies on the GIL"
-    if not check_value("nativeFastPath", os.environ.get(ENV_SWITCH, "true")):
+    value = os.environ.get(ENV_SWITCH, "true")
+    try:
+        on = check_value("nativeFastPath", value, ENV_SWITCH)
+    except ValueError as exc:   # the service refuses to start on it; an import must not fail on it
+        return False, str(exc)
+    if not on:
         return False, f"{ENV_SWITCH} switches it off"
     return True, ""
 
@@ -49,8 +70,8 @@ def build(force: bool = False, cc: str | None = None, source: Path = SOURCE) -> 
         return out
     cc = cc or os.environ.get("CC") or "gcc"
     include = sysconfig.get_paths()["include"]
-    cmd = [*shlex.split(cc), "-O2", "-fPIC", "-shared", "-Wall", "-Werror=implicit-function-declaration",
-           f"-I{include}", f"-I{source.parent}", str(source), "-o", str(out) + ".tmp", "-ldl"]
+    cmd = [*shlex.split(cc), *COMPILE_ARGS, "-fPIC", "-shared", f"-I{include}", f"-I{source.parent}", str(source),
+           "-o", str(out) + ".tmp", *(f"-l{lib}" for lib in LIBRARIES)]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True)
     except FileNotFoundError as exc:
@@ -74,3 +95,17 @@ def load(module: str = "cudabridge.memory._fastpath") -> ModuleType | None:
         log.debug("%s not used, the Python path runs: the C extension is not built (%s)", module, exc)
         return None
 
+
+def unavailable() -> dict[str, str]:
+    """The C paths that do not run here: module -> why (empty in a normal install)."""
+    ok, why = supported()
+    out = {}
+    for module in EXTENSIONS:
+        if not ok:
+            out[module] = why
+            continue
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            out[module] = f"not built ({exc})"
+    return out

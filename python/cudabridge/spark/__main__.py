@@ -1,5 +1,5 @@
 """``python -m cudabridge.spark``: ``build`` (bridge, core jar, plugin jar, examples jar),
-``classpath`` (for ``spark.{driver,executor}.extraClassPath``), ``plugin-jar``, ``examples-jar``,
+``classpath`` (for ``spark.{driver,executor}.extraClassPath``), ``jars`` (for ``--jars``), ``plugin-jar``, ``examples-jar``,
 ``spark-submit`` (its path), ``submit-conf`` (the ``--conf`` arguments, one per line)."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ def main(argv: list[str] | None = None) -> int:
     bp = sub.add_parser("build", help="build the bridge, the core jar, the plugin jar and the examples jar")
     bp.add_argument("--force", action="store_true")
     bp.add_argument("--no-examples", action="store_true")
-    for name in ("classpath", "plugin-jar", "examples-jar", "spark-submit", "submit-conf"):
+    for name in ("classpath", "jars", "plugin-jar", "examples-jar", "spark-submit", "submit-conf"):
         sub.add_parser(name)
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
@@ -27,6 +27,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{kind:9} {path}")
         elif args.command == "classpath":
             print(b.classpath())
+        elif args.command == "jars":
+            print(b.jars())
         elif args.command == "plugin-jar":
             print(b.plugin_jar_path())
         elif args.command == "examples-jar":

@@ -13,7 +13,6 @@ import logging
 import os
 import subprocess
 import tempfile
-import zipfile
 from pathlib import Path
 
 from ..jvm import build as core
@@ -75,7 +74,7 @@ def _stale(out: Path, inputs: list[Path]) -> bool:
 def _javac_jar(sources: list[Path], cp: list[str], out: Path, title: str) -> None:
     javac = core._java_tool("javac")
     if javac is None:
-        raise SparkBuildError("javac not found (JAVA_HOME/bin, PATH): build the jars where a JDK exists")
+        raise SparkBuildError("javac not found (JAVA_HOME/bin, PATH): build the jars where a JDK 17+ exists")
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="cudabridge-spark-javac-") as classes:
         cmd = [javac, "--release", "17", "-Xlint:all,-processing,-classfile,-options,-path", "-Werror", "-encoding", "UTF-8",
@@ -83,28 +82,24 @@ def _javac_jar(sources: list[Path], cp: list[str], out: Path, title: str) -> Non
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             raise SparkBuildError(f"javac failed ({proc.returncode}) for {title}:\n{proc.stdout}{proc.stderr}")
-        tmp = out.with_suffix(".jar.tmp")
-        with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as z:
-            z.writestr("META-INF/MANIFEST.MF", f"Manifest-Version: 1.0\nCreated-By: cudabridge build\n"
-                       f"Implementation-Title: {title}\n")
-            for path in sorted(Path(classes).rglob("*.class")):
-                z.write(path, path.relative_to(classes).as_posix())
-        os.replace(tmp, out)
+        core.write_jar(out, Path(classes), title)
     log.info("built %s from %d sources", out, len(sources))
 
 
-def build_plugin(force: bool = False) -> Path:
+def build_plugin(force: bool = False, native_dir: Path = core.NATIVE_DIR) -> Path:
+    """The plugin jar in ``native_dir`` (beside the core jar it compiles against), from a source
+    tree; an installed package has it already."""
     root = repo_root()
-    out = plugin_jar_path()
+    out = native_dir / PLUGIN_JAR
     if root is None:
         if out.is_file():
             return out
         raise SparkBuildError(f"{out} is missing and the plugin sources are only in a source tree")
     sources = _sources(root / "jvm" / "src" / "spark" / "java")
-    core_jar = core.build_jar()
+    core_jar = core.build_jar(native_dir=native_dir)
     if force or _stale(out, sources + [core_jar]):
         spark_jars = str(pyspark_home() / "jars" / "*")
-        _javac_jar(sources, [str(core_jar), str(core.jpype_jar()), spark_jars], out, "spark-cuda-bridge Spark plugin")
+        _javac_jar(sources, [str(core_jar), spark_jars], out, "spark-cuda-bridge Spark plugin")
     return out
 
 
@@ -118,7 +113,7 @@ def build_examples(force: bool = False) -> Path:
     core_jar = core.jar_path()
     if force or _stale(out, sources + [plugin, core_jar]):
         spark_jars = str(pyspark_home() / "jars" / "*")
-        _javac_jar(sources, [str(core_jar), str(plugin), str(core.jpype_jar()), spark_jars], out,
+        _javac_jar(sources, [str(core_jar), str(plugin), spark_jars], out,
                    "spark-cuda-bridge examples")
     return out
 
@@ -139,6 +134,16 @@ def classpath() -> str:
         if not jar.is_file():
             raise SparkBuildError(f"{jar} is not built: run python -m cudabridge.spark build")
     return os.pathsep.join([str(core.jar_path()), str(plugin_jar_path()), str(core.jpype_jar())])
+
+
+def jars() -> str:
+    """What ``--jars`` (``spark.jars``) needs for the plugin: the core jar and the plugin jar,
+    comma-separated. The bridge then runs in Spark's child class loader and puts JPype's
+    ``org.jpype.jar`` from the executor's Python environment on the system class loader itself."""
+    for jar in (core.jar_path(), plugin_jar_path()):
+        if not jar.is_file():
+            raise SparkBuildError(f"{jar} is not built: run python -m cudabridge.spark build")
+    return ",".join([str(core.jar_path()), str(plugin_jar_path())])
 
 
 def submit_conf(extra: dict[str, str] | None = None) -> list[str]:

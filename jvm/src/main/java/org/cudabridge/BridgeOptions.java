@@ -7,13 +7,12 @@ import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
 import java.util.Objects;
-import java.util.Properties;
 
 /**
  * Where Python, its path, the library and the service configuration come from. Unset values fall
  * back to system properties ({@link Settings#PYTHON}, {@link Settings#PYTHON_PATH},
- * {@link Settings#LIBRARY}), the environment ({@code CUDABRIDGE_PYTHON}), and the
- * {@code cudabridge-native.properties} the build wrote beside the jar ({@link InstallLayout}). The
+ * {@link Settings#LIBRARY}), the environment ({@code CUDABRIDGE_PYTHON}), and where the package
+ * is installed ({@link InstallLayout}; {@link #resolved} gives the order). The
  * service keys are checked against the settings table ({@link Settings#checkAll}) before anything
  * starts, with this process's {@code CUDABRIDGE_*} variables: the Python service reads the variable
  * of every service key not set here (a key set here wins over its variable, the variable over the
@@ -69,16 +68,32 @@ public final class BridgeOptions {
         return o;
     }
 
-    /** These options with every unset value filled from its fallbacks, in the order above. */
-    BridgeOptions resolved(InstallLayout layout) {
+    /**
+     * These options with every unset value filled from its fallbacks: the library from the option,
+     * {@code -Dcudabridge.library}, then the {@link InstallLayout} beside the jar, then the one in
+     * the configured Python's environment; the Python from the option, {@code -Dcudabridge.python},
+     * {@code CUDABRIDGE_PYTHON}, then the interpreter of the environment the library's package is
+     * installed in, then the one a source tree's build recorded; the Python path from the option,
+     * {@code -Dcudabridge.pythonpath}, then the directory holding the library's package (so Python
+     * imports the package the library was built with).
+     */
+    BridgeOptions resolved(InstallLayout besideJar) {
         BridgeOptions r = new BridgeOptions();
-        Properties built = layout.nativeProperties();
-        r.library = firstNonEmpty(library, Settings.property(Settings.LIBRARY), built.getProperty("library"),
-                layout.besideJar(InstallLayout.LIBRARY_FILE));
-        r.python = firstNonEmpty(python, Settings.property(Settings.PYTHON), System.getenv(PYTHON_ENV),
-                built.getProperty("python"));
+        String givenPython = absolute(firstNonEmpty(python, Settings.property(Settings.PYTHON), System.getenv(PYTHON_ENV)));
+        String givenLibrary = firstNonEmpty(library, Settings.property(Settings.LIBRARY));
+        InstallLayout layout;
+        if (givenLibrary != null) {
+            java.nio.file.Path dir = java.nio.file.Paths.get(givenLibrary).toAbsolutePath().getParent();
+            layout = InstallLayout.of(dir);
+        } else if (besideJar.library() != null) {
+            layout = besideJar;
+        } else {
+            layout = InstallLayout.ofPython(givenPython);
+        }
+        r.library = firstNonEmpty(givenLibrary, layout.library());
+        r.python = firstNonEmpty(givenPython, layout.environmentPython(), layout.nativeProperties().getProperty("python"));
         r.pythonPath.addAll(pythonPath);
-        for (String source : new String[] {Settings.property(Settings.PYTHON_PATH), built.getProperty("pythonpath")}) {
+        for (String source : new String[] {Settings.property(Settings.PYTHON_PATH), layout.packageParent()}) {
             if (source != null && !source.isEmpty()) {
                 for (String entry : source.split(File.pathSeparator)) {
                     if (!entry.isEmpty() && !r.pythonPath.contains(entry)) {
@@ -89,6 +104,15 @@ public final class BridgeOptions {
         }
         r.conf.putAll(conf);
         return r;
+    }
+
+    /** A path to an interpreter made absolute (Spark gives ./env/bin/python, relative to the
+     *  executor's directory); a bare name (looked up on PATH) stays as it is. */
+    private static String absolute(String python) {
+        if (python == null || python.indexOf('/') < 0) {
+            return python;
+        }
+        return java.nio.file.Paths.get(python).toAbsolutePath().normalize().toString();
     }
 
     private static String firstNonEmpty(String... values) {

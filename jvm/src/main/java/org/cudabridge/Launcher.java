@@ -1,7 +1,6 @@
 package org.cudabridge;
 
 import java.io.File;
-import java.nio.file.Path;
 import java.nio.file.Paths;
 import java.util.Objects;
 
@@ -101,8 +100,9 @@ final class Launcher {
             throw new CudaBridgeException("cudabridge: " + e.getMessage(), "java", e);
         }
         if (o.library() == null) {
-            throw new CudaBridgeException("cudabridge: the bridge library was not found: set -D" + Settings.LIBRARY
-                    + " (built by `python -m cudabridge build`, beside cudabridge.jar)", "java");
+            throw new CudaBridgeException("cudabridge: the bridge library was not found beside cudabridge.jar nor in "
+                    + "the Python environment of " + (o.python() == null ? "the (unset) cudabridge.python" : o.python())
+                    + ": install the spark-cuda-bridge wheel in that environment, or set -D" + Settings.LIBRARY, "java");
         }
         if (!new File(o.library()).isFile()) {
             throw new CudaBridgeException("cudabridge: no bridge library at " + o.library() + " (build it with "
@@ -115,10 +115,7 @@ final class Launcher {
         String library = new File(o.library()).getAbsolutePath();
         // Checked before System.load (a truncated library crashes the JVM in the dynamic loader);
         // the Python executable is checked by the library, before Python starts.
-        InstallLayout layout = InstallLayout.ofJar();
-        Path builtFile = layout.nativePropertiesFile();
-        NativeBridge.load(library, LibraryCheck.recordedFor(Paths.get(library),
-                builtFile == null ? null : layout.nativeProperties(), builtFile));
+        NativeBridge.load(library, LibraryCheck.recordedFor(Paths.get(library)));
         // Python looks the bridge's classes up through the loader that loaded them (a child loader
         // where the jars came with --jars): it reads it as this thread's context class loader.
         Thread starter = Thread.currentThread();

@@ -32,6 +32,7 @@ import java.util.Properties;
  * Costs one read of the file (about 200 KB) per JVM start.
  */
 final class LibraryCheck {
+    static final String FILE_KEY = "library.file";
     static final String SIZE_KEY = "library.size";
     static final String SHA256_KEY = "library.sha256";
     private static final String REBUILD = "rebuild with `python -m cudabridge build` (`--native-only` where there "
@@ -46,21 +47,16 @@ final class LibraryCheck {
 
     private LibraryCheck() {}
 
-    /** What the build recorded for {@code library}: the properties beside it (if they name a
-     *  library of the same file name: a copied build stays checkable), else the jar's (if they
-     *  name this file), else null. */
-    static Recorded recordedFor(Path library, Properties jarProperties, Path jarPropertiesFile) {
+    /** What the build recorded for {@code library}: the properties beside it, if they describe a
+     *  library of its file name ({@code library.file}: a copied build stays checkable), else null. */
+    static Recorded recordedFor(Path library) {
         Path dir = library.toAbsolutePath().getParent();
         if (dir != null) {
             Path beside = dir.resolve(InstallLayout.NATIVE_PROPERTIES);
             Properties p = load(beside);
-            if (p != null && namesFile(p, library.getFileName().toString())) {
+            if (p != null && library.getFileName().toString().equals(p.getProperty(FILE_KEY))) {
                 return new Recorded(p, beside);
             }
-        }
-        if (jarProperties != null && jarPropertiesFile != null && jarProperties.getProperty("library") != null
-                && sameFile(Paths.get(jarProperties.getProperty("library")), library)) {
-            return new Recorded(jarProperties, jarPropertiesFile);
         }
         return null;
     }
@@ -245,23 +241,6 @@ final class LibraryCheck {
             case 3: return "PT_INTERP";
             case 4: return "PT_NOTE";
             default: return String.format("type 0x%x", type);
-        }
-    }
-
-    private static boolean namesFile(Properties p, String fileName) {
-        String lib = p.getProperty("library");
-        if (lib == null) {
-            return false;
-        }
-        Path name = Paths.get(lib).getFileName();
-        return name != null && name.toString().equals(fileName);
-    }
-
-    private static boolean sameFile(Path a, Path b) {
-        try {
-            return Files.isSameFile(a, b);
-        } catch (IOException | SecurityException e) {
-            return a.toAbsolutePath().normalize().equals(b.toAbsolutePath().normalize());
         }
     }
 

@@ -61,7 +61,7 @@ class LibraryCheckTest {
 
     private static Properties built(Path library, long size, String sha) {
         Properties p = new Properties();
-        p.setProperty("library", library.toString());
+        p.setProperty(LibraryCheck.FILE_KEY, library.getFileName().toString());
         p.setProperty(LibraryCheck.SIZE_KEY, Long.toString(size));
         p.setProperty(LibraryCheck.SHA256_KEY, sha);
         return p;
@@ -247,10 +247,11 @@ class LibraryCheckTest {
 
     @Test
     void propertiesBesideTheLibraryNamingItsFileNameAreUsed() throws IOException {
-        // written for the library where it was built: a copy with the same name stays checkable
+        // written where the library was built: a copy with its properties (an installed or an
+        // unpacked environment) stays checkable
         Path beside = dir.resolve(PROPERTIES);
         writeProperties(beside, built(Paths.get("/where/it/was/built", NAME), size, sha));
-        LibraryCheck.Recorded r = LibraryCheck.recordedFor(lib, null, null);
+        LibraryCheck.Recorded r = LibraryCheck.recordedFor(lib);
         assertNotNull(r);
         assertEquals(beside, r.file);
         assertEquals(Long.toString(size), r.props.getProperty(LibraryCheck.SIZE_KEY));
@@ -259,32 +260,19 @@ class LibraryCheckTest {
     @Test
     void propertiesBesideNamingAnotherFileAreNotUsed() throws IOException {
         writeProperties(dir.resolve(PROPERTIES), built(Paths.get("/elsewhere/libother.so"), size, sha));
-        assertNull(LibraryCheck.recordedFor(lib, null, null));
+        assertNull(LibraryCheck.recordedFor(lib));
     }
 
     @Test
-    void jarPropertiesAreUsedOnlyWhereTheyNameThisVeryFile() throws IOException {
-        Path jarFile = dir.resolve("jar").resolve(PROPERTIES);
-        Properties forThis = built(lib, size, sha);
-        LibraryCheck.Recorded r = LibraryCheck.recordedFor(lib, forThis, jarFile);
-        assertNotNull(r);
-        assertSame(forThis, r.props);
-        assertEquals(jarFile, r.file);
-
-        Path other = dir.resolve("b").resolve(NAME);   // same file name, another file
-        Files.createDirectories(other.getParent());
-        Files.copy(lib, other);
-        assertNull(LibraryCheck.recordedFor(other, forThis, jarFile));
-        assertNull(LibraryCheck.recordedFor(lib, forThis, null));
+    void propertiesNamingNoFileAreNotUsed() throws IOException {
+        Properties p = built(lib, size, sha);
+        p.remove(LibraryCheck.FILE_KEY);   // an older build's properties, which named absolute paths
+        writeProperties(dir.resolve(PROPERTIES), p);
+        assertNull(LibraryCheck.recordedFor(lib));
     }
 
     @Test
-    void propertiesBesideTheLibraryComeBeforeTheJars() throws IOException {
-        Path beside = dir.resolve(PROPERTIES);
-        writeProperties(beside, built(lib, size, sha));
-        LibraryCheck.Recorded r = LibraryCheck.recordedFor(lib, built(lib, 1, "ab"), dir.resolve("jar.properties"));
-        assertNotNull(r);
-        assertEquals(beside, r.file);
-        assertEquals(sha, r.props.getProperty(LibraryCheck.SHA256_KEY));
+    void noPropertiesBesideTheLibraryRecordNothing() {
+        assertNull(LibraryCheck.recordedFor(lib));
     }
 }

@@ -1,0 +1,78 @@
+"""The wheel's build: setuptools with ``ext_modules`` (docs/deploy.md, "Building the wheel", says
+why this backend). ``pip wheel .``, ``python -m build`` and ``pip install .`` all run it; so does
+``./dev/setup``, as an editable install.
+
+Besides the Python package it builds, as required parts, into the package's ``_native/``
+directory (the wheel's, or the source tree's for an editable install):
+
+* the service's three C extensions (``cudabridge/memory/native.py`` lists them): a failed compile
+  fails the build with the compiler's message. ``CUDABRIDGE_NATIVE_FAST_PATH=0`` in the build's
+  environment is the one, explicit, opt-out: none is built, and the service runs their Python
+  twins and says so (a WARN line at start, ``c_paths_missing`` in its statistics);
+* the JNI bridge library, linked against the building interpreter's shared libpython, with its
+  complete C source and headers (to rebuild it for another interpreter:
+  ``python -m cudabridge build --native-only``) and ``cudabridge-native.properties``;
+* ``cudabridge.jar`` and the Spark plugin's ``cudabridge-spark.jar`` (``javac --release 17``; the
+  plugin compiles against Spark's jars, so ``pyspark==4.3.0`` is a build requirement).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+from setuptools.dist import Distribution
+
+ROOT = Path(__file__).resolve().parent
+PACKAGE = Path("python") / "cudabridge"
+sys.path.insert(0, str(ROOT / "python"))   # the build code is the package's own (standard library only)
+
+from cudabridge.jvm import build as bridge_build  # noqa: E402
+from cudabridge.memory import native as c_paths  # noqa: E402
+from cudabridge.spark import build as spark_build  # noqa: E402
+
+
+def c_extensions() -> list[Extension]:
+    wanted, why = c_paths.supported()
+    if not wanted:
+        print(f"spark-cuda-bridge: building WITHOUT the C fast paths ({why}); the service will run their Python "
+              f"twins, about 3x slower per allocation", file=sys.stderr)
+        return []
+    out = []
+    for module, source in c_paths.EXTENSIONS.items():
+        src = PACKAGE / source
+        out.append(Extension(module, [src.as_posix()], include_dirs=[src.parent.as_posix()],
+                             depends=sorted(p.as_posix() for p in src.parent.glob("*.h")),
+                             extra_compile_args=list(c_paths.COMPILE_ARGS), libraries=list(c_paths.LIBRARIES)))
+    return out
+
+
+class BuildExtAndBridge(build_ext):
+    """The C extensions, then the bridge library and the jars into the package's ``_native/``."""
+
+    def run(self) -> None:
+        super().run()
+        base = ROOT / "python" if self.inplace else Path(self.build_lib)
+        native_dir = base / "cudabridge" / "_native"
+        try:
+            library = bridge_build.build_native(force=self.force, native_dir=native_dir)
+            plugin = spark_build.build_plugin(force=self.force, native_dir=native_dir)
+        except bridge_build.BuildError as exc:
+            raise SystemExit(f"spark-cuda-bridge: {exc}") from None
+        print(f"spark-cuda-bridge: built {library}, {native_dir / bridge_build.JAR_NAME} and {plugin}")
+
+
+class BinaryDistribution(Distribution):
+    """Platform-specific whatever the C extensions: the bridge library and its libpython are."""
+
+    def has_ext_modules(self) -> bool:
+        return True
+
+
+setup(
+    distclass=BinaryDistribution,
+    ext_modules=c_extensions(),
+    cmdclass={"build_ext": BuildExtAndBridge},
+)
