@@ -233,3 +233,19 @@ def test_every_header_the_bridge_library_includes_is_shipped_and_watched():
                 seen.add(inc)
                 todo.append(inc)
     assert seen == set(jvm_build.HEADER_NAMES)
+
+
+def test_the_bridge_starts_with_its_jar_in_a_child_class_loader(harness, tmp_path):
+    """Spark's --jars: the jar in a child loader, neither it nor JPype's org.jpype.jar on the
+    system class path. The bridge appends org.jpype.jar (from the Python environment) to the
+    system class loader's search and looks its own classes up through the child loader; without
+    that JPype fails (ClassNotFoundException: org.jpype.manager.TypeManager, or a
+    ClassCastException between two copies of its class loader)."""
+    jar = Path(shutil.copy(jvm_build.jar_path(), tmp_path))
+    classes = harness.split(os.pathsep)[-1]
+    cmd = [_java(), "-Xcheck:jni", f"-Dcudabridge.library={jvm_build.library_path()}", "-cp", classes,
+           "org.cudabridge.harness.ChildLoaderStart", str(jar), sys.executable]
+    r = Run(subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path))
+    r.ok()
+    assert r["stream"] != "0" and r["allocated"] == "true" and r["statistics"] == "true", r.out
+    assert r["bridge_loader_is_child"] == "true" and r["jpype_on_system"] == "true", r.out

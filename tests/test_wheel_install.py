@@ -166,3 +166,23 @@ def test_the_explicit_opt_out_builds_no_c_paths_and_the_service_says_so(wheel_en
     assert run.returncode == 0, run.stderr
     assert "missing 3" in run.stdout
     assert re.search(r"WARNING\S* ?.*WITHOUT 3 of its C paths", run.stderr), run.stderr
+
+
+def test_jars_copied_away_find_the_library_in_the_configured_pythons_environment(wheel_env, tmp_path):
+    """What an executor sees with --jars and --archives: a copy of cudabridge.jar in its directory,
+    in a child class loader, and spark.cudabridge.python naming the unpacked environment (here by
+    a relative path): the library, its record and the package come from that environment."""
+    from cudabridge.jvm.build import _java_tool
+
+    javac, java = _java_tool("javac"), _java_tool("java")
+    source = ROOT / "tests" / "java" / "org" / "cudabridge" / "harness" / "ChildLoaderStart.java"
+    subprocess.run([javac, "--release", "17", "-d", str(tmp_path / "classes"), str(source)], check=True, timeout=120)
+    executor = tmp_path / "executor"
+    executor.mkdir()
+    jar = Path(shutil.copy(site_packages(wheel_env) / NATIVE / "cudabridge.jar", executor))
+    (executor / "env").symlink_to(wheel_env.venv)   # the unpacked archive
+    proc = subprocess.run([java, "-cp", str(tmp_path / "classes"), "org.cudabridge.harness.ChildLoaderStart",
+                           str(jar), "./env/bin/python"], cwd=executor, capture_output=True, text=True, timeout=300,
+                          env=wheel_env.env())
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-6000:]
+    assert "RESULT allocated=true" in proc.stdout and "RESULT bridge_loader_is_child=true" in proc.stdout, proc.stdout
