@@ -111,7 +111,7 @@ def jpype_jar() -> Path:
 def classpath() -> str:
     """What ``spark.{driver,executor}.extraClassPath`` needs: our jar, the Spark plugin's jar
     where it is built (``dev/setup`` builds it; it needs Spark's jars to compile) and
-    ``org.jpype.jar`` (JPype fails in a child class loader, so all go on the system class path)."""
+    ``org.jpype.jar`` (JPype's classes must be the system class loader's)."""
     jars = [jar_path()]
     plugin = jar_path().with_name("cudabridge-spark.jar")
     if plugin.is_file():

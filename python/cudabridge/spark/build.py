@@ -3,8 +3,9 @@
 The core jar and the bridge library come from :mod:`cudabridge.jvm.build` (built first when
 stale). The plugin is a second jar, not part of ``cudabridge.jar``: it needs Spark's jars at
 compile time, and the core API must stay usable with no Spark present (the Java harness on the
-GPU machine). Both jars, with JPype's ``org.jpype.jar``, go on the *system* class path
-(``spark.{driver,executor}.extraClassPath``): JPype fails in a child class loader (``--jars``).
+GPU machine). Both jars go on the system class path (``spark.{driver,executor}.extraClassPath``,
+with JPype's ``org.jpype.jar``: :func:`classpath`) or in Spark's child class loader (``--jars``:
+:func:`jars`; the bridge then puts ``org.jpype.jar`` on the system class loader itself).
 """
 
 from __future__ import annotations

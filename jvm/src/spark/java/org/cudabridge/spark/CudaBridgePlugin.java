@@ -12,7 +12,8 @@ import org.cudabridge.executor.ExecutorStatistics;
 /**
  * The Spark plugin: {@code --conf spark.plugins=org.cudabridge.spark.CudaBridgePlugin}, with
  * {@code python -m cudabridge.spark classpath} on {@code spark.driver.extraClassPath} and
- * {@code spark.executor.extraClassPath} (never {@code --jars}: JPype needs the system class path).
+ * {@code spark.executor.extraClassPath}, or {@code --jars $(python -m cudabridge.spark jars)} with
+ * {@code spark.cudabridge.python} naming the executors' environment (docs/deploy.md).
  *
  * <ul>
  *   <li>driver: {@link CudaBridgeDriverPlugin} passes every {@code spark.cudabridge.*} key to the
