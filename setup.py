@@ -41,8 +41,8 @@ def c_extensions() -> list[Extension]:
               f"twins, about 3x slower per allocation", file=sys.stderr)
         return []
     out = []
-    for module, source in c_paths.EXTENSIONS.items():
-        src = PACKAGE / source
+    for module, c_path in c_paths.EXTENSIONS.items():
+        src = PACKAGE / c_path.source
         out.append(Extension(module, [src.as_posix()], include_dirs=[src.parent.as_posix()],
                              depends=sorted(p.as_posix() for p in src.parent.glob("*.h")),
                              extra_compile_args=list(c_paths.COMPILE_ARGS), libraries=list(c_paths.LIBRARIES)))

@@ -42,17 +42,32 @@ import zipfile
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
+from .memory.native import EXTENSIONS
+
 OK, WARN, FAIL = "ok", "warn", "FAIL"
 
-JPYPE_PIN = "1.7.1"                       # pyproject.toml: JPype1==1.7.1
+
+
+def _jpype_pin() -> str | None:
+    """The JPype version the package pins (pyproject.toml's ``JPype1==...``, from the installed
+    package's metadata); None where the package is not installed (run from a source path)."""
+    import importlib.metadata
+
+    try:
+        for req in importlib.metadata.requires("spark-cuda-bridge") or ():
+            m = re.fullmatch(r"\s*JPype1\s*==\s*([\w.]+)\s*(;.*)?", req, re.IGNORECASE)
+            if m:
+                return m.group(1)
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    return None
+
+
+JPYPE_PIN = _jpype_pin()
 REBUILD_LIBRARY = "python -m cudabridge build --native-only"
 BUILD_FAST_PATHS = "python -m cudabridge.memory.build_fastpath"
-# (module, what it speeds up)
-FAST_PATHS: tuple[tuple[str, str], ...] = (
-    ("cudabridge.memory._fastpath", "the memory pool's"),
-    ("cudabridge._registry_core", "the task registry's"),
-    ("cudabridge.jvm._hotcore", "the Java hot path's"),
-)
+# (module, what it speeds up): the C paths the build makes (memory/native.py lists them)
+FAST_PATHS: tuple[tuple[str, str], ...] = tuple((m, p.twin_of) for m, p in EXTENSIONS.items())
 CORE_MAIN_CLASS = "org/cudabridge/CudaBridge.class"
 PLUGIN_MAIN_CLASS = "org/cudabridge/spark/CudaBridgePlugin.class"
 JPYPE_CHECK_CLASS = "org/jpype/manager/TypeManager.class"   # what a JVM without it fails to find
@@ -155,7 +170,10 @@ def _check_jpype(ctx: _Context) -> Iterator[Check]:
         return
     version = getattr(jpype, "__version__", "?")
     where = Path(jpype.__file__).resolve().parent
-    if version == JPYPE_PIN:
+    if JPYPE_PIN is None:
+        yield Check("jpype", WARN, f"JPype1 {version} at {where}; the pinned version is unknown: spark-cuda-bridge "
+                                   f"is not installed as a package here", "pip install the spark-cuda-bridge wheel")
+    elif version == JPYPE_PIN:
         yield Check("jpype", OK, f"JPype1 {version} at {where}")
     else:
         yield Check("jpype", FAIL, f"JPype1 {version} at {where}; the bridge relies on {JPYPE_PIN}'s behaviour "

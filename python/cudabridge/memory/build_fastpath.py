@@ -8,5 +8,5 @@ from .native import EXTENSIONS, PACKAGE_DIR, build
 
 if __name__ == "__main__":
     force = "--force" in sys.argv
-    for source in EXTENSIONS.values():
-        print(build(force=force, source=PACKAGE_DIR / source))
+    for c_path in EXTENSIONS.values():
+        print(build(force=force, source=PACKAGE_DIR / c_path.source))

@@ -24,6 +24,7 @@ import subprocess
 import sysconfig
 from pathlib import Path
 from types import ModuleType
+from typing import NamedTuple
 
 from ..config import BY_KEY, check_value
 
@@ -33,11 +34,18 @@ HERE = Path(__file__).resolve().parent
 PACKAGE_DIR = HERE.parent
 SOURCE = HERE / "_fastpath.c"
 ENV_SWITCH = BY_KEY["nativeFastPath"].env_name   # CUDABRIDGE_NATIVE_FAST_PATH
-# module -> its C source, relative to the package directory (setup.py builds these)
+
+
+class CPath(NamedTuple):
+    source: str   # relative to the package directory
+    twin_of: str  # whose Python code it stands in for
+
+
+# module -> its C source (setup.py builds these) and what it speeds up
 EXTENSIONS = {
-    "cudabridge.memory._fastpath": "memory/_fastpath.c",
-    "cudabridge._registry_core": "_registry_core.c",
-    "cudabridge.jvm._hotcore": "jvm/_hotcore.c",
+    "cudabridge.memory._fastpath": CPath("memory/_fastpath.c", "the memory pool's"),
+    "cudabridge._registry_core": CPath("_registry_core.c", "the task registry's"),
+    "cudabridge.jvm._hotcore": CPath("jvm/_hotcore.c", "the Java hot path's"),
 }
 # the compiler flags of every extension (setup.py and build() use these)
 COMPILE_ARGS = ("-O2", "-Wall", "-Werror=implicit-function-declaration")
