@@ -18,6 +18,7 @@ directory (the wheel's, or the source tree's for an editable install):
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -53,6 +54,7 @@ class BuildExtAndBridge(build_ext):
     """The C extensions, then the bridge library and the jars into the package's ``_native/``."""
 
     def run(self) -> None:
+        self._preflight()
         super().run()
         base = ROOT / "python" if self.inplace else Path(self.build_lib)
         native_dir = base / "cudabridge" / "_native"
@@ -62,6 +64,24 @@ class BuildExtAndBridge(build_ext):
         except bridge_build.BuildError as exc:
             raise SystemExit(f"spark-cuda-bridge: {exc}") from None
         print(f"spark-cuda-bridge: built {library}, {native_dir / bridge_build.JAR_NAME} and {plugin}")
+
+
+    @staticmethod
+    def _preflight() -> None:
+        """What every native part needs, named before anything compiles: a C compiler and a
+        Python built with a shared libpython (which the JVM loads)."""
+        import shlex
+        import shutil
+        import sysconfig
+
+        cc = os.environ.get("CC") or sysconfig.get_config_var("CC") or "gcc"
+        if shutil.which(shlex.split(cc)[0]) is None:
+            raise SystemExit(f"spark-cuda-bridge: no C compiler: {cc!r} is not found (install gcc, or set CC); the "
+                             f"C extensions and the bridge library are required parts of this package")
+        try:
+            bridge_build.libpython()
+        except bridge_build.BuildError as exc:
+            raise SystemExit(f"spark-cuda-bridge: {exc}") from None
 
 
 class BinaryDistribution(Distribution):

@@ -793,6 +793,10 @@ static char *copy_jstring(JNIEnv *env, jstring js) {
 
 /* Whether the JVM's system class loader can load `name` (binary name, dots); clears what it threw. */
 static int system_loader_sees(JNIEnv *env, const char *name) {
+    if ((*env)->PushLocalFrame(env, 8) != 0) {   /* the caller's frame may be nearly full (JPype's start follows) */
+        (*env)->ExceptionClear(env);
+        return 0;
+    }
     int seen = 0;
     jobject system = NULL;
     jstring jname = NULL;
@@ -816,6 +820,7 @@ static int system_loader_sees(JNIEnv *env, const char *name) {
     if (jname != NULL) (*env)->DeleteLocalRef(env, jname);
     if (system != NULL) (*env)->DeleteLocalRef(env, system);
     if (loader_class != NULL) (*env)->DeleteLocalRef(env, loader_class);
+    (*env)->PopLocalFrame(env, NULL);
     return seen;
 }
 

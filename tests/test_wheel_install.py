@@ -186,3 +186,10 @@ def test_jars_copied_away_find_the_library_in_the_configured_pythons_environment
                           env=wheel_env.env())
     assert proc.returncode == 0, proc.stdout + proc.stderr[-6000:]
     assert "RESULT allocated=true" in proc.stdout and "RESULT bridge_loader_is_child=true" in proc.stdout, proc.stdout
+
+
+def test_a_missing_c_compiler_is_named_before_anything_compiles(wheel_env, tmp_path):
+    tree = _unpacked_sdist(wheel_env, tmp_path)
+    proc = _wheel_from(tree, tmp_path, CC="/nonexistent/cc")
+    assert proc.returncode != 0
+    assert "no C compiler: '/nonexistent/cc' is not found" in proc.stdout + proc.stderr, proc.stderr[-3000:]

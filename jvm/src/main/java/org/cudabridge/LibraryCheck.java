@@ -35,6 +35,7 @@ final class LibraryCheck {
     static final String FILE_KEY = "library.file";
     static final String SIZE_KEY = "library.size";
     static final String SHA256_KEY = "library.sha256";
+    static final String LIBPYTHON_KEY = "libpython";
     private static final String REBUILD = "rebuild with `python -m cudabridge build` (`--native-only` where there "
             + "is no javac)";
 
@@ -85,6 +86,14 @@ final class LibraryCheck {
                             + ": the file changed after its build; " + REBUILD + " (recorded in " + recorded.file + ")",
                             null);
                 }
+            }
+            // The library links this libpython by its path on the build machine: a wheel installed
+            // where that Python is not (another path, another machine) cannot load.
+            String libpython = recorded.props.getProperty(LIBPYTHON_KEY);
+            if (libpython != null && !Files.isRegularFile(Paths.get(libpython.trim()))) {
+                throw fail("cudabridge: " + where + " was built against " + libpython.trim() + ", which is not here: "
+                        + "rebuild it for this machine's Python with `<that python> -m cudabridge build --native-only` "
+                        + "(needs gcc and a JDK's include/jni.h; recorded in " + recorded.file + ")", null);
             }
         }
         checkElf(library, where, size);

@@ -246,6 +246,23 @@ class LibraryCheckTest {
     }
 
     @Test
+    void aLibraryBuiltAgainstALibpythonThatIsNotHereIsRefusedWithTheRebuild() {
+        Properties p = built(lib, size, sha);
+        p.setProperty(LibraryCheck.LIBPYTHON_KEY, dir.resolve("elsewhere/libpython3.11.so.1.0").toString());
+        String msg = refusal(lib, new LibraryCheck.Recorded(p, dir.resolve(PROPERTIES)));
+        assertTrue(msg.contains("was built against " + dir.resolve("elsewhere/libpython3.11.so.1.0")), msg);
+        assertTrue(msg.contains("-m cudabridge build --native-only"), msg);
+    }
+
+    @Test
+    void aRecordedLibpythonThatIsHerePasses() throws IOException {
+        Path libpython = Files.writeString(dir.resolve("libpython3.11.so.1.0"), "x");
+        Properties p = built(lib, size, sha);
+        p.setProperty(LibraryCheck.LIBPYTHON_KEY, libpython.toString());
+        LibraryCheck.verify(lib, new LibraryCheck.Recorded(p, dir.resolve(PROPERTIES)));
+    }
+
+    @Test
     void propertiesBesideTheLibraryNamingItsFileNameAreUsed() throws IOException {
         // written where the library was built: a copy with its properties (an installed or an
         // unpacked environment) stays checkable
