@@ -102,7 +102,8 @@ final class Launcher {
         if (o.library() == null) {
             throw new CudaBridgeException("cudabridge: the bridge library was not found beside cudabridge.jar nor in "
                     + "the Python environment of " + (o.python() == null ? "the (unset) cudabridge.python" : o.python())
-                    + ": install the spark-cuda-bridge wheel in that environment, or set -D" + Settings.LIBRARY, "java");
+                    + ": install the spark-cuda-bridge wheel in that environment, or name the library with "
+                    + "spark.cudabridge.library (-D" + Settings.LIBRARY + " outside Spark)", "java");
         }
         if (!new File(o.library()).isFile()) {
             throw new CudaBridgeException("cudabridge: no bridge library at " + o.library() + " (build it with "
