@@ -219,9 +219,9 @@ def test_cli_prints_jar_and_classpath(harness):
 
 
 def test_every_header_the_bridge_library_includes_is_shipped_and_watched():
-    """build_native rebuilds the library when one of HEADER_NAMES changes and ships them beside
-    its source: a header of the source's folder that it includes (directly or through another)
-    but that is missing there would neither trigger a rebuild nor travel with an install."""
+    """build_native rebuilds the library when one of its headers changes and ships them beside
+    its source (bridge_headers: every header of the source's folder): each header there is one the
+    source includes (directly or through another), and each it includes from there is watched."""
     import re
 
     src = jvm_build.c_source()
@@ -232,7 +232,7 @@ def test_every_header_the_bridge_library_includes_is_shipped_and_watched():
             if (src.parent / inc).is_file() and inc not in seen:
                 seen.add(inc)
                 todo.append(inc)
-    assert seen == set(jvm_build.HEADER_NAMES)
+    assert seen == {h.name for h in jvm_build.bridge_headers(src)}
 
 
 def test_the_bridge_starts_with_its_jar_in_a_child_class_loader(harness, tmp_path):

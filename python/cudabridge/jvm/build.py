@@ -47,7 +47,6 @@ LIBRARY_NAME = "libcudabridge_jni.so"
 JAR_NAME = "cudabridge.jar"
 PROPERTIES_NAME = "cudabridge-native.properties"
 SOURCE_NAME = "cudabridge_jni.c"
-HEADER_NAMES = ("hot_gate.h", "staging_ring.h", "host_copy.h")   # included by the source; shipped beside it
 API_HEADER = PACKAGE_DIR / "jvm" / "native_api.h"   # the hot path C twin's entry points, also included
 DRIVER_HEADER = PACKAGE_DIR / "jvm" / "cuda_driver.h"   # the driver table native_api.h includes
 SETTINGS_TABLE = PACKAGE_DIR / "settings.json"                # every setting, defined once
@@ -75,6 +74,12 @@ def c_source() -> Path:
     if shipped.is_file():
         return shipped
     raise BuildError(f"the bridge's C source is neither in a source tree (bridge/{SOURCE_NAME}) nor shipped in {NATIVE_DIR}")
+
+
+def bridge_headers(source: Path) -> list[Path]:
+    """The library's parts: every header beside its source (cudabridge_jni.c includes them; they are
+    shipped beside it)."""
+    return sorted(source.parent.glob("*.h"))
 
 
 def java_sources() -> list[Path]:
@@ -290,7 +295,7 @@ def build_native(force: bool = False, native_dir: Path = NATIVE_DIR, record_pyth
     out = native_dir / LIBRARY_NAME
     lib, include = libpython()
     base = base_interpreter()
-    headers = [src.with_name(h) for h in HEADER_NAMES]
+    headers = bridge_headers(src)
     if (not force and not _stale(out, [src, *headers, API_HEADER, DRIVER_HEADER])
             and _recorded_build_current(out, native_dir, record_python)):
         return out
