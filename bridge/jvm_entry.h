@@ -70,6 +70,10 @@ JNIEXPORT void JNICALL Java_org_cudabridge_NativeBridge_nativeInit(JNIEnv *env, 
     if (cbe == NULL) return;
     jmethodID cc = (*env)->GetMethodID(env, cbe, "<init>", "(Ljava/lang/String;Ljava/lang/String;)V");
     if (cc == NULL) return;
+    jmethodID of = (*env)->GetStaticMethodID(env, cbe, "of",
+        "(Ljava/lang/String;Ljava/lang/String;Ljava/lang/String;)Lorg/cudabridge/CudaBridgeException;");
+    if (of == NULL) return;
+    of_cbe = of;
     c_oom = oom;
     ctor_oom = oc;
     ctor_cbe = cc;

@@ -34,7 +34,7 @@ static PyObject *g_api_capsule;
 
 /* Cached Java classes (global refs) and constructors. */
 static jclass c_cbe, c_oom, c_ise, c_iae, c_ioobe, c_npe, c_oome;
-static jmethodID ctor_cbe, ctor_oom;
+static jmethodID ctor_cbe, ctor_oom, of_cbe;   /* of_cbe: CudaBridgeException.of(message, pythonType, kind) */
 
 /* Host memory the C side owns (a staging buffer, a direct ByteBuffer's memory), exported to
  * Python through the buffer protocol. Invariant: every view handed to Python has a real exporting

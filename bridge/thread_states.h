@@ -48,6 +48,7 @@ typedef struct {
     int kind;            /* 0 none, 1 Python exception */
     char *message;       /* malloc'ed */
     char *pytype;        /* malloc'ed */
+    char *java_kind;     /* malloc'ed or NULL: the Java exception type (cudabridge.jvm.errors.java_kind) */
     int is_oom;
     int oom_n;           /* the numbers of OutOfDeviceMemory.FIELDS, in order (the Java side checks the count) */
     jlong oom[CB_OOM_MAX_FIELDS];
@@ -80,6 +81,7 @@ static void capture_python_error(captured_error *err) {
     err->oom_n = 0;
     err->message = NULL;
     err->pytype = NULL;
+    err->java_kind = NULL;
     if (value == NULL) {
         err->message = strdup("unknown Python error (no exception object)");
         err->pytype = strdup("unknown");
@@ -87,13 +89,16 @@ static void capture_python_error(captured_error *err) {
     }
     if (f_error_info != NULL) {
         PyObject *info = PyObject_CallOneArg(f_error_info, value);
-        if (info != NULL && PyTuple_Check(info) && PyTuple_GET_SIZE(info) == 3) {
+        if (info != NULL && PyTuple_Check(info) && PyTuple_GET_SIZE(info) == 4) {
             const char *m = PyUnicode_AsUTF8(PyTuple_GET_ITEM(info, 0));
             const char *t = m ? PyUnicode_AsUTF8(PyTuple_GET_ITEM(info, 1)) : NULL;
             PyObject *oom = PyTuple_GET_ITEM(info, 2);
+            PyObject *kind = PyTuple_GET_ITEM(info, 3);
+            const char *k = (t && kind != Py_None) ? PyUnicode_AsUTF8(kind) : NULL;
             if (m && t) {
                 err->message = strdup(m);
                 err->pytype = strdup(t);
+                if (k) err->java_kind = strdup(k);
                 if (oom != Py_None && PyTuple_Check(oom) && PyTuple_GET_SIZE(oom) <= CB_OOM_MAX_FIELDS) {
                     int ok = 1;
                     err->oom_n = (int)PyTuple_GET_SIZE(oom);
@@ -143,6 +148,17 @@ static void throw_captured(JNIEnv *env, captured_error *err) {
                 if (ex == NULL && (*env)->ExceptionCheck(env))
                     (*env)->ExceptionClear(env); /* fields Java does not take: keep the message at least */
             }
+            if (ex == NULL && !(*env)->ExceptionCheck(env)) {   /* the type the kind names (CudaBridgeException.of) */
+                jstring jk = err->java_kind ? (*env)->NewStringUTF(env, err->java_kind) : NULL;
+                if (err->java_kind == NULL || jk != NULL)
+                    ex = (jthrowable)(*env)->CallStaticObjectMethod(env, c_cbe, of_cbe, jm, jt, jk);
+                if ((*env)->ExceptionCheck(env)) {   /* of() itself failed (out of memory): the plain one below */
+                    (*env)->ExceptionClear(env);
+                    if (ex != NULL) (*env)->DeleteLocalRef(env, ex);
+                    ex = NULL;
+                }
+                if (jk) (*env)->DeleteLocalRef(env, jk);
+            }
             if (ex == NULL && !(*env)->ExceptionCheck(env)) {
                 ex = (jthrowable)(*env)->NewObject(env, c_cbe, ctor_cbe, jm, jt);
             }
@@ -159,7 +175,8 @@ static void throw_captured(JNIEnv *env, captured_error *err) {
     }
     free(err->message);
     free(err->pytype);
-    err->message = err->pytype = NULL;
+    free(err->java_kind);
+    err->message = err->pytype = err->java_kind = NULL;
     err->kind = 0;
 }
 

@@ -10,17 +10,32 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ..errors import OutOfDeviceMemory
+from ..errors import DeviceUnusable, HostWaitTimeout, InvalidFree, KernelFault, OutOfDeviceMemory, UnknownTask
 
 OomFields = tuple[int, ...]   # OutOfDeviceMemory.FIELDS order
 
+# The errors task code can act on: each reaches Java as an exception type of its own,
+# org.cudabridge.<Name>Exception (CudaBridgeException.of picks it by this name; out of memory is
+# GpuOutOfMemoryException, with its numbers). Every other error reaches Java as a plain
+# CudaBridgeException. tests/test_java_error_kinds.py holds every class of errors.py to one side.
+JAVA_KINDS: tuple[type[BaseException], ...] = (KernelFault, DeviceUnusable, HostWaitTimeout, UnknownTask, InvalidFree)
 
-def error_info(exc: BaseException) -> tuple[str, str, Optional[OomFields]]:
-    """(message, Python type, out-of-memory fields or None).
+
+def java_kind(exc: BaseException) -> Optional[str]:
+    """The name of the first of :data:`JAVA_KINDS` that ``exc`` is an instance of, or None."""
+    for kind in JAVA_KINDS:
+        if isinstance(exc, kind):
+            return kind.__name__
+    return None
+
+
+def error_info(exc: BaseException) -> tuple[str, str, Optional[OomFields], Optional[str]]:
+    """(message, Python type, out-of-memory fields or None, Java kind or None).
 
     The message is ``"<TypeName>: <str(exc)>"``, ASCII with backslash escapes (JNI's
     ``NewStringUTF`` takes modified UTF-8; ASCII is valid in both). The out-of-memory fields are
-    ``OutOfDeviceMemory.FIELDS``, in that order."""
+    ``OutOfDeviceMemory.FIELDS``, in that order. The kind is :func:`java_kind`'s: it chooses the
+    Java exception type (a subclass of a kind's Python class reaches Java as that kind)."""
     t = type(exc)
     text = str(exc)
     message = f"{t.__name__}: {text}" if text else t.__name__
@@ -30,7 +45,7 @@ def error_info(exc: BaseException) -> tuple[str, str, Optional[OomFields]]:
     oom = None
     if isinstance(exc, OutOfDeviceMemory):
         oom = exc.values()
-    return message, pytype, oom
+    return message, pytype, oom, java_kind(exc)
 
 
 def java_exception(exc: BaseException):
@@ -39,7 +54,7 @@ def java_exception(exc: BaseException):
 
     from .java_classes import java_class
 
-    message, pytype, oom = error_info(exc)
+    message, pytype, oom, kind = error_info(exc)
     if oom is not None:
         return java_class("org.cudabridge.GpuOutOfMemoryException")(message, pytype, JArray(JLong)(oom))
-    return java_class("org.cudabridge.CudaBridgeException")(message, pytype)
+    return java_class("org.cudabridge.CudaBridgeException").of(message, pytype, kind)

@@ -64,9 +64,17 @@ def interpreter(c: "BridgeControl") -> dict[str, Any]:
 
 
 def raise_error(c: "BridgeControl", kind: str = "ValueError", message: str = "raised on purpose") -> None:
-    """Raise a Python exception of a builtin type, for the error-propagation tests."""
+    """Raise a Python exception of a builtin type or one of the service's errors, for the
+    error-propagation tests."""
+    from .. import errors
+
+    if kind == "KernelFault":
+        cause = errors.CudaError("cuStreamSynchronize", 700, "CUDA_ERROR_ILLEGAL_ADDRESS")
+        raise errors.KernelFault(cause, [], 0, message)
     exc = {"ValueError": ValueError, "ZeroDivisionError": ZeroDivisionError, "KeyError": KeyError,
-           "RuntimeError": RuntimeError}.get(kind)
+           "RuntimeError": RuntimeError, "InvalidArgument": errors.InvalidArgument,
+           "DeviceUnusable": errors.DeviceUnusable, "HostWaitTimeout": errors.HostWaitTimeout,
+           "UnknownTask": errors.UnknownTask, "InvalidFree": errors.InvalidFree}.get(kind)
     if exc is None:
         raise InvalidArgument(f"raise_error: unsupported kind {kind!r}")
     raise exc(message)

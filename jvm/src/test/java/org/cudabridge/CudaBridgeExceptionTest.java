@@ -2,6 +2,7 @@ package org.cudabridge;
 
 import static org.junit.jupiter.api.Assertions.assertArrayEquals;
 import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertInstanceOf;
 import static org.junit.jupiter.api.Assertions.assertSame;
 import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
@@ -60,14 +61,45 @@ class CudaBridgeExceptionTest extends RunningBridge {
 
     @Test
     void aFreeOfABogusHandleIsPythonsInvalidFree() {
-        assertPythonError(() -> NativeBridge.free(0x123456789L), "cudabridge.errors.InvalidFree", "InvalidFree", "not live");
+        CudaBridgeException e = assertPythonError(() -> NativeBridge.free(0x123456789L), "cudabridge.errors.InvalidFree",
+                "InvalidFree", "not live");
+        assertInstanceOf(InvalidFreeException.class, e, "the hot path throws the kind's own type");
     }
 
     @Test
     void anAllocateForAnUnknownTaskIsPythonsUnknownTask() {
         long[] out = new long[2];
-        assertPythonError(() -> NativeBridge.allocate(424242, 64, out), "cudabridge.errors.UnknownTask",
-                "UnknownTask", "424242");
+        CudaBridgeException e = assertPythonError(() -> NativeBridge.allocate(424242, 64, out),
+                "cudabridge.errors.UnknownTask", "UnknownTask", "424242");
+        assertInstanceOf(UnknownTaskException.class, e);
+    }
+
+    /** Each error task code can act on reaches Java from the control path as its own type. */
+    @Test
+    void theServicesActionableErrorsHaveTypesOfTheirOwn() {
+        Class<?>[][] kinds = {
+            {KernelFaultException.class}, {DeviceUnusableException.class}, {HostWaitTimeoutException.class},
+            {UnknownTaskException.class}, {InvalidFreeException.class},
+        };
+        String[] names = {"KernelFault", "DeviceUnusable", "HostWaitTimeout", "UnknownTask", "InvalidFree"};
+        for (int i = 0; i < names.length; i++) {
+            String kind = names[i];
+            CudaBridgeException e = assertPythonError(() -> bridge.callTool("raise_error",
+                    "{\"kind\": \"" + kind + "\", \"message\": \"on purpose\"}"), "cudabridge.errors." + kind, kind);
+            assertEquals(kinds[i][0], e.getClass(), kind);
+        }
+        // an error task code cannot act on by its type stays the plain exception
+        CudaBridgeException plain = assertPythonError(() -> bridge.callTool("raise_error",
+                "{\"kind\": \"InvalidArgument\", \"message\": \"x\"}"), "cudabridge.errors.InvalidArgument");
+        assertEquals(CudaBridgeException.class, plain.getClass());
+    }
+
+    @Test
+    void aKindThisJarDoesNotKnowIsThePlainExceptionWithItsMessage() {
+        CudaBridgeException e = CudaBridgeException.of("NewError: x", "cudabridge.errors.NewError", "NewError");
+        assertEquals(CudaBridgeException.class, e.getClass());
+        assertEquals("cudabridge.errors.NewError", e.getPythonType());
+        assertEquals(CudaBridgeException.class, CudaBridgeException.of("m", "ValueError", null).getClass());
     }
 
     @Test

@@ -40,11 +40,12 @@ class KernelFaultTest {
                 assertNull(bridge.deviceError());
                 histogram.launch(one, data, 64, data);
                 faults.launch(one, data);                  // last: a launch after the fault may fail already
-                CudaBridgeException fault = assertThrows(CudaBridgeException.class, bridge::synchronize);
+                KernelFaultException fault = assertThrows(KernelFaultException.class, bridge::synchronize);
                 assertTrue(fault.getMessage().contains("KernelFault")
                         && fault.getMessage().contains("(the candidates): histogram, faults"), fault.getMessage());
                 assertNotNull(bridge.deviceError());
-                CudaBridgeException later = assertThrows(CudaBridgeException.class, () -> histogram.launch(one, data, 64, data));
+                DeviceUnusableException later = assertThrows(DeviceUnusableException.class,
+                        () -> histogram.launch(one, data, 64, data));
                 assertTrue(later.getMessage().contains("DeviceUnusable"), later.getMessage());
                 assertThrows(CudaBridgeException.class, () -> bridge.allocate(64), "task " + t.taskAttemptId());
             }
