@@ -24,6 +24,8 @@ PLAIN = {
     "UnknownStream": "Java never passes a stream handle it did not get from the service",
     "CudaError": "a non-sticky CUDA error: the message names the call and the code; nothing to do but fail",
     "StreamOrderRace": "the emulated device's race detector, in tests only",
+    "ModuleLoadError": "a module that did not compile or load: the message holds the compiler's log; the source needs "
+                       "fixing (a transient failure is not kept: the next load tries again)",
 }
 OWN_TYPE = {"OutOfDeviceMemory": "GpuOutOfMemoryException"}
 

@@ -132,3 +132,16 @@ class OutOfDeviceMemory(CudaBridgeError, MemoryError):
 class StreamOrderRace(CudaBridgeError):
     """A device access not ordered after a conflicting earlier one, found by the emulated
     backend's race detector."""
+
+
+class ModuleLoadError(CudaBridgeError):
+    """A module could not be loaded (for source: the compiler's log says why). ``transient``: the
+    failure is not the source's (the compiler ran out of memory, say), so the module cache does
+    not keep it and a later ask loads again. Raised by the kernels (``kernels/modules.py``, which
+    names it too) and by a backend's ``module_load``."""
+
+    def __init__(self, message: str, log: str = "", transient: bool = False) -> None:
+        super().__init__(message + (f"\n{log}" if log else ""))
+        self.summary = message
+        self.log = log
+        self.transient = transient

@@ -12,8 +12,9 @@ import logging
 import threading
 from typing import Any
 
-from ..errors import CudaError, InvalidArgument
+from ..errors import CudaError, InvalidArgument, ModuleLoadError
 from .backend import DeviceAllocationFailed, DeviceBackend, host_view
+from .launch_config import DeviceLimits, KernelLimits
 
 log = logging.getLogger(__name__)
 
@@ -366,7 +367,6 @@ class CudaBackend(DeviceBackend):
         return arch
 
     def module_load(self, image: bytes, ordinal: int) -> Any:
-        from ..kernels.modules import ModuleLoadError
         prev = self.get_device()
         self.set_device(ordinal)
         try:
@@ -423,7 +423,6 @@ class CudaBackend(DeviceBackend):
 
     def device_limits(self, ordinal: int) -> Any:
         """What GPU ``ordinal`` allows a launch (cached: a device's limits never change)."""
-        from ..kernels.launch_config import DeviceLimits
         limits = self._limits.get(ordinal)
         if limits is None:
             A = self.rt.cudaDeviceAttr
@@ -439,7 +438,6 @@ class CudaBackend(DeviceBackend):
         return limits
 
     def kernel_limits(self, function: Any) -> Any:
-        from ..kernels.launch_config import KernelLimits
         F = self.drv.CUfunction_attribute
 
         def attr(a: Any) -> int:

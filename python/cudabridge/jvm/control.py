@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from ..errors import InvalidArgument, PoolClosed
 from ..stream_pool import Priority
+from . import tools
 from .hot_path import STAGING_STATISTICS
 
 if TYPE_CHECKING:
@@ -197,8 +198,6 @@ class BridgeControl:
         """Run ``cudabridge.jvm.tools.<name>(control, **args)`` and return its result as JSON:
         test kernels, pool statistics, in-process Python timings for the benchmark. Only the
         functions of that module are reachable; this is no general eval."""
-        from . import tools
-
         fn = tools.TOOLS.get(name)
         if fn is None:
             raise InvalidArgument(f"unknown tool {name!r}; known: {sorted(tools.TOOLS)}")

@@ -10,15 +10,24 @@ import gc
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from ..errors import InvalidArgument
 
 if TYPE_CHECKING:
-    from .control import BridgeControl
+    from ..service import CudaBridgeService
+    from .hot_path import JavaHotPath
 
 
-def fill_u32(c: "BridgeControl", handle: int, value: int, delay_s: float = 0.0, offset: int = 0,
+class Control(Protocol):
+    """What a tool is handed first (``BridgeControl`` is one; control.py imports this module, not
+    the other way round): the service and the Java hot path."""
+
+    service: "CudaBridgeService"
+    hot: "JavaHotPath"
+
+
+def fill_u32(c: Control, handle: int, value: int, delay_s: float = 0.0, offset: int = 0,
              count: int | None = None) -> None:
     """The test kernel: on the buffer's stream, spin ``delay_s`` then write 32-bit ``value``s;
     queued inside the buffer's task lease, as every operation that queues work for a task is."""
@@ -32,7 +41,7 @@ def fill_u32(c: "BridgeControl", handle: int, value: int, delay_s: float = 0.0, 
         c.service.registry.leave(lease)
 
 
-def spin(c: "BridgeControl", task: int, seconds: float) -> None:
+def spin(c: Control, task: int, seconds: float) -> None:
     """A kernel that only spins, on the task's stream, inside the task's lease."""
     leases = c.service.registry.leases
     lease = leases.lease_of(int(task))
@@ -46,11 +55,11 @@ def spin(c: "BridgeControl", task: int, seconds: float) -> None:
         lease.inside.remove(me)
 
 
-def pool_statistics(c: "BridgeControl", gpu: int = 0) -> dict[str, int]:
+def pool_statistics(c: Control, gpu: int = 0) -> dict[str, int]:
     return c.service.memory_pool(int(gpu)).statistics().as_dict()
 
 
-def interpreter(c: "BridgeControl") -> dict[str, Any]:
+def interpreter(c: Control) -> dict[str, Any]:
     """Threads Python knows of, and where it runs from (sys.prefix: the venv)."""
     return {
         "threading_active": len(threading._active),  # type: ignore[attr-defined]
@@ -63,7 +72,7 @@ def interpreter(c: "BridgeControl") -> dict[str, Any]:
     }
 
 
-def raise_error(c: "BridgeControl", kind: str = "ValueError", message: str = "raised on purpose") -> None:
+def raise_error(c: Control, kind: str = "ValueError", message: str = "raised on purpose") -> None:
     """Raise a Python exception of a builtin type or one of the service's errors, for the
     error-propagation tests."""
     from .. import errors
@@ -80,7 +89,7 @@ def raise_error(c: "BridgeControl", kind: str = "ValueError", message: str = "ra
     raise exc(message)
 
 
-def emulated_races(c: "BridgeControl") -> int:
+def emulated_races(c: Control) -> int:
     """Unordered accesses the emulated device's race detector has seen (-1: no detector: another
     backend, or spark.cudabridge.emulatedRaceCheck off)."""
     backend = c.service.backend
@@ -93,7 +102,7 @@ def _percentiles(samples: list[int]) -> dict[str, float]:
     return {"p50_ns": samples[n // 2], "p99_ns": samples[min(n - 1, (n * 99) // 100)], "n": n}
 
 
-def python_bench(c: "BridgeControl", n: int = 20000, size: int = 4096, copy_bytes: int = 1 << 20,
+def python_bench(c: Control, n: int = 20000, size: int = 4096, copy_bytes: int = 1 << 20,
                  copies: int = 300, task: int = (1 << 62) + 7) -> dict[str, Any]:
     """The Java benchmark's operations, called from Python in this process: per-call p50/p99
     (perf_counter_ns around each call) and the mean from one timed loop, in nanoseconds.
@@ -153,7 +162,7 @@ def python_bench(c: "BridgeControl", n: int = 20000, size: int = 4096, copy_byte
     return out
 
 
-def python_threads(c: "BridgeControl", seconds: float = 1.0, threads: list[int] | None = None,
+def python_threads(c: Control, seconds: float = 1.0, threads: list[int] | None = None,
                    size: int = 4096) -> dict[str, float]:
     """Aggregate ``service.allocate(task, size).free()`` pairs per second from 1..N Python threads
     in this process (the Java thread-scaling numbers' Python counterpart)."""
@@ -196,7 +205,7 @@ def python_threads(c: "BridgeControl", seconds: float = 1.0, threads: list[int] 
 _LAUNCHERS: dict[tuple, Callable[[], None]] = {}   # (how, task, ptr, source) -> one launch (warm)
 
 
-def launch_bench(c: "BridgeControl", task: int, how: str, n: int, batch: int, ptr: int, source: str,
+def launch_bench(c: Control, task: int, how: str, n: int, batch: int, ptr: int, source: str,
                  floor_library: str = "") -> dict[str, Any]:
     """The anchors of bench/bench_launch.py, timed in this process on the task's stream: ``n``
     launches of kernel ``empty(float* p, int n, float a)`` of ``source`` (the module Java loaded:
@@ -264,7 +273,7 @@ def launch_bench(c: "BridgeControl", task: int, how: str, n: int, batch: int, pt
     return {**_percentiles(samples), "mean_ns": total / n}
 
 
-def copy_bench(c: "BridgeControl", task: int, sizes: list[int], reps: int, threads: int = 8) -> dict[str, Any]:
+def copy_bench(c: Control, task: int, sizes: list[int], reps: int, threads: int = 8) -> dict[str, Any]:
     """The anchors of bench/bench_copies.py, timed in this process, median ns per size of one copy
     (and the synchronize after it): ``memcpy_1`` / ``memcpy_<threads>`` the host's memcpy (numpy,
     one thread, and the buffer split over threads), ``host_alloc`` the device's own pinned allocation and

@@ -17,12 +17,12 @@ import threading
 from dataclasses import replace
 from typing import Any
 
+from ..device.launch_config import LaunchConfig, check_launch
+from ..device.params import DevicePointer, check_args, param_layout
 from ..errors import InvalidArgument
 from .cuda_headers import CudaHeaders, cuda_headers, names_include_path, nvrtc_major
-from .launch_config import LaunchConfig, check_launch
 from .module_globals import ModuleGlobal
 from .modules import ModuleLoadError, ModuleSource, ptx_entries, ptx_globals
-from .params import DevicePointer, check_args, param_layout
 
 
 # NVRTC's words for an #include it could not find ("could not open source file" when it has no

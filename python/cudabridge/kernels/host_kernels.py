@@ -47,12 +47,12 @@ import importlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterable, NamedTuple, Protocol
 
+from ..device.params import signature as parse_signature
 from ..errors import InvalidArgument, index_int
-from .params import signature as parse_signature
 
 if TYPE_CHECKING:
     from ..device import DeviceBackend
-    from .launch_config import LaunchConfig
+    from ..device.launch_config import LaunchConfig
 
 _MARK = "__cudabridge_host_kernel__"
 

@@ -18,13 +18,22 @@ from pageable memory the bytes are staged before it returns (the backend's copy 
 from __future__ import annotations
 
 from threading import get_ident
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from ..device.backend import host_view
 from ..errors import InvalidArgument, index_int
 
-if TYPE_CHECKING:
-    from ..task_registry import TaskRegistry
+
+class Tasks(Protocol):
+    """What a copy to or from a global needs of the task registry, which is passed in
+    (``TaskRegistry`` is one; kernels sit below the registry and never import it): ``leases``, the
+    table of task leases (its ``lease_of`` and ``refusal``, and the lease's ``binding``, ``inside``
+    and ``open``: task_registry.py, "The lease protocol"), and ``gpu(ordinal)``, whose
+    ``memory.backend`` queues the copy."""
+
+    leases: Any
+
+    def gpu(self, ordinal: int) -> Any: ...
 
 
 class ModuleGlobal(NamedTuple):
@@ -53,7 +62,7 @@ def _view(call: str, host: Any, writable: bool) -> memoryview:
         raise InvalidArgument(f"{call}: {exc}") from None
 
 
-def copy_to_global(registry: "TaskRegistry", task_id: int, glob: ModuleGlobal, host: Any, offset: int = 0) -> None:
+def copy_to_global(registry: Tasks, task_id: int, glob: ModuleGlobal, host: Any, offset: int = 0) -> None:
     """Copy the bytes of ``host`` (any contiguous buffer) into ``glob`` from byte ``offset``, on the
     task's stream: ordered after the task's work queued before it and before its work after."""
     view = _view("copy_to_global", host, writable=False)
@@ -62,7 +71,7 @@ def copy_to_global(registry: "TaskRegistry", task_id: int, glob: ModuleGlobal, h
                     lambda backend, stream: backend.copy_to_device_async(glob.address + offset, view, stream))
 
 
-def copy_from_global(registry: "TaskRegistry", task_id: int, glob: ModuleGlobal, host: Any, offset: int = 0) -> None:
+def copy_from_global(registry: Tasks, task_id: int, glob: ModuleGlobal, host: Any, offset: int = 0) -> None:
     """Copy ``len(host)`` bytes of ``glob`` from byte ``offset`` into ``host`` (writable, contiguous),
     on the task's stream: after the task's kernels queued before it. Into pageable memory it
     returns once the bytes are there; into pinned memory it is asynchronous (synchronize first)."""
@@ -72,7 +81,7 @@ def copy_from_global(registry: "TaskRegistry", task_id: int, glob: ModuleGlobal,
                     lambda backend, stream: backend.copy_from_device_async(view, glob.address + offset, stream))
 
 
-def _on_task_stream(registry: "TaskRegistry", task_id: int, glob: ModuleGlobal, call: str, queue: Any) -> None:
+def _on_task_stream(registry: Tasks, task_id: int, glob: ModuleGlobal, call: str, queue: Any) -> None:
     """Run ``queue(backend, stream)`` inside the task's lease, with the task's GPU current."""
     lease = registry.leases.lease_of(task_id)
     me = get_ident()

@@ -18,22 +18,10 @@ import threading
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterable, Mapping
 
-from ..errors import CudaBridgeError, InvalidArgument, index_int
-from .params import signature as parse_signature
+from ..device.params import signature as parse_signature
+from ..errors import InvalidArgument, ModuleLoadError, index_int   # ModuleLoadError: also this module's name for it
 
 MODULE_KINDS = ("cuda", "ptx", "cubin")
-
-
-class ModuleLoadError(CudaBridgeError):
-    """A module could not be loaded (for source: the compiler's log says why). ``transient``: the
-    failure is not the source's (the compiler ran out of memory, say), so the module cache does
-    not keep it and a later ask loads again."""
-
-    def __init__(self, message: str, log: str = "", transient: bool = False) -> None:
-        super().__init__(message + (f"\n{log}" if log else ""))
-        self.summary = message
-        self.log = log
-        self.transient = transient
 
 
 @dataclass(frozen=True)

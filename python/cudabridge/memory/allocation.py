@@ -8,7 +8,7 @@ another pool can never free a block that has since gone to another owner.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Hashable
+from typing import TYPE_CHECKING, Any, Hashable, Protocol
 
 from ..errors import InvalidFree, PoolClosed
 from .native import load as load_native
@@ -16,7 +16,21 @@ from .native import load as load_native
 if TYPE_CHECKING:
     from .block import Block
     from .stream_arena import StreamArena
-    from .stream_ordered_pool import StreamOrderedMemoryPool
+
+
+class Pool(Protocol):
+    """What an allocation needs of the pool that made it (``StreamOrderedMemoryPool`` is one; the
+    pool imports this module, not the other way round)."""
+
+    device: int
+
+    @property
+    def closed(self) -> bool: ...
+
+    def free(self, a: "Allocation", stream: int | None = None) -> None: ...
+
+    def record_stream(self, a: "Allocation", stream: int) -> None: ...
+
 
 # Why an allocation is no longer live, for error messages.
 ALIVE = 0
@@ -40,7 +54,7 @@ class Allocation(_Base):  # type: ignore[misc, valid-type]
     __slots__ = ()
 
     def __init__(self, ptr: int, size: int, id_: int, stream: int, owner: Hashable | None,
-                 block: "Block", arena: "StreamArena", pool: "StreamOrderedMemoryPool") -> None:
+                 block: "Block", arena: "StreamArena", pool: Pool) -> None:
         self.ptr = ptr
         self.size = size
         self.id = id_
@@ -81,7 +95,7 @@ class Allocation(_Base):  # type: ignore[misc, valid-type]
         return f"Allocation(#{self.id}, ptr={self.ptr:#x}, size={self.size}, stream={self.stream:#x}, {state})"
 
 
-def free_refusal(a: object, pool: "StreamOrderedMemoryPool") -> Exception:
+def free_refusal(a: object, pool: Pool) -> Exception:
     """What a free (or a record_stream) of ``a`` on ``pool`` raises when ``a`` is not one of its
     live allocations: the reason, from the allocation's own state where it has one."""
     if not isinstance(a, Allocation):

@@ -10,12 +10,9 @@ unmapped address space, which is never handed out.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from .native import load as load_native
-
-if TYPE_CHECKING:
-    from .stream_arena import StreamArena
 
 LIVE = "live"
 PENDING = "pending"
@@ -35,6 +32,14 @@ class Chunk:
         self.small = small
         self.head: "Block | None" = None
         self.segment = segment
+
+
+class Arena(Protocol):
+    """What a block knows of a stream arena (``StreamArena`` is one; stream_arena.py imports this
+    module, not the other way round): the arena whose bins hold the block is its ``state``, a
+    further arena it waits for a key of ``extra``, and ``name`` is said in the block's repr."""
+
+    name: str
 
 
 class _BlockSlots:
@@ -64,7 +69,7 @@ class Block(_native.BlockBase if _native is not None else _BlockSlots):  # type:
         self.next = next_
         self.state: Any = LIVE
         self.epoch = 0
-        self.extra: "dict[StreamArena, int] | None" = None
+        self.extra: "dict[Arena, int] | None" = None
 
     def split(self, size: int) -> "Block":
         """Cut this block to ``size`` bytes and return the remainder as a new block that keeps the
