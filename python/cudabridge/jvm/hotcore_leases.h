@@ -1,0 +1,98 @@
+/*
+ * hotcore_leases.h: the lease twin, TaskLeases.enter / leave (task_registry.py) in C: the guard
+ * that every call of the hot path's C twin which queues work for a task passes (allocate, the
+ * launch, a copy's admission), and the UnknownTask a task not bound, or whose release has begun,
+ * gets. Part of _hotcore.c's one translation unit: included by it after HotCore and raise_exc,
+ * not a header to include anywhere else.
+ *
+ * Invariants (the lease protocol, documented in task_registry.py):
+ *  - enter: look the lease up, append this thread's ident to lease.inside, then read lease.open;
+ *    closed: remove the ident again and raise leases.refusal(task, lease). The release clears
+ *    open, then waits until inside is empty, so in any interleaving either the entering thread
+ *    sees the lease closed or the release sees it inside and waits;
+ *  - every way out of an entered operation removes one occurrence of this thread's ident
+ *    (leave_lease), keeping any error already raised;
+ *  - a lease's inside list is the same object for the lease's life and a closed lease never
+ *    reopens: the only facts trusted here across a call into Python;
+ *  - a refusal is worded by leases.refusal only, so both twins raise the same type and words.
+ */
+
+#ifndef CB_HOTCORE_LEASES_H
+#define CB_HOTCORE_LEASES_H
+
+/* raise leases.refusal(task, lease): lease is a TaskLease or Py_None. NULL always. */
+static PyObject *refuse_task(HotCore *self, PyObject *task, PyObject *lease) {
+    PyObject *a[2] = {task, lease};
+    return raise_exc(PyObject_Vectorcall(self->lease_refusal, a, 2, NULL));
+}
+
+/* leases.get(task) for an exact int task: a new reference to its lease, or NULL with
+ * leases.refusal(task, None) raised (or the lookup's own error). */
+static PyObject *lookup_lease(HotCore *self, PyObject *task) {
+    PyObject *lease = PyObject_CallOneArg(self->lease_get, task);
+    if (lease == Py_None) {
+        Py_DECREF(lease);
+        return refuse_task(self, task, Py_None);
+    }
+    return lease;
+}
+
+/* Remove one occurrence of this thread's ident from lease.inside (TaskLeases.leave). Keeps
+ * any error already raised. */
+static void leave_lease(PyObject *inside, unsigned long ident) {
+    PyObject *et, *ev, *etb;
+    PyErr_Fetch(&et, &ev, &etb);
+    for (Py_ssize_t i = PyList_GET_SIZE(inside) - 1; i >= 0; i--) {
+        PyObject *item = PyList_GET_ITEM(inside, i);
+        if (PyLong_CheckExact(item) && PyLong_AsUnsignedLong(item) == ident) {
+            if (PyList_SetSlice(inside, i, i + 1, NULL) < 0) PyErr_Clear();
+            break;
+        }
+        if (PyErr_Occurred()) PyErr_Clear();
+    }
+    PyErr_Restore(et, ev, etb);
+}
+
+/* The lease protocol's enter (TaskLeases.enter), the guard every operation that queues work for
+ * a task passes: look the lease up, append this thread's ident to lease.inside, then read
+ * lease.open. Returns 0 inside, with new references in *lease and *inside (leave with
+ * leave_lease(*inside, *ident), then drop both); -1 with the error raised and nothing held: not
+ * bound (leases.refusal(task, None)), its release begun (leases.refusal(task, lease)), or the
+ * protocol's objects not as documented. */
+static int enter_lease(HotCore *self, PyObject *task, PyObject **lease, PyObject **inside, unsigned long *ident) {
+    PyObject *l = lookup_lease(self, task);
+    if (l == NULL) return -1;
+    PyObject *in = PyObject_GetAttr(l, s_inside);
+    if (in == NULL || !PyList_CheckExact(in)) {
+        if (in != NULL)
+            PyErr_Format(PyExc_TypeError, "the lease protocol: lease.inside must be a list, got %R", in);
+        Py_XDECREF(in);
+        Py_DECREF(l);
+        return -1;
+    }
+    unsigned long me_id = PyThread_get_thread_ident();
+    PyObject *me = PyLong_FromUnsignedLong(me_id);
+    if (me == NULL || PyList_Append(in, me) < 0) {
+        Py_XDECREF(me);
+        Py_DECREF(in);
+        Py_DECREF(l);
+        return -1;
+    }
+    Py_DECREF(me);
+    PyObject *open = PyObject_GetAttr(l, s_open);
+    int is_open = open ? PyObject_IsTrue(open) : -1;
+    Py_XDECREF(open);
+    if (is_open <= 0) {   /* an error, or the release has begun (the task may be bound again since) */
+        leave_lease(in, me_id);
+        if (is_open == 0) refuse_task(self, task, l);
+        Py_DECREF(in);
+        Py_DECREF(l);
+        return -1;
+    }
+    *lease = l;
+    *inside = in;
+    *ident = me_id;
+    return 0;
+}
+
+#endif /* CB_HOTCORE_LEASES_H */
