@@ -114,7 +114,7 @@ def test_soak_host_memory_stays_flat(fast_path):
                 held = [pool.allocate(rng.randrange(1, 5 << 20), s, owner=task) for _ in range(20)]
                 for a in held[:15]:
                     a.free()
-                pool.release_owner(task)
+                pool.reclaim_owner(task)
         except BaseException as exc:
             errors.append(exc)
 

@@ -50,7 +50,7 @@ def _settle(pool, held, backend) -> None:
     for a in held:
         a.free()
     held.clear()
-    pool.release_owner(OWNER)
+    pool.reclaim_owner(OWNER)
     backend.device_synchronize()
     check_books(pool)
     s = pool.statistics()

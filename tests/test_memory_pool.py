@@ -124,7 +124,7 @@ def test_free_on_unknown_stream_changes_nothing(pool, streams, emulated):
 
 def test_stale_handle_after_release_never_frees_new_owner(pool, streams):
     a = pool.allocate(4096, streams[0], owner=1)
-    assert pool.release_owner(1) == (1, 4096)
+    assert pool.reclaim_owner(1) == (1, 4096)
     assert not a.alive
     b = pool.allocate(4096, streams[0], owner=2)   # same stream: gets the very same block
     assert b.ptr == a.ptr
@@ -136,12 +136,12 @@ def test_stale_handle_after_release_never_frees_new_owner(pool, streams):
     assert s.leaks_reclaimed == 1 and s.leaked_bytes_reclaimed == 4096 and s.live_allocations == 0
 
 
-def test_release_owner_counts_only_what_is_left(pool, streams):
+def test_reclaim_owner_counts_only_what_is_left(pool, streams):
     keep = [pool.allocate(1000, streams[1], owner=17) for _ in range(5)]
     for a in keep[:3]:
         a.free()
-    assert pool.release_owner(17) == (2, 2000)
-    assert pool.release_owner(17) == (0, 0)
+    assert pool.reclaim_owner(17) == (2, 2000)
+    assert pool.reclaim_owner(17) == (0, 0)
     assert pool.owned_by(17) == []
 
 

@@ -39,7 +39,7 @@ def _world(fast_path: str) -> SimpleNamespace:
     w.freed = pool.allocate(4096, s)
     pool.free(w.freed)
     w.released = pool.allocate(512, s2, owner=9)
-    assert pool.release_owner(9) == (1, 512)
+    assert pool.reclaim_owner(9) == (1, 512)
     w.foreign_pool = StreamOrderedMemoryPool(backend, 0, [s], limit_bytes=LIMIT, fast_path=fast_path)
     w.foreign = w.foreign_pool.allocate(256, s)
     return w
@@ -133,8 +133,8 @@ REFUSED = {
     # the rest of the front
     "record_stream unknown": lambda w: w.pool.record_stream(w.a, w.outside),
     "record_stream of a freed one": lambda w: w.pool.record_stream(w.freed, w.s2),
-    "release_owner str": lambda w: w.pool.release_owner("task"),
-    "release_owner bool": lambda w: w.pool.release_owner(True),
+    "reclaim_owner str": lambda w: w.pool.reclaim_owner("task"),
+    "reclaim_owner bool": lambda w: w.pool.reclaim_owner(True),
     "register a default stream": lambda w: w.pool.register_stream(2),
     "register a pool stream": lambda w: w.pool.register_stream(w.s),
     "register a negative handle": lambda w: w.pool.register_stream(-5),
@@ -150,8 +150,8 @@ ACCEPTED = {
     "free on an int subclass stream": lambda w: w.pool.free(w.a, _Int(w.s)),
     "free the recorded one": lambda w: w.pool.free(w.b),
     "double free of a recorded one": lambda w: (w.pool.free(w.b), w.pool.free(w.b)),
-    "release_owner none held": lambda w: w.pool.release_owner(12345),
-    "release_owner twice": lambda w: (w.pool.release_owner(7), w.pool.release_owner(7)),
+    "reclaim_owner none held": lambda w: w.pool.reclaim_owner(12345),
+    "reclaim_owner twice": lambda w: (w.pool.reclaim_owner(7), w.pool.reclaim_owner(7)),
     "unregister with a live allocation": lambda w: (w.pool.register_stream(w.outside),
                                                    w.pool.allocate(10, w.outside),
                                                    w.pool.unregister_stream(w.outside)),
@@ -159,7 +159,7 @@ ACCEPTED = {
     "free after close": lambda w: (w.pool.close(), w.pool.free(w.a)),
     "slow path after close": lambda w: (w.pool.close(), w.pool.allocate(5 * MiB, w.s)),
     "register after close": lambda w: (w.pool.close(), w.pool.register_stream(w.outside)),
-    "release_owner after close": lambda w: (w.pool.close(), w.pool.release_owner(7)),
+    "reclaim_owner after close": lambda w: (w.pool.close(), w.pool.reclaim_owner(7)),
 }
 
 

@@ -16,7 +16,7 @@
  *   release(task_id): taken here when task_id is an exact int whose lease is in the table, no other
  *     release of it runs, and the calling thread is not inside one of its operations. Waiting for
  *     operations in progress, the listeners and reclaiming a task that holds memory call back into
- *     Python (the registry's drain, its listeners, the pool's release_owner), as the reference
+ *     Python (the registry's drain, its listeners, the pool's reclaim_owner), as the reference
  *     does, with the task's release claim held until the end.
  * State shared with the reference: the lease table (id -> lease), the releasing table, the claims
  * table, the thread-local attachment, and the number of binds made here (TaskRegistry adds it to
@@ -77,7 +77,7 @@ typedef struct {
     PyObject *releasing;      /* task id -> closed lease not yet reclaimed */
     PyObject *claims;         /* task id -> token of the release running */
     PyObject *gpus;           /* ordinal -> (ordinal, address, cycles: priority -> cycle | None,
-                                 by_owner: owner -> dict, release_owner) */
+                                 by_owner: owner -> dict, reclaim_owner) */
     PyObject *sole;           /* that tuple for the only GPU, or None */
     PyObject *binding_type;   /* TaskBinding (a tuple subclass) */
     PyObject *report_type;    /* ReleaseReport (a tuple subclass) */
@@ -135,7 +135,7 @@ static int core_init(RegistryCore *self, PyObject *args, PyObject *kwds) {
                                          "lease_type a LeaseBase subclass");
         return -1;
     }
-    /* Each GPU entry: (ordinal, address, cycles dict or None, by_owner dict, release_owner). */
+    /* Each GPU entry: (ordinal, address, cycles dict or None, by_owner dict, reclaim_owner). */
     PyObject *key, *value;
     Py_ssize_t pos = 0;
     while (PyDict_Next(gpus, &pos, &key, &value)) {
@@ -143,7 +143,7 @@ static int core_init(RegistryCore *self, PyObject *args, PyObject *kwds) {
             !(PyTuple_GET_ITEM(value, 2) == Py_None || PyDict_CheckExact(PyTuple_GET_ITEM(value, 2))) ||
             !PyDict_CheckExact(PyTuple_GET_ITEM(value, 3))) {
             PyErr_SetString(PyExc_TypeError, "RegistryCore: gpus maps an int ordinal to "
-                                             "(ordinal, address, cycles | None, by_owner, release_owner)");
+                                             "(ordinal, address, cycles | None, by_owner, reclaim_owner)");
             return -1;
         }
     }
@@ -275,7 +275,7 @@ static int call_listeners(RegistryCore *self, PyObject *binding) {
 }
 
 /* What the task's pool reclaims: (count, bytes) as two new references, or -1 with an error. An
- * owner holding nothing is two dict steps here; otherwise the pool's release_owner (its locked
+ * owner holding nothing is two dict steps here; otherwise the pool's reclaim_owner (its locked
  * step, on its worker thread where the C fast path runs). */
 static int reclaim(RegistryCore *self, PyObject *binding, PyObject *task, PyObject **count, PyObject **nbytes) {
     PyObject *res = PyDict_GetItemWithError(self->gpus, PyTuple_GET_ITEM(binding, 1));
@@ -304,7 +304,7 @@ static int reclaim(RegistryCore *self, PyObject *binding, PyObject *task, PyObje
     if (r == NULL)
         return -1;
     if (!PyTuple_Check(r) || PyTuple_GET_SIZE(r) != 2) {
-        PyErr_Format(PyExc_TypeError, "cudabridge registry core: release_owner returned %R", r);
+        PyErr_Format(PyExc_TypeError, "cudabridge registry core: reclaim_owner returned %R", r);
         Py_DECREF(r);
         return -1;
     }

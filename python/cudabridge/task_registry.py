@@ -267,7 +267,7 @@ class TaskRegistry:
             self._core = _core.RegistryCore(
                 table=self._leases._by_id, releasing=self._releasing, claims=self._claims,
                 gpus={o: (o, r.address, r.streams.cycles if r.streams.policy == StreamPolicy.ROUND_ROBIN else None,
-                          r.memory.owner_table, r.memory.release_owner) for o, r in self._gpus.items()},
+                          r.memory.owner_table, r.memory.reclaim_owner) for o, r in self._gpus.items()},
                 binding_type=TaskBinding, report_type=ReleaseReport, lease_type=TaskLease,
                 lease_direct=TaskLease is _PLAIN_LEASE, local=self._local,
                 listeners=self._release_listeners, drain=self._drain, bind_ref=self._bind_reference,
@@ -488,7 +488,7 @@ class TaskRegistry:
                 for listener in self._release_listeners:
                     listener(b)
             finally:   # the memory is reclaimed whatever a listener did
-                count, nbytes = self._gpus[b.gpu].memory.release_owner(task_id)
+                count, nbytes = self._gpus[b.gpu].memory.reclaim_owner(task_id)
             self._releasing.pop(task_id, None)
         finally:
             self._claims.pop(task_id, None)

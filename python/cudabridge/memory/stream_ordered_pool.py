@@ -212,7 +212,7 @@ class StreamOrderedMemoryPool:
     # allocate --------------------------------------------------------------------------------
     def allocate(self, size: int, stream: int, owner: int | None = None) -> Allocation:
         """``size`` bytes, 256-byte aligned, usable in stream order on ``stream``. ``owner`` (a
-        task attempt id, say) lets :meth:`release_owner` reclaim whatever it leaks. ``size``,
+        task attempt id, say) lets :meth:`reclaim_owner` reclaim whatever it leaks. ``size``,
         ``stream`` and ``owner`` take any ``operator.index()`` type except ``bool``.
 
         The fast path's own ``allocate`` replaces this method on each pool (one call less)."""
@@ -309,7 +309,7 @@ class StreamOrderedMemoryPool:
             a._extra.append(arena)
 
     # owners ----------------------------------------------------------------------------------
-    def release_owner(self, owner: int) -> tuple[int, int]:
+    def reclaim_owner(self, owner: int) -> tuple[int, int]:
         """Free everything ``owner`` still holds, asynchronously on the streams it used, and
         return (allocations, bytes) reclaimed: the owner's leaks.
 
@@ -325,9 +325,9 @@ class StreamOrderedMemoryPool:
         if not by_owner.get(owner):
             by_owner.pop(owner, None)   # its empty dict, if any: one atomic step
             return 0, 0
-        return self._serial(self._release_owner, owner)
+        return self._serial(self._reclaim_owner, owner)
 
-    def _release_owner(self, owner: int | None) -> tuple[int, int]:
+    def _reclaim_owner(self, owner: int | None) -> tuple[int, int]:
         count, nbytes = self._owner_tracker.release(owner, self._reclaim)
         if count:
             with self._lock:
@@ -358,7 +358,7 @@ class StreamOrderedMemoryPool:
     @property
     def owner_table(self) -> dict:
         """Owner -> its live allocations (a dict each): read-only for callers, which may look an
-        owner up to see that it holds nothing before calling :meth:`release_owner` (the task
+        owner up to see that it holds nothing before calling :meth:`reclaim_owner` (the task
         registry's C twin does)."""
         return self._owner_tracker.by_owner
 
