@@ -74,16 +74,9 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
 KINDS = ("module", "typing", "function")
 
 # Imports left to their file's owner, each (importing module, or a prefix ending in "*"; the
-# module it names). The emulated backend is being split by concern (issue 25, item 1) while this
-# test is written: its host-twin launch still takes DeviceLimits, KernelLimits, check_launch,
-# DevicePointer and check_args from the kernels' re-exports, and should import them from
-# ``cudabridge.device.launch_config`` and ``cudabridge.device.params`` (``.launch_config``,
-# ``.params``), where they live. Delete an entry once its import is gone
-# (test_pending_imports_are_still_there says when); the rules then hold with no exception.
-PENDING: tuple[tuple[str, str], ...] = (
-    ("cudabridge.device.emulated*", "cudabridge.kernels.launch_config"),
-    ("cudabridge.device.emulated*", "cudabridge.kernels.params"),
-)
+# module it names) with its reason in a comment. None now: the rules hold with no exception. An
+# entry is deleted once its import is gone (test_pending_imports_are_still_there says when).
+PENDING: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
