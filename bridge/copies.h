@@ -48,7 +48,7 @@ static void call_with_view(PyObject *fn, jlong handle, jlong devOffset, char *me
  * The slot goes back at the end. Returns with the GIL released and the lease left; a driver error
  * is raised to Java. */
 #define CB_QUICK_COPY_BYTES (64 << 10)
-static void quick_copy(JNIEnv *env, gil_section *g, cb_copy_lease *lease, cb_ring *r, cb_host_side *host,
+static void quick_copy(JNIEnv *env, gil_section *g, cb_copy_entry *entry, cb_ring *r, cb_host_side *host,
                        jlong byteOffset, jlong nbytes, int to_device) {
     const cb_driver *d = g_api->driver;
     captured_error err = {0};
@@ -56,17 +56,17 @@ static void quick_copy(JNIEnv *env, gil_section *g, cb_copy_lease *lease, cb_rin
     cb_CUcontext prev;
     jlong issued = 0;
     int held = 1;   /* the GIL */
-    int rc = ctx_enter(d, lease->context, &prev, &call);
+    int rc = ctx_enter(d, entry->context, &prev, &call);
     if (rc == CB_CUDA_SUCCESS)
-        rc = to_device ? ring_to_device(d, r, host, byteOffset, nbytes, lease->address, lease->stream, 1, &call)
-                       : ring_from_device_queue(d, r, nbytes, lease->address, lease->stream, &issued, &call);
-    g_api->leave_copy(g_api->core, lease);
+        rc = to_device ? ring_to_device(d, r, host, byteOffset, nbytes, entry->address, entry->stream, 1, &call)
+                       : ring_from_device_queue(d, r, nbytes, entry->address, entry->stream, &issued, &call);
+    g_api->leave_copy(g_api->core, entry);
     if (rc == CB_CUDA_SUCCESS && !to_device) {
         gil_exit(g);
         held = 0;
-        rc = ring_from_device_drain(d, r, host, byteOffset, nbytes, lease->address, lease->stream, 1, issued, &call);
+        rc = ring_from_device_drain(d, r, host, byteOffset, nbytes, entry->address, entry->stream, 1, issued, &call);
     }
-    ctx_restore(d, lease->context, prev);
+    ctx_restore(d, entry->context, prev);
     g_api->staging_give(g_api->core, r, rc > 0);   /* a driver call failed: the slot's state is unknown */
     if (rc > 0) {
         if (!held && gil_enter(env, g) != 0) return;
@@ -136,20 +136,20 @@ static void gpu_copy(JNIEnv *env, jlong handle, jlong devOffset, cb_host_side *h
     gil_section g;
     captured_error err = {0};
     if (gil_enter(env, &g) != 0) return;
-    cb_copy_lease lease = {0};
+    cb_copy_entry entry = {0};
     int entered = g_api->enter_copy(g_api->core, handle, devOffset, nbytes, to_device, kind,
-                                    (unsigned long long)(uintptr_t)host->raw, &lease) == 0;
-    if (entered && lease.pagelocked) {
+                                    (unsigned long long)(uintptr_t)host->raw, &entry) == 0;
+    if (entered && entry.pagelocked) {
         const char *call = NULL;
         cb_CUcontext prev;
-        int rc = ctx_enter(d, lease.context, &prev, &call);
+        int rc = ctx_enter(d, entry.context, &prev, &call);
         if (rc == CB_CUDA_SUCCESS) {
-            rc = to_device ? d->cuMemcpyHtoDAsync(lease.address, host->raw, (size_t)nbytes, lease.stream)
-                           : d->cuMemcpyDtoHAsync(host->raw, lease.address, (size_t)nbytes, lease.stream);
+            rc = to_device ? d->cuMemcpyHtoDAsync(entry.address, host->raw, (size_t)nbytes, entry.stream)
+                           : d->cuMemcpyDtoHAsync(host->raw, entry.address, (size_t)nbytes, entry.stream);
             if (rc != CB_CUDA_SUCCESS) call = to_device ? "cuMemcpyHtoDAsync" : "cuMemcpyDtoHAsync";
         }
-        ctx_restore(d, lease.context, prev);
-        g_api->leave_copy(g_api->core, &lease);
+        ctx_restore(d, entry.context, prev);
+        g_api->leave_copy(g_api->core, &entry);
         if (rc != CB_CUDA_SUCCESS) {
             g_api->driver_failed(g_api->core, call, rc);
             capture_python_error(&err);
@@ -169,30 +169,30 @@ static void gpu_copy(JNIEnv *env, jlong handle, jlong devOffset, cb_host_side *h
     int rc = CB_CUDA_SUCCESS;
     size_t slot_bytes = (size_t)g_api->staging_slot_bytes;
     if (nbytes <= CB_QUICK_COPY_BYTES && (size_t)nbytes <= slot_bytes &&
-        g_api->staging_take(g_api->core, lease.gpu, 1, 1, &slots, &rc, &call) == 1) {
-        quick_copy(env, &g, &lease, &slots, host, byteOffset, nbytes, to_device);
+        g_api->staging_take(g_api->core, entry.gpu, 1, 1, &slots, &rc, &call) == 1) {
+        quick_copy(env, &g, &entry, &slots, host, byteOffset, nbytes, to_device);
         return;
     }
     gil_exit(&g);
     cb_CUcontext prev;
-    rc = ctx_enter(d, lease.context, &prev, &call);
+    rc = ctx_enter(d, entry.context, &prev, &call);
     if (rc == CB_CUDA_SUCCESS) {
         jlong chunks = (nbytes + (jlong)slot_bytes - 1) / (jlong)slot_bytes;
         int want = chunks < g_api->staging_slots ? (int)chunks : g_api->staging_slots;
-        int taken = g_api->staging_take(g_api->core, lease.gpu, want, 0, &slots, &rc, &call);
+        int taken = g_api->staging_take(g_api->core, entry.gpu, want, 0, &slots, &rc, &call);
         if (taken > 0) {
             int threads = g_api->staging_copy_threads;
-            rc = to_device ? ring_to_device(d, &slots, host, byteOffset, nbytes, lease.address, lease.stream, threads, &call)
-                           : ring_from_device(d, &slots, host, byteOffset, nbytes, lease.address, lease.stream, threads,
+            rc = to_device ? ring_to_device(d, &slots, host, byteOffset, nbytes, entry.address, entry.stream, threads, &call)
+                           : ring_from_device(d, &slots, host, byteOffset, nbytes, entry.address, entry.stream, threads,
                                               &call);
             g_api->staging_give(g_api->core, &slots, rc > 0);   /* a driver call failed: the slots' state is unknown */
         } else if (taken == 0) {   /* none within the staging wait (counted there) */
-            rc = pageable_copy(d, host, byteOffset, nbytes, lease.address, lease.stream, to_device, &call);
+            rc = pageable_copy(d, host, byteOffset, nbytes, entry.address, entry.stream, to_device, &call);
         }
     }
-    ctx_restore(d, lease.context, prev);
+    ctx_restore(d, entry.context, prev);
     if (gil_enter(env, &g) != 0) return;   /* cannot happen: this thread has its Python state */
-    g_api->leave_copy(g_api->core, &lease);
+    g_api->leave_copy(g_api->core, &entry);
     if (rc > 0) {
         g_api->driver_failed(g_api->core, call, rc);
         capture_python_error(&err);

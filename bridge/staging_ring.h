@@ -36,7 +36,7 @@
 #include "host_copy.h"
 #include "native_api.h"
 
-typedef cb_staging_lease cb_ring;   /* the slots one copy holds */
+typedef cb_staging_slots cb_ring;   /* the slots one copy holds */
 
 static atomic_long g_staged_chunks;
 

@@ -134,7 +134,7 @@ static int record_region_stream(HotCore *self, unsigned long long base, PyObject
  * region's user here; the caller queues the DMA with the GIL still held and no Python code run in
  * between (the invariant at JavaHotPath._pinned: unregister_host waits for the streams recorded). */
 static int fast_enter_copy(HotCore *self, long long handle, long long offset, long long nbytes, int kind,
-                           unsigned long long host, cb_copy_lease *out) {
+                           unsigned long long host, cb_copy_entry *out) {
     if (offset < 0 || nbytes < 0) return 0;
     PyObject *h = PyLong_FromLongLong(handle);
     PyObject *a = h != NULL ? PyObject_CallOneArg(self->h_get, h) : NULL;
@@ -202,7 +202,7 @@ static int fast_enter_copy(HotCore *self, long long handle, long long offset, lo
  * range is looked up again here, with the GIL held from now until its DMA is queued, and its
  * stream recorded again: a region gone meanwhile is staged instead (out->pagelocked 0). */
 static int refer_enter_copy(HotCore *self, long long handle, long long offset, long long nbytes, int to_device,
-                            int kind, unsigned long long host, cb_copy_lease *out) {
+                            int kind, unsigned long long host, cb_copy_entry *out) {
     PyObject *r = NULL;
     if (kind == CB_HOST_HEAP) {
         PyObject *a[4] = {PyLong_FromLongLong(handle), PyUnicode_FromString(to_device ? "copy_in" : "copy_out"),
@@ -261,7 +261,7 @@ static int refer_enter_copy(HotCore *self, long long handle, long long offset, l
 }
 
 static int enter_copy(void *core, long long handle, long long offset, long long nbytes, int to_device, int kind,
-                      unsigned long long host, cb_copy_lease *out) {
+                      unsigned long long host, cb_copy_entry *out) {
     HotCore *self = (HotCore *)core;
     if (self->refuse_unusable != NULL) {
         refuse_unusable(self, to_device ? "copy_in" : "copy_out");
@@ -292,7 +292,7 @@ static int enter_copy(void *core, long long handle, long long offset, long long 
     return 0;
 }
 
-static void leave_copy(void *core, cb_copy_lease *l) {
+static void leave_copy(void *core, cb_copy_entry *l) {
     (void)core;
     if (l->inside == NULL) return;
     leave_lease((PyObject *)l->inside, l->ident);

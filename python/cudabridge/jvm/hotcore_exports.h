@@ -21,7 +21,7 @@
 
 /* native_api's staging_take and staging_give (staging_pool.h); a GPU with no staging slots gives
  * none (its copies take the pageable path). */
-static int staging_take(void *core, int gpu, int want, int quick, cb_staging_lease *out, int *rc, const char **call) {
+static int staging_take(void *core, int gpu, int want, int quick, cb_staging_slots *out, int *rc, const char **call) {
     HotCore *self = (HotCore *)core;
     cb_staging_gpu *s = gpu >= 0 && gpu < MAX_GPUS ? self->staging[gpu] : NULL;
     if (s == NULL) {
@@ -31,10 +31,10 @@ static int staging_take(void *core, int gpu, int want, int quick, cb_staging_lea
     return staging_take_gpu(&g_driver, s, gpu, want, quick, out, rc, call);
 }
 
-static void staging_give(void *core, cb_staging_lease *lease, int failed) {
+static void staging_give(void *core, cb_staging_slots *slots, int failed) {
     HotCore *self = (HotCore *)core;
-    cb_staging_gpu *s = lease->gpu >= 0 && lease->gpu < MAX_GPUS ? self->staging[lease->gpu] : NULL;
-    if (s != NULL && lease->n > 0) staging_give_gpu(s, lease, failed);
+    cb_staging_gpu *s = slots->gpu >= 0 && slots->gpu < MAX_GPUS ? self->staging[slots->gpu] : NULL;
+    if (s != NULL && slots->n > 0) staging_give_gpu(s, slots, failed);
 }
 
 /* Closes GPU gpu's staging slots (their last DMAs waited for, events destroyed) unless a copy holds

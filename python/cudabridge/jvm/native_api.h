@@ -24,7 +24,7 @@
 #define CB_HOST_DIRECT 1
 #define CB_HOST_ADDRESS 2
 
-/* A copy's hold on its buffer: entered by enter_copy (the buffer's task lease entered, as every
+/* A copy's entry into its buffer's task lease: made by enter_copy (the lease entered, as every
  * operation that queues work for a task), left by leave_copy once the copy's work is queued. */
 typedef struct {
     void *lease, *inside;        /* the TaskLease and its inside list (owned references) */
@@ -35,7 +35,7 @@ typedef struct {
     int gpu;                     /* its GPU's ordinal */
     int pagelocked;              /* the host range lies in a pinned buffer or a registered region:
                                     one asynchronous DMA from or into it, no staging */
-} cb_copy_lease;
+} cb_copy_entry;
 
 /* The staging slots one copy holds (staging_take fills it, staging_give hands them back): slot i
  * of the copy is the GPU's staging slot `slot[i]`, its pinned memory `host[i]` and the event
@@ -50,7 +50,7 @@ typedef struct {
     cb_CUevent event[CB_STAGING_MAX_SLOTS];
     int busy[CB_STAGING_MAX_SLOTS];
     int cursor;                  /* the slot a host->device copy starts at */
-} cb_staging_lease;
+} cb_staging_slots;
 
 typedef struct {
     int version;                 /* CB_NATIVE_API_VERSION */
@@ -68,12 +68,12 @@ typedef struct {
     /* The GPU's staging slots, shared by the executor's copies (jvm/staging_pool.h): take up to
      * `want` of them (at least one) for a copy, waiting up to the staging wait when none is free;
      * `quick` takes one only if one is free and idle now (no wait, no driver wait). Called without
-     * the GIL, with the lease's context current. Returns the number taken (0: none in time; the
+     * the GIL, with the copy entry's context current. Returns the number taken (0: none in time; the
      * caller copies through pageable memory) or -1 (a driver call failed: *rc, *call say which). */
-    int (*staging_take)(void *core, int gpu, int want, int quick, cb_staging_lease *out, int *rc, const char **call);
+    int (*staging_take)(void *core, int gpu, int want, int quick, cb_staging_slots *out, int *rc, const char **call);
     /* Hands a copy's slots back (their busy flags as the copy left them; `failed`: a driver call
      * failed during the copy, the slots are dropped). Without the GIL. */
-    void (*staging_give)(void *core, cb_staging_lease *lease, int failed);
+    void (*staging_give)(void *core, cb_staging_slots *slots, int failed);
     /* The buffer behind handle, live, with [offset, offset + nbytes) inside it, its task's lease
      * entered; to_device says the direction, kind the host side (CB_HOST_*), host its first byte
      * (outside the heap). Host memory outside the heap is checked as JavaHotPath.enter_host_copy
@@ -84,8 +84,8 @@ typedef struct {
      * in between). The copy is counted under its kind (copies_in / copies_out, copies_direct,
      * copies_address). */
     int (*enter_copy)(void *core, long long handle, long long offset, long long nbytes, int to_device, int kind,
-                      unsigned long long host, cb_copy_lease *out);
-    void (*leave_copy)(void *core, cb_copy_lease *lease);
+                      unsigned long long host, cb_copy_entry *out);
+    void (*leave_copy)(void *core, cb_copy_entry *entry);
     /* Raises the service's error for a driver call's failure (a sticky one marks the GPU
      * unusable); returns -1. */
     int (*driver_failed)(void *core, const char *call, int rc);

@@ -134,7 +134,7 @@ static void staging_push(cb_staging_gpu *s, int i) {
 
 /* Up to `want` slots (at least one) into out, mutex held; their events made where missing (the
  * context current). Returns the number taken, or -1 with *rc, *call set (none taken). */
-static int staging_fill(const cb_driver *d, cb_staging_gpu *s, int gpu, int want, cb_staging_lease *out, int *rc,
+static int staging_fill(const cb_driver *d, cb_staging_gpu *s, int gpu, int want, cb_staging_slots *out, int *rc,
                         const char **call) {
     int k = want < s->nfree ? want : s->nfree;
     for (int j = 0; j < k; j++) {
@@ -164,7 +164,7 @@ static int staging_fill(const cb_driver *d, cb_staging_gpu *s, int gpu, int want
 
 /* native_api's staging_take for GPU s (see there). */
 static int staging_take_gpu(const cb_driver *d, cb_staging_gpu *s, int gpu, int want, int quick,
-                            cb_staging_lease *out, int *rc, const char **call) {
+                            cb_staging_slots *out, int *rc, const char **call) {
     if (want < 1) want = 1;
     if (want > CB_STAGING_MAX_SLOTS) want = CB_STAGING_MAX_SLOTS;
     pthread_mutex_lock(&s->mu);
@@ -205,23 +205,23 @@ static int staging_take_gpu(const cb_driver *d, cb_staging_gpu *s, int gpu, int 
     return taken;
 }
 
-/* native_api's staging_give for GPU s: the lease's slots back, with the busy flags the copy left;
+/* native_api's staging_give for GPU s: the copy's slots back, with the busy flags the copy left;
  * `failed`: a driver call failed during the copy, the slots are dropped (counted lost). */
-static void staging_give_gpu(cb_staging_gpu *s, cb_staging_lease *lease, int failed) {
+static void staging_give_gpu(cb_staging_gpu *s, cb_staging_slots *slots, int failed) {
     pthread_mutex_lock(&s->mu);
-    for (int j = 0; j < lease->n; j++) {
-        int i = lease->slot[j];
+    for (int j = 0; j < slots->n; j++) {
+        int i = slots->slot[j];
         if (failed) {
             s->lost++;
             continue;
         }
-        s->busy[i] = lease->busy[j];
+        s->busy[i] = slots->busy[j];
         staging_push(s, i);
     }
-    s->held -= lease->n;
+    s->held -= slots->n;
     pthread_cond_broadcast(&s->cv);
     pthread_mutex_unlock(&s->mu);
-    lease->n = 0;
+    slots->n = 0;
 }
 
 #endif
