@@ -249,3 +249,20 @@ def test_the_bridge_starts_with_its_jar_in_a_child_class_loader(harness, tmp_pat
     r.ok()
     assert r["stream"] != "0" and r["allocated"] == "true" and r["statistics"] == "true", r.out
     assert r["bridge_loader_is_child"] == "true" and r["jpype_on_system"] == "true", r.out
+
+
+def test_the_jar_carries_the_one_table_of_kernel_parameter_kinds():
+    """CudaKernel reads the parameter kinds from the jar, which the build writes from
+    device/params.py's PARAM_KINDS: Java, the C twin (handed sizes and ranges at add_kernel) and
+    Python share one table, a kind's code its index."""
+    import zipfile
+
+    from cudabridge.device.params import PARAM_KINDS
+    from cudabridge.jvm.hot_path import KIND_CODES, java_raw_range
+
+    jvm_build.build_jar()
+    text = zipfile.ZipFile(jvm_build.jar_path()).read(jvm_build.PARAM_KINDS_RESOURCE).decode()
+    assert text.split() == list(PARAM_KINDS) == list(KIND_CODES)
+    assert KIND_CODES[0] == "ptr"   # the C twin tells a buffer argument by code 0
+    assert java_raw_range("i8") == (-128, 127) and java_raw_range("f32") == (0, (1 << 32) - 1)
+    assert java_raw_range("bool") == (0, 1) and java_raw_range("i64") == (-(1 << 63), (1 << 63) - 1)

@@ -17,6 +17,7 @@ import pytest
 
 from cudabridge.config import ServiceConfig
 from cudabridge.errors import CudaBridgeError
+from cudabridge.jvm.hot_path import KIND_CODES
 from cudabridge.kernels.modules import ModuleSource
 from cudabridge.service import CudaBridgeService
 
@@ -33,7 +34,7 @@ extern "C" __global__ void mixed(char c, short s, int i, long long l, float f, d
 }
 extern "C" __global__ void wild(int* p) { *(int*)(0x10) = 1; }
 """
-F32, F64 = 5, 6   # kind codes (KIND_CODES)
+F32, F64 = KIND_CODES.index("f32"), KIND_CODES.index("f64")   # kind codes
 
 
 def f32_bits(v: float) -> int:

@@ -117,7 +117,9 @@ typedef struct native_kernel {
     int max_threads;           /* min(the kernel's, the device's) threads per block */
     int max_block[3], max_grid[3];
     long long static_shared, shared_optin, dynamic_shared;   /* dynamic_shared: allowed without opting in */
-    unsigned char kinds[CB_LAUNCH_MAX_ARGS];
+    unsigned char kinds[CB_LAUNCH_MAX_ARGS];      /* kind codes (PARAM_KINDS' order; 0 is ptr) */
+    unsigned char sizes[CB_LAUNCH_MAX_ARGS];      /* each parameter's bytes (PARAM_KINDS) */
+    long long lo[CB_LAUNCH_MAX_ARGS], hi[CB_LAUNCH_MAX_ARGS];   /* the raw values Java may send for it */
     unsigned short offsets[CB_LAUNCH_MAX_ARGS];   /* each parameter's place in the parameter buffer */
     int param_bytes;
 } native_kernel;

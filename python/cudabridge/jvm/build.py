@@ -52,9 +52,10 @@ DRIVER_HEADER = PACKAGE_DIR / "jvm" / "cuda_driver.h"   # the driver table nativ
 SETTINGS_TABLE = PACKAGE_DIR / "settings.json"                # every setting, defined once
 SETTINGS_RESOURCE = "org/cudabridge/settings.json"           # its copy in the jar (org.cudabridge.Settings)
 STATISTICS_RESOURCE = "org/cudabridge/statistics.txt"        # BridgeControl.statistics_names(), one a line
+PARAM_KINDS_RESOURCE = "org/cudabridge/param_kinds.txt"      # device/params.py's PARAM_KINDS, in code order
 # the Python sources the statistics' names are derived from (the jar is rebuilt when one changes)
 STATISTICS_SOURCES = tuple(PACKAGE_DIR / p for p in ("memory/statistics.py", "service.py", "jvm/control.py",
-                                                     "jvm/hot_path.py"))
+                                                     "jvm/hot_path.py", "device/params.py"))
 
 
 class BuildError(RuntimeError):
@@ -355,6 +356,12 @@ def _statistics_names() -> tuple[str, ...]:
     return BridgeControl.statistics_names()
 
 
+def _param_kinds() -> tuple[str, ...]:
+    from ..device.params import PARAM_KINDS
+
+    return tuple(PARAM_KINDS)
+
+
 def write_jar(out: Path, classes: Path, title: str, resources: dict[str, bytes] | None = None) -> None:
     """A jar (a zip with a manifest; no ``jar`` tool needed) of the class files under ``classes``,
     written beside ``out`` and renamed over it."""
@@ -386,7 +393,8 @@ def build_jar(force: bool = False, native_dir: Path = NATIVE_DIR) -> Path:
               "-d", classes, *map(str, sources)], "compiling the Java API")
         write_jar(out, Path(classes), "spark-cuda-bridge",
                   {SETTINGS_RESOURCE: SETTINGS_TABLE.read_bytes(),
-                   STATISTICS_RESOURCE: "".join(n + "\n" for n in _statistics_names()).encode()})
+                   STATISTICS_RESOURCE: "".join(n + "\n" for n in _statistics_names()).encode(),
+                   PARAM_KINDS_RESOURCE: "".join(k + "\n" for k in _param_kinds()).encode()})
     log.info("built %s from %d sources and %s", out, len(sources), SETTINGS_TABLE.name)
     return out
 

@@ -59,6 +59,7 @@ from threading import get_ident
 from typing import TYPE_CHECKING, Any, Iterable
 
 from ..config import parse_bytes
+from ..device.params import PARAM_KINDS
 from ..errors import CudaError, InvalidArgument, UnknownTask
 from ..kernels import LaunchConfig
 from ..memory import FastPath
@@ -87,7 +88,26 @@ STAGING_STATISTICS = ("staging_reserved_bytes", "staging_slots", "staging_slots_
 
 
 # The kind codes Java sends (org.cudabridge.CudaKernel's KINDS, same order).
-KIND_CODES = ("ptr", "i8", "i16", "i32", "i64", "f32", "f64", "bool")
+# A kind's code is its index in PARAM_KINDS (the one definition; Java reads the same table from the
+# jar). Code 0 is "ptr": the C twin tells a buffer argument by it.
+KIND_CODES = tuple(PARAM_KINDS)
+assert KIND_CODES[0] == "ptr"
+_I64 = (-(1 << 63), (1 << 63) - 1)
+
+
+def java_raw_range(kind: str) -> tuple[int, int]:
+    """The raw values Java marshals for a parameter of ``kind`` that the C twin takes as they
+    stand (anything else goes to the Python reference, which says what is wrong): a signed
+    integer's range, a float's 32 raw bits, 0 or 1 for a bool; any 64-bit value for i64, f64 and
+    ptr (a handle, checked against the handle table)."""
+    if kind in ("i8", "i16", "i32"):
+        bits = PARAM_KINDS[kind][1] * 8
+        return -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+    if kind == "f32":
+        return 0, (1 << 32) - 1
+    if kind == "bool":
+        return 0, 1
+    return _I64
 
 
 class _RegisteredRegion:
@@ -819,6 +839,8 @@ class JavaHotPath:
                 self._core.add_kernel(
                     kid, kernel, kernel.name, int(function), kernel.gpu,
                     bytes(KIND_CODES.index(kind) for kind in kernel.signature),
+                    bytes(PARAM_KINDS[kind][1] for kind in kernel.signature),
+                    tuple(java_raw_range(kind) for kind in kernel.signature),
                     (d.max_threads_per_block, *d.max_block, *d.max_grid, d.shared_per_block_optin),
                     k.max_threads_per_block, k.static_shared, k.max_dynamic_shared)
             except RuntimeError as exc:   # no driver entry points: the Python path launches it

@@ -30,22 +30,22 @@
 
 #define LOG_KEEP 64   /* LaunchLog.KEEP: past twice this a stream's list is handed to record() */
 
-/* bytes of each kind code (KIND_CODES: ptr i8 i16 i32 i64 f32 f64 bool) */
-static const int kind_size[8] = {8, 1, 2, 4, 8, 4, 8, 1};
-
-/* add_kernel(kernel_id, kernel, name, function, gpu, kinds, device_limits, kernel_max_threads,
- *            static_shared, dynamic_shared)
+/* add_kernel(kernel_id, kernel, name, function, gpu, kinds, sizes, ranges, device_limits,
+ *            kernel_max_threads, static_shared, dynamic_shared)
+ * kinds: each parameter's kind code (0: ptr, a buffer's handle), sizes: its bytes, ranges: the
+ * (lo, hi) of the raw values Java may send for it (JavaHotPath.add_kernel derives all three from
+ * PARAM_KINDS: this file keeps no table of kinds).
  * device_limits: (max threads per block, max block x, y, z, max grid x, y, z, shared per block
  * opt-in). Resolves the driver's entry points and retains the GPU's primary context the first
  * time; RuntimeError saying why when it cannot (no libcuda). */
 static PyObject *hc_add_kernel(HotCore *self, PyObject *args) {
     long long kid, st, dyn, optin;
-    PyObject *kernel, *name, *kinds;
+    PyObject *kernel, *name, *kinds, *sizes, *ranges;
     unsigned long long function;
     int gpu, dmt, kmt, mb[3], mg[3];
-    if (!PyArg_ParseTuple(args, "LOUKiO!(iiiiiiiL)iLL:add_kernel", &kid, &kernel, &name, &function, &gpu,
-                          &PyBytes_Type, &kinds, &dmt, &mb[0], &mb[1], &mb[2], &mg[0], &mg[1], &mg[2], &optin,
-                          &kmt, &st, &dyn))
+    if (!PyArg_ParseTuple(args, "LOUKiO!O!O!(iiiiiiiL)iLL:add_kernel", &kid, &kernel, &name, &function, &gpu,
+                          &PyBytes_Type, &kinds, &PyBytes_Type, &sizes, &PyTuple_Type, &ranges, &dmt, &mb[0], &mb[1],
+                          &mb[2], &mg[0], &mg[1], &mg[2], &optin, &kmt, &st, &dyn))
         return NULL;
     if (self->ref_launch == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "add_kernel: this HotCore was built without the launch's parts");
@@ -53,6 +53,12 @@ static PyObject *hc_add_kernel(HotCore *self, PyObject *args) {
     }
     Py_ssize_t n = PyBytes_GET_SIZE(kinds);
     const unsigned char *kb = (const unsigned char *)PyBytes_AS_STRING(kinds);
+    const unsigned char *sb = (const unsigned char *)PyBytes_AS_STRING(sizes);
+    if (PyBytes_GET_SIZE(sizes) != n || PyTuple_GET_SIZE(ranges) != n) {
+        PyErr_Format(PyExc_ValueError, "add_kernel: %zd kinds, %zd sizes, %zd ranges", n, PyBytes_GET_SIZE(sizes),
+                     PyTuple_GET_SIZE(ranges));
+        return NULL;
+    }
     if (kid < 1 || kid > (1 << 24) || gpu < 0 || gpu >= MAX_GPUS || n > CB_LAUNCH_MAX_ARGS || function == 0) {
         PyErr_Format(PyExc_ValueError, "add_kernel: kernel id %lld, GPU %d, %zd parameters, function %llu", kid, gpu,
                      n, function);
@@ -62,14 +68,22 @@ static PyObject *hc_add_kernel(HotCore *self, PyObject *args) {
     if (k == NULL) return PyErr_NoMemory();
     int at = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
-        if (kb[i] >= 8) {
+        int size = sb[i];
+        PyObject *range = PyTuple_GET_ITEM(ranges, i);
+        long long lo = 0, hi = -1;
+        if (!PyArg_ParseTuple(range, "LL", &lo, &hi) || (size != 1 && size != 2 && size != 4 && size != 8)
+            || (kb[i] == 0 && size != 8) || lo > hi) {
             PyMem_Free(k);
-            PyErr_Format(PyExc_ValueError, "add_kernel: unknown kind code %d", kb[i]);
+            if (!PyErr_Occurred())
+                PyErr_Format(PyExc_ValueError, "add_kernel: parameter %zd: kind code %d, %d bytes, range [%lld, %lld]",
+                             i, kb[i], size, lo, hi);
             return NULL;
         }
-        int size = kind_size[kb[i]];
         at = (at + size - 1) / size * size;   /* natural alignment, as the C compiler lays them out */
         k->kinds[i] = kb[i];
+        k->sizes[i] = (unsigned char)size;
+        k->lo[i] = lo;
+        k->hi[i] = hi;
         k->offsets[i] = (unsigned short)at;
         at += size;
     }
@@ -169,15 +183,7 @@ static int launch_fits(const native_kernel *k, const int *dims, long long shared
     for (int i = 0; i < n; i++) {
         long long v = values[i];
         if ((unsigned char)kinds[i] != k->kinds[i]) return 0;
-        switch (k->kinds[i]) {
-            case 0: if (offsets[i] < 0) return 0; break;
-            case 1: if (v < INT8_MIN || v > INT8_MAX) return 0; break;
-            case 2: if (v < INT16_MIN || v > INT16_MAX) return 0; break;
-            case 3: if (v < INT32_MIN || v > INT32_MAX) return 0; break;
-            case 5: if (v < 0 || v > UINT32_MAX) return 0; break;   /* a float's raw bits */
-            case 7: if (v != 0 && v != 1) return 0; break;
-            default: break;
-        }
+        if (k->kinds[i] == 0 ? offsets[i] < 0 : (v < k->lo[i] || v > k->hi[i])) return 0;
     }
     return 1;
 }
@@ -225,7 +231,7 @@ static int launch_raw(void *core, long long task, long long kid, const int dims[
         ptrs[i] = at;
         long long v = values[i];
         if (k->kinds[i] != 0) {
-            switch (kind_size[k->kinds[i]]) {
+            switch (k->sizes[i]) {
                 case 1: { uint8_t x = (uint8_t)v; memcpy(at, &x, 1); break; }
                 case 2: { uint16_t x = (uint16_t)v; memcpy(at, &x, 2); break; }
                 case 4: { uint32_t x = (uint32_t)v; memcpy(at, &x, 4); break; }

@@ -1,8 +1,5 @@
 package org.cudabridge;
 
-import java.io.IOException;
-import java.io.InputStream;
-import java.nio.charset.StandardCharsets;
 import java.util.ArrayList;
 import java.util.Collections;
 import java.util.List;
@@ -25,20 +22,7 @@ public final class BridgeStatistics {
      *  {@code BridgeControl.statistics_names()} into the jar as {@code org/cudabridge/statistics.txt}),
      *  then {@link #JAVA_STATISTICS}. */
     public static List<String> names() {
-        List<String> out = new ArrayList<>();
-        try (InputStream in = BridgeStatistics.class.getResourceAsStream("/org/cudabridge/statistics.txt")) {
-            if (in == null) {
-                throw new IllegalStateException("cudabridge.jar has no org/cudabridge/statistics.txt: rebuild it "
-                        + "(python -m cudabridge build)");
-            }
-            for (String line : new String(in.readAllBytes(), StandardCharsets.UTF_8).split("\n")) {
-                if (!line.isBlank()) {
-                    out.add(line.strip());
-                }
-            }
-        } catch (IOException e) {
-            throw new IllegalStateException("reading org/cudabridge/statistics.txt: " + e, e);
-        }
+        List<String> out = new ArrayList<>(BuildTables.lines(BuildTables.STATISTICS));
         out.addAll(JAVA_STATISTICS);
         return Collections.unmodifiableList(out);
     }

@@ -15,8 +15,9 @@ import java.util.List;
  * task is queued once its release has begun.
  */
 public final class CudaKernel {
-    /** The kind codes the bridge sends (Python's KIND_CODES, same order). */
-    static final List<String> KINDS = List.of("ptr", "i8", "i16", "i32", "i64", "f32", "f64", "bool");
+    /** The parameter kinds, a kind's code its index: device/params.py's PARAM_KINDS, which the build
+     *  writes into the jar (BuildTables). */
+    static final List<String> KINDS = BuildTables.lines(BuildTables.PARAM_KINDS);
 
     private final CudaBridge bridge;
     private final String name;
