@@ -22,7 +22,7 @@ import pytest
 PLUGIN = "org.cudabridge.spark.CudaBridgePlugin"
 JOB_A = "org.cudabridge.examples.GpuPartitionJob"
 ROOT = Path(__file__).resolve().parent.parent
-# The examples' host twins (their kernels on the emulated device): every run can find them.
+# The examples' host kernels (their kernels on the emulated device): every run can find them.
 EXAMPLE_TWINS = {"spark.cudabridge.emulatedKernels": "example_kernels",
                  "spark.cudabridge.pythonPath": str(ROOT / "spark-examples" / "python")}
 METRIC_PREFIX = f"plugin.{PLUGIN}."

@@ -85,7 +85,7 @@ def test_emulated_backend_is_all_ok_here():
     assert all(status == "ok" for status, name, _ in rows if name not in ("java", "jni-python")), proc.stdout
     device = dict((name, rest) for _, name, rest in rows)["device"]
     assert "the emulated device, a CPU model" in device
-    assert "host twins" in dict((name, rest) for _, name, rest in rows)["kernels"]
+    assert "host kernels" in dict((name, rest) for _, name, rest in rows)["kernels"]
 
 
 def test_json_lists_the_same_checks():
@@ -257,7 +257,7 @@ def test_bad_configuration_fails_and_the_rest_still_runs():
     assert doctor.exit_status(checks) == 1
 
 
-def test_host_twin_modules_that_do_not_import_fail():
+def test_host_kernel_modules_that_do_not_import_fail():
     checks = doctor.run_checks("emulated", environ={"CUDABRIDGE_EMULATED_KERNELS": "json,no_such_twins_module"})
     c = _by_name(checks)["kernels"]
     assert c.status == "FAIL" and "no_such_twins_module" in c.detail and "json" not in c.detail.split("names ")[-1]

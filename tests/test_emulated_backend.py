@@ -677,7 +677,7 @@ def test_views_without_an_exporter_are_pageable(emulated):
     emulated.free_pinned(pinned)
 
 
-# a host twin that raises anything (issue 23, item 6.3) -------------------------------------------
+# a host kernel that raises anything (issue 23, item 6.3) -------------------------------------------
 
 def within(seconds, fn, what):
     """``fn()`` on a daemon thread: its value, or what it raised; a test failure naming ``what``
@@ -732,7 +732,7 @@ _RAISED = {"SystemExit": lambda: SystemExit(3), "KeyboardInterrupt": KeyboardInt
 
 @pytest.mark.parametrize("raised", sorted(_RAISED))
 def test_a_twin_that_raises_anything_is_a_sticky_illegal_address_and_its_stream_lives_on(raised):
-    """docs/kernels.md: an exception inside a host twin is the device's sticky illegal-address
+    """docs/kernels.md: an exception inside a host kernel is the device's sticky illegal-address
     error. Before the fix a BaseException that is not an Exception, or one whose repr() failed,
     ended the stream's worker thread: the synchronize hung, and so did everything queued after it
     and close()."""
@@ -794,7 +794,7 @@ def test_a_service_whose_twin_raised_reports_the_fault_and_closes(kernel):
     from cudabridge.kernels import LaunchConfig
     from cudabridge.service import CudaBridgeService
 
-    service = CudaBridgeService(ServiceConfig(backend="emulated", emulated_kernels="host_twins_that_raise",
+    service = CudaBridgeService(ServiceConfig(backend="emulated", emulated_kernels="host_kernels_that_raise",
                                               emulated_memory="64m", streams_per_gpu=1, high_priority_streams=0))
     try:
         service.registry.bind(1)

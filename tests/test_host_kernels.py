@@ -1,4 +1,4 @@
-"""User kernels on the emulated device: their host twins run in stream order on the stream's
+"""User kernels on the emulated device: their host kernels run in stream order on the stream's
 worker, with their arguments checked at the launch and their memory accesses seen by the race
 detector (issue 15, the emulated device's part)."""
 
@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pytest
 
-import host_twins_for_tests as twins
+import host_kernels_for_tests as host_kernels
 from cudabridge.config import ServiceConfig
 from cudabridge.device import EmulatedBackend
 from cudabridge.errors import CudaError, InvalidArgument, StreamOrderRace
@@ -30,7 +30,7 @@ def be():
 
 @pytest.fixture
 def kernels():
-    return HostKernels(["host_twins_for_tests"])
+    return HostKernels(["host_kernels_for_tests"])
 
 
 def to_device(be, s, data: bytes) -> int:
@@ -46,17 +46,17 @@ def from_device(be, s, p: int, n: int) -> bytes:
     return bytes(out)
 
 
-def test_a_twin_computes_in_stream_order(be, kernels):
+def test_a_host_kernel_computes_in_stream_order(be, kernels):
     s = be.stream_create()
     n = 1000
     x = to_device(be, s, np.arange(n, dtype=np.float32).tobytes())
     y = to_device(be, s, np.ones(n, dtype=np.float32).tobytes())
-    twins.calls.clear()
+    host_kernels.calls.clear()
     be.spin_async(s, 0.2)                                  # the launch queues behind this
     be.launch_host_kernel(s, kernels.get("saxpy"), LaunchConfig((4, 1, 1), (256, 1, 1)), [x, y, n, 2.0])
-    assert twins.calls == [], "the launch returned before the twin ran: it runs on the stream's worker"
+    assert host_kernels.calls == [], "the launch returned before the host kernel ran: it runs on the stream's worker"
     got = np.frombuffer(from_device(be, s, y, 4 * n), dtype=np.float32)
-    assert twins.calls == ["saxpy"]
+    assert host_kernels.calls == ["saxpy"]
     assert np.array_equal(got, 1 + 2 * np.arange(n, dtype=np.float32))
 
 
@@ -85,11 +85,11 @@ def test_bad_arguments_are_refused_before_anything_is_queued(be, kernels, args, 
     s = be.stream_create()
     x, y = be.malloc(4096), be.malloc(4096)
     args = [x if a == "X" else y if a == "Y" else a for a in args] if isinstance(args, list) else list(args)
-    twins.calls.clear()
+    host_kernels.calls.clear()
     with pytest.raises(InvalidArgument, match=message.replace("(", r"\(").replace(")", r"\)")):
         be.launch_host_kernel(s, kernels.get("saxpy"), LaunchConfig((1, 1, 1), (32, 1, 1)), args)
     be.stream_synchronize(s)
-    assert twins.calls == []
+    assert host_kernels.calls == []
 
 
 def test_a_pointer_outside_every_allocation_is_refused(be, kernels):
@@ -112,7 +112,7 @@ def test_the_race_detector_sees_a_kernels_accesses(be, kernels):
     be.stream_synchronize(s2)
 
 
-def test_a_faulting_twin_is_a_sticky_error_at_the_next_call(be, kernels):
+def test_a_faulting_host_kernel_is_a_sticky_error_at_the_next_call(be, kernels):
     s = be.stream_create()
     p = be.malloc(4096)
     be.launch_host_kernel(s, kernels.get("faults"), LaunchConfig((1, 1, 1), (1, 1, 1)), [p])
@@ -132,24 +132,24 @@ def test_a_faulting_twin_is_a_sticky_error_at_the_next_call(be, kernels):
 def test_a_launch_beyond_the_devices_limits_is_refused(be, kernels, config, message):
     s = be.stream_create()
     x, y = be.malloc(4096), be.malloc(4096)
-    twins.calls.clear()
+    host_kernels.calls.clear()
     with pytest.raises(InvalidArgument, match=message.replace("(", r"\(").replace(")", r"\)")):
         be.launch_host_kernel(s, kernels.get("saxpy"), config, [x, y, 8, 1.0])
     be.launch_host_kernel(s, kernels.get("saxpy"), LaunchConfig(1, 1024, 100 << 10), [x, y, 8, 1.0])  # opts in
     be.stream_synchronize(s)
-    assert twins.calls == ["saxpy"]
+    assert host_kernels.calls == ["saxpy"]
 
 
-def test_a_kernel_without_twin_says_which_and_where_to_register_it(kernels):
-    with pytest.raises(InvalidArgument, match=r"kernel 'reduce' has no host twin .*spark.cudabridge.emulatedKernels"):
+def test_a_kernel_without_host_kernel_says_which_and_where_to_register_it(kernels):
+    with pytest.raises(InvalidArgument, match=r"kernel 'reduce' has no host kernel .*spark.cudabridge.emulatedKernels"):
         kernels.get("reduce")
     assert kernels.names() == ["faults", "histogram", "saxpy"]
     with pytest.raises(InvalidArgument, match="the setting is empty"):
         HostKernels([]).get("saxpy")
 
 
-def test_the_service_loads_the_twins_its_setting_names():
-    config = ServiceConfig(backend="emulated", emulated_kernels="host_twins_for_tests", emulated_memory="64m")
+def test_the_service_loads_the_host_kernels_its_setting_names():
+    config = ServiceConfig(backend="emulated", emulated_kernels="host_kernels_for_tests", emulated_memory="64m")
     with CudaBridgeService(config) as service:
         assert "saxpy" in service.host_kernels
     with pytest.raises(InvalidArgument, match="emulatedKernels: cannot import 'no_such_module'"):
@@ -169,7 +169,7 @@ def test_launch_configs_and_parameter_buffers():
     assert len(pack_params(("i8", "f64"), [1, 1.0], "k")) == 16        # the double aligned to 8
 
 
-def test_twins_of_many_threads_interleave_only_in_each_streams_order(be, kernels):
+def test_host_kernels_of_many_threads_interleave_only_in_each_streams_order(be, kernels):
     streams = [be.stream_create() for _ in range(4)]
     data = np.arange(1024, dtype=np.uint32)
     bufs = [(to_device(be, s, data.tobytes()), to_device(be, s, bytes(64))) for s in streams]
@@ -194,7 +194,7 @@ def test_twins_of_many_threads_interleave_only_in_each_streams_order(be, kernels
 
 
 def _service(**kw):
-    return CudaBridgeService(ServiceConfig(backend="emulated", emulated_kernels="host_twins_for_tests",
+    return CudaBridgeService(ServiceConfig(backend="emulated", emulated_kernels="host_kernels_for_tests",
                                            emulated_memory="64m", streams_per_gpu=4, high_priority_streams=0, **kw))
 
 
@@ -328,7 +328,7 @@ def test_the_parameter_layout_is_the_compilers():
 def test_an_emulated_kernel_belongs_to_the_gpu_its_module_was_loaded_on():
     """6.8: a module's kernel on the emulated device carries its module's GPU, as a CUDA kernel
     does, so a task on another GPU is refused (InvalidArgument, naming both) and nothing runs; a
-    bare twin (``HostKernels.get``) belongs to no GPU."""
+    bare host kernel (``HostKernels.get``) belongs to no GPU."""
     from cudabridge.kernels.modules import ModuleSource
     source = ModuleSource.of('extern "C" __global__ void saxpy(const float* x, float* y, int n, float a) {}')
     with _service(emulated_devices=2) as service:
@@ -338,27 +338,27 @@ def test_an_emulated_kernel_belongs_to_the_gpu_its_module_was_loaded_on():
         assert service.host_kernels.get("saxpy").gpu is None
         reg.bind(1, gpu=0)
         x, y = reg.allocate(1, 64), reg.allocate(1, 64)
-        before = list(twins.calls)
+        before = list(host_kernels.calls)
         with pytest.raises(InvalidArgument, match="kernel 'saxpy' is loaded on GPU 1; task 1 runs on GPU 0"):
             service.launch(1, saxpy, LaunchConfig(1, 32), [x, y, 16, 1.0])
         reg.synchronize(1)
-        assert twins.calls == before and reg.launch_log.recent == {}
+        assert host_kernels.calls == before and reg.launch_log.recent == {}
         reg.bind(2, gpu=1)
         p, q = reg.allocate(2, 64), reg.allocate(2, 64)
         service.launch(2, saxpy, LaunchConfig(1, 32), [p, q, 16, 1.0])
         reg.synchronize(2)
-        assert twins.calls == before + ["saxpy"]
+        assert host_kernels.calls == before + ["saxpy"]
         reg.release(1)
         reg.release(2)
 
 
-def test_a_twin_module_that_exits_on_import_fails_the_start_naming_the_setting(tmp_path, monkeypatch):
-    """6.16: SystemExit raised by a twins module's import is that module's failure, as any other
+def test_a_host_kernel_module_that_exits_on_import_fails_the_start_naming_the_setting(tmp_path, monkeypatch):
+    """6.16: SystemExit raised by a host kernels module's import is that module's failure, as any other
     exception is: InvalidArgument naming the setting, not an exit of the executor's Python."""
-    (tmp_path / "twins_that_exit.py").write_text("import sys\nsys.exit('no GPU here')\n")
-    (tmp_path / "twins_that_exit_0.py").write_text("raise SystemExit\n")
+    (tmp_path / "host_kernels_that_exit.py").write_text("import sys\nsys.exit('no GPU here')\n")
+    (tmp_path / "host_kernels_that_exit_0.py").write_text("raise SystemExit\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    for module, said in [("twins_that_exit", "SystemExit: no GPU here"), ("twins_that_exit_0", "SystemExit")]:
+    for module, said in [("host_kernels_that_exit", "SystemExit: no GPU here"), ("host_kernels_that_exit_0", "SystemExit")]:
         with pytest.raises(InvalidArgument, match=rf"emulatedKernels: cannot import '{module}': {said}"):
             CudaBridgeService(ServiceConfig(backend="emulated", emulated_kernels=module, emulated_memory="64m"))
         with pytest.raises(InvalidArgument, match=f"cannot import '{module}'"):
@@ -370,7 +370,7 @@ def test_a_launch_request_of_the_wrong_types_is_refused_by_its_check():
     TaskRegistry.launch) refuses a launch whose kernel, config or args are not what a launch takes,
     naming which, before anything is entered or queued."""
     from cudabridge.kernels.launch_config import check_launch_request
-    saxpy = HostKernels(["host_twins_for_tests"]).get("saxpy")
+    saxpy = HostKernels(["host_kernels_for_tests"]).get("saxpy")
     config = LaunchConfig(1, 32)
     check_launch_request(saxpy, config, [1, 2, 3, 4.0])
     check_launch_request(saxpy, config, (1, 2, 3, 4.0))

@@ -30,7 +30,7 @@ TWINS = [pytest.param("native", marks=pytest.mark.skipif(native.load() is None, 
 
 @pytest.fixture
 def service():
-    svc = CudaBridgeService(ServiceConfig(backend="emulated", emulated_kernels="host_twins_for_tests",
+    svc = CudaBridgeService(ServiceConfig(backend="emulated", emulated_kernels="host_kernels_for_tests",
                                           emulated_memory="256m", pool_limit="128m", streams_per_gpu=4,
                                           high_priority_streams=0, log_level="WARNING"))
     yield svc

@@ -60,7 +60,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("device", ("cudabridge.device",)),
     # what the service keeps per GPU: the memory pool, the stream pool, Spark's GPU addresses
     ("GPU resources", ("cudabridge.memory", "cudabridge.stream_pool", "cudabridge.gpu_addresses")),
-    # modules, kernels, globals, host twins: what the registry launches; what acts for a task
+    # modules, kernels, globals, host kernels: what the registry launches; what acts for a task
     # takes the registry as a parameter (module_globals.Tasks)
     ("kernels", ("cudabridge.kernels",)),
     # task attempt -> GPU and stream, leases, launches, release

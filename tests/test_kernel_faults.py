@@ -1,6 +1,6 @@
 """A kernel that faults is reported at the next synchronize of its task's stream, naming the kernels
 launched there since the stream's last completed synchronize; after that sticky error every GPU
-call fails fast (issue 15, item 5). On the emulated device a host twin that reads past its buffer
+call fails fast (issue 15, item 5). On the emulated device a host kernel that reads past its buffer
 is the fault (an illegal address, sticky as CUDA's)."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from cudabridge.service import CudaBridgeService
 
 
 def _service():
-    return CudaBridgeService(ServiceConfig(backend="emulated", emulated_kernels="host_twins_for_tests",
+    return CudaBridgeService(ServiceConfig(backend="emulated", emulated_kernels="host_kernels_for_tests",
                                            emulated_memory="64m", streams_per_gpu=2, high_priority_streams=0))
 
 

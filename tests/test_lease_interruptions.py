@@ -42,7 +42,7 @@ SAXPY_SOURCE = 'extern "C" __global__ void saxpy(const float* x, float* y, int n
 
 
 def _service(twin: str) -> CudaBridgeService:
-    svc = CudaBridgeService(ServiceConfig(backend="emulated", emulated_kernels="host_twins_for_tests,host_twins_for_globals",
+    svc = CudaBridgeService(ServiceConfig(backend="emulated", emulated_kernels="host_kernels_for_tests,host_kernels_for_globals",
                                           emulated_memory="256m", pool_limit="64m", streams_per_gpu=4,
                                           high_priority_streams=0, log_level="WARNING"))
     reg = svc.registry

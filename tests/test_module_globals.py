@@ -1,6 +1,6 @@
 """Module globals (``__constant__`` / ``__device__`` variables): found by name in a loaded module,
 written and read on a task's stream inside its lease, ordered with its kernels; on the emulated
-device declared with ``host_global`` and read by host twins (tests/host_twins_for_globals.py); on
+device declared with ``host_global`` and read by host kernels (tests/host_kernels_for_globals.py); on
 a GPU (marked `gpu`) compiled by NVRTC and found with ``cuModuleGetGlobal``."""
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ extern "C" __global__ void scale_by(float* y, int n) {
 }
 __constant__ float unused_here;                      // defined, but no host_global declares it
 '''
-# a kernel that writes a __constant__: no CUDA compiler takes it; the emulated device's twin fails
+# a kernel that writes a __constant__: no CUDA compiler takes it; the emulated device's host kernel fails
 WRITER_SOURCE = 'extern "C" __global__ void write_scale(float v) {}\n__constant__ float scale;\n'
 
 
@@ -70,7 +70,7 @@ def test_two_different_declarations_of_one_global_are_refused(tmp_path, monkeypa
 
 
 def _service(**kw) -> CudaBridgeService:
-    config = dict(backend="emulated", emulated_kernels="host_twins_for_globals", emulated_memory="64m",
+    config = dict(backend="emulated", emulated_kernels="host_kernels_for_globals", emulated_memory="64m",
                   streams_per_gpu=4, high_priority_streams=0, emulated_race_check=True)
     config.update(kw)
     return CudaBridgeService(ServiceConfig(**config))
@@ -141,9 +141,9 @@ def test_an_unknown_global_says_what_the_module_defines_and_how_to_declare_one(s
         module.global_("unused_here")
     with pytest.raises(InvalidArgument, match="non-empty str"):
         module.global_("")
-    # a twin that reads a global its module does not define cannot be bound to it
+    # a host kernel that reads a global its module does not define cannot be bound to it
     no_scale = service.load_module(ModuleSource.of('extern "C" __global__ void scale_by(float* y, int n) {}'))
-    with pytest.raises(InvalidArgument, match="kernel 'scale_by': its host twin .* reads global 'scale': the module "
+    with pytest.raises(InvalidArgument, match="kernel 'scale_by': its host kernel .* reads global 'scale': the module "
                                               "defines no global 'scale'"):
         no_scale.kernel("scale_by")
 
@@ -216,8 +216,8 @@ def test_a_global_is_shared_by_the_tasks_so_an_unordered_write_is_a_race(service
     reg.release(2)
 
 
-def test_a_twin_cannot_write_a_constant():
-    """A __constant__ reaches a twin read-only: writing it is the kernel's fault (sticky, as a
+def test_a_host_kernel_cannot_write_a_constant():
+    """A __constant__ reaches a host kernel read-only: writing it is the kernel's fault (sticky, as a
     faulting kernel's error is), reported at the task's synchronize."""
     service = _service()
     try:

@@ -1,6 +1,6 @@
 """CUDA modules (issue 15): sources checked before anything loads, loaded once per executor and
 GPU whatever the concurrency, failed loads kept; on the emulated device a module's kernels are the
-host twins of the names it defines; on a GPU (marked `gpu`) NVRTC compiles the source and the
+host kernels of the names it defines; on a GPU (marked `gpu`) NVRTC compiles the source and the
 kernels run through the task registry's guard."""
 
 from __future__ import annotations
@@ -111,26 +111,26 @@ def test_a_failed_load_is_kept_and_raised_again_without_loading_again():
 
 @pytest.fixture
 def service():
-    config = ServiceConfig(backend="emulated", emulated_kernels="host_twins_for_tests", emulated_memory="64m",
+    config = ServiceConfig(backend="emulated", emulated_kernels="host_kernels_for_tests", emulated_memory="64m",
                            streams_per_gpu=4, high_priority_streams=0)
     with CudaBridgeService(config) as s:
         yield s
 
 
-def test_an_emulated_modules_kernels_are_its_names_host_twins(service):
+def test_an_emulated_modules_kernels_are_its_names_host_kernels(service):
     m = service.load_module(ModuleSource.of(SAXPY))
     assert service.load_module(ModuleSource.of(SAXPY)) is m
-    assert m.kernel("saxpy").origin == "host_twins_for_tests.saxpy"
+    assert m.kernel("saxpy").origin == "host_kernels_for_tests.saxpy"
     with pytest.raises(InvalidArgument, match="defines no kernel 'faults'"):
-        m.kernel("faults")        # a twin exists, but this source defines no such kernel
+        m.kernel("faults")        # a host kernel exists, but this source defines no such kernel
     with pytest.raises(InvalidArgument, match="not one of|not owned"):
         service.load_module(ModuleSource.of(SAXPY), gpu=3)
     declared = service.load_module(ModuleSource.of(SAXPY, signatures={"saxpy": "ptr, ptr, i64, f32"}))
-    with pytest.raises(InvalidArgument, match="declared at load .* is not its host twin's"):
+    with pytest.raises(InvalidArgument, match="declared at load .* is not its host kernel's"):
         declared.kernel("saxpy")
-    no_twin = service.load_module(ModuleSource.of("extern \"C\" __global__ void reduce(float* p) {}"))
-    with pytest.raises(InvalidArgument, match="has no host twin"):
-        no_twin.kernel("reduce")
+    no_host_kernel = service.load_module(ModuleSource.of("extern \"C\" __global__ void reduce(float* p) {}"))
+    with pytest.raises(InvalidArgument, match="has no host kernel"):
+        no_host_kernel.kernel("reduce")
 
 
 def test_a_task_runs_a_modules_kernel_on_its_stream(service):

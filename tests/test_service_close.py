@@ -3,7 +3,7 @@
 Before the fix, ``CudaBridgeService.close()`` after an illegal-address fault raised the device's
 error from the memory pool's close and stopped there: the streams and the backend stayed open,
 ``reserved_bytes`` read 2 MiB, and a second close returned ``[]`` without finishing anything. With a
-host twin that did not return, close waited without end (``hostWaitTimeout`` did not bound it).
+host kernel that did not return, close waited without end (``hostWaitTimeout`` did not bound it).
 Now every step runs, the first error is logged and returned (``CloseReport.errors``,
 ``device_error``), nothing is raised, and a second close is a no-op.
 """
@@ -24,7 +24,7 @@ FAULTS = 'extern "C" __global__ void faults(int* p) {}'
 
 
 def _service(**kw) -> CudaBridgeService:
-    conf = dict(backend="emulated", emulated_kernels="host_twins_for_tests", emulated_memory="64m",
+    conf = dict(backend="emulated", emulated_kernels="host_kernels_for_tests", emulated_memory="64m",
                 streams_per_gpu=4, high_priority_streams=0, log_level="CRITICAL")
     conf.update(kw)
     return CudaBridgeService(ServiceConfig(**conf))

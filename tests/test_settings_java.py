@@ -183,7 +183,7 @@ CASES = [
     (P + "logLevel", "INFO", True), (P + "logLevel", "info", True), (P + "logLevel", "Warning", True),
     (P + "logLevel", "critical", True), (P + "logLevel", "TRACE", False), (P + "logLevel", " INFO", False),
     (P + "testStreamArena", "naive_arena:NaiveArena", True),
-    (P + "emulatedKernels", "host_twins_for_tests,more_twins", True), (P + "emulatedKernels", "", True),
+    (P + "emulatedKernels", "host_kernels_for_tests,more_twins", True), (P + "emulatedKernels", "", True),
     (P + "moduleCacheDir", "/var/cache/cudabridge", True), (P + "moduleCacheDir", "", True),
     (P + "stagingSlots", "4", True), (P + "stagingSlots", "0", False), (P + "stagingSlots", "17", False),
     (P + "stagingSlotBytes", "4m", True), (P + "stagingSlotBytes", "1k", False), (P + "stagingSlotBytes", "1g", True),

@@ -125,12 +125,12 @@ def test_example_c_tasks_run_their_own_kernel(tmp_path):
     """Example (c) in local[4,2]: each task compiles a histogram kernel (once per executor), runs
     it on its own stream over its partition and checks the bins against the CPU; partition 3's
     first attempt fails with its kernel queued, and its retry succeeds. On the emulated device
-    the kernel's host twin runs (spark-examples/python/example_kernels.py)."""
+    the kernel's host kernel runs (spark-examples/python/example_kernels.py)."""
     sh.build()
     run = sh.spark_submit(tmp_path, "local[4,2]",
                           [sh.examples_jar(), "--partitions", "12", "--elements", "20000", "--fail-first-attempt", "3",
                            "--summary-json", "summary.json"],
-                          {},   # the examples' host twins: spark_harness.EXAMPLE_TWINS
+                          {},   # the examples' host kernels: spark_harness.EXAMPLE_TWINS
                           main_class="org.cudabridge.examples.GpuHistogramJob", timeout=240)
     assert run.returncode == 0, run.explain()
     s = run.summary()
@@ -142,7 +142,7 @@ def test_example_c_tasks_run_their_own_kernel(tmp_path):
 def test_example_e_arrow_batches_are_summed_on_the_gpu(tmp_path):
     """Example (e) in local[4,2]: each task fills an off-heap Arrow vector from its rows in batches,
     registers the vector's buffer once, copies each batch to the GPU by address and adds it up with
-    its own kernel (its host twin here); the GPU's sum must equal Spark's. Partition 3's first
+    its own kernel (its host kernel here); the GPU's sum must equal Spark's. Partition 3's first
     attempt fails with its memory registered; the retry succeeds."""
     sh.build()
     run = sh.spark_submit(tmp_path, "local[4,2]",

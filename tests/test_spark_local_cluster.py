@@ -123,7 +123,7 @@ def test_example_c_in_two_executor_jvms(tmp_path, work_dir_cleanup):
     sh.build()
     run = sh.spark_submit(tmp_path, "local-cluster[2,1,1024]",
                           [sh.examples_jar(), "--partitions", "8", "--elements", "20000", "--summary-json", "summary.json"],
-                          CLUSTER,   # the examples' host twins: spark_harness.EXAMPLE_TWINS
+                          CLUSTER,   # the examples' host kernels: spark_harness.EXAMPLE_TWINS
                           main_class="org.cudabridge.examples.GpuHistogramJob", timeout=180)
     assert run.returncode == 0, run.explain()
     s = run.summary()

@@ -15,7 +15,7 @@ Spark's own daemon script starts a master and two workers as separate JVMs on 12
   cannot go on ``spark.executor.extraClassPath=./env/...``: Spark unpacks ``--archives`` only
   after the executor JVM started, and the JVM drops class-path entries that do not exist at its
   first class lookup. Nothing tells the bridge where its library is: it must find it itself;
-* the examples' host twins (``spark-examples/python/example_kernels.py``, the kernel of example (a)
+* the examples' host kernels (``spark-examples/python/example_kernels.py``, the kernel of example (a)
   on the emulated device) with ``--files`` and ``spark.cudabridge.pythonPath=.`` (the executor's
   directory, where Spark puts them): they are the job's own code, which travels with the job as a
   PySpark user's ``--py-files`` do, not part of the environment built from the wheel.

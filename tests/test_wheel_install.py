@@ -76,7 +76,7 @@ def test_doctor_passes_in_the_installed_environment(wheel_env, tmp_path):
 
 
 def test_example_a_runs_through_spark_submit_from_the_installed_environment(wheel_env, tmp_path):
-    # the job's own files, copied out of the source tree: its jar and its kernel's host twin
+    # the job's own files, copied out of the source tree: its jar and its kernel's host kernel
     from spark_harness import examples_jar
 
     job = tmp_path / "job"

@@ -12,7 +12,7 @@ The exit status is 1 when a check failed, 0 otherwise. In order:
    libpython it links;
 4. ``_fastpath``, ``_registry_core``, ``_hotcore``: the C fast paths (``memory.native.load``);
 5. ``cudabridge.jar``, ``cudabridge-spark.jar`` (readable, with their main class), ``java``;
-6. ``device`` (and ``gpu<N>`` per GPU), ``kernels`` (NVRTC on a GPU, host twins on the emulated
+6. ``device`` (and ``gpu<N>`` per GPU), ``kernels`` (NVRTC on a GPU, host kernels on the emulated
    device), ``cuda-headers`` (a GPU only);
 7. ``pinned-memory``: a small pinned buffer through the backend (and the pinned pool), copied to
    the device and back.
@@ -479,7 +479,7 @@ def _check_device(ctx: _Context) -> Iterator[Check]:
     yield Check("device", status, f"{picked}: the emulated device, a CPU model of a CUDA device, no GPU ({shape}; "
                                   f"race detector {'on' if b.race_check else 'off'})",
                 "make a GPU visible for the cuda backend" if status == WARN else None)
-    yield _host_twins(ctx)
+    yield _host_kernels(ctx)
 
 
 def _cuda_devices(b: Any, picked: str) -> Iterator[Check]:
@@ -544,12 +544,12 @@ def _nvrtc(b: Any) -> Iterator[Check]:
                     "CUDA headers)")
 
 
-def _host_twins(ctx: _Context) -> Check:
+def _host_kernels(ctx: _Context) -> Check:
     from .config import BY_KEY
 
     setting = BY_KEY["emulatedKernels"]
     value = (ctx.environ.get(setting.env_name) or "").strip()
-    base = "no NVRTC on the emulated device: kernels run as host twins (@host_kernel functions in the modules " \
+    base = "no NVRTC on the emulated device: kernels run as host kernels (@host_kernel functions in the modules " \
            f"{setting.spark_key} names)"
     if not value:
         return Check("kernels", OK, f"{base}; {setting.env_name} names none")

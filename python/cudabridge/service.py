@@ -122,7 +122,7 @@ class CudaBridgeService:
             if config.backend_wrapper:
                 backend = _wrap_backend(config.backend_wrapper, backend)
         self.backend = backend
-        # The emulated device runs user kernels as their host twins (kernels/host_kernels.py).
+        # The emulated device runs user kernels as their host kernels (kernels/host_kernels.py).
         self.host_kernels = HostKernels((config.emulated_kernels or "").split(",") if backend.name == "emulated" else ())
         self.module_loader = ModuleLoader(backend, self.host_kernels, config)
         self.modules = ModuleCache(self.module_loader.load, self.module_loader.target)

@@ -1,4 +1,4 @@
-"""Host twins of the examples' kernels: on the emulated device (no GPU) they run in the kernels'
+"""Host kernels of the examples' kernels: on the emulated device (no GPU) they run in the kernels'
 place. The executors find them through spark.cudabridge.emulatedKernels=example_kernels with this
 folder in spark.cudabridge.pythonPath (docs/examples.md: examples (a) and (c))."""
 

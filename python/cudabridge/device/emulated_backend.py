@@ -19,7 +19,7 @@ What is modelled, because the service's correctness depends on it:
   reservation with nothing mapped is an illegal address. Unmapping discards the pages' contents.
   A handle can be mapped at one place at a time here (CUDA allows several; the pool never does).
 * An error inside queued work (for example an out-of-bounds kernel write, or any exception a
-  host twin raises, ``SystemExit`` and ``KeyboardInterrupt`` included) is sticky, as CUDA's are:
+  host kernel raises, ``SystemExit`` and ``KeyboardInterrupt`` included) is sticky, as CUDA's are:
   every later call on that device raises it. The stream's worker goes on: what was queued behind
   the failed work still completes, so that synchronize and close return.
 * Host registration refuses what ``cudaHostRegister`` refuses (memory that is not mapped readable
@@ -464,19 +464,19 @@ class EmulatedBackend(DeviceBackend):
             self._race.enqueue(s, kernel, "cudaLaunchKernel(fill_u32)",
                                writes=((ptr, 4 * count),) if count > 0 else ())
 
-    def launch_host_kernel(self, stream: int, twin: Any, config: Any, args: list[Any]) -> None:
-        """Queue a user kernel's host twin (kernels/host_kernels.py) on ``stream``: checked now
+    def launch_host_kernel(self, stream: int, host_kernel: Any, config: Any, args: list[Any]) -> None:
+        """Queue a user kernel's host kernel (kernels/host_kernels.py) on ``stream``: checked now
         (argument count and kinds, every pointer inside an allocation), run in stream order on
         the stream's worker. The race detector counts it as reading and writing each pointer's
         buffer: a ``DevicePointer``'s extent, a plain address's allocation from there on; and as
-        reading each module global bound to it (``twin.bound``), writing the non-constant ones."""
-        call = f"cuLaunchKernel({twin.name})"
+        reading each module global bound to it (``host_kernel.bound``), writing the non-constant ones."""
+        call = f"cuLaunchKernel({host_kernel.name})"
         s = self._stream(call, stream)
-        # the modelled device's limits (an H100's); a twin opts in to any dynamic shared memory
-        check_launch(config, DeviceLimits(), KernelLimits(), twin.name)
+        # the modelled device's limits (an H100's); a host kernel opts in to any dynamic shared memory
+        check_launch(config, DeviceLimits(), KernelLimits(), host_kernel.name)
         grid, block = config.grid, config.block
-        kinds = twin.signature
-        values = check_args(kinds, args, twin.name)
+        kinds = host_kernel.signature
+        values = check_args(kinds, args, host_kernel.name)
         views: list[Any] = []
         touched: list[tuple[int, int]] = []
         for i, (kind, value) in enumerate(zip(kinds, values)):
@@ -490,12 +490,12 @@ class EmulatedBackend(DeviceBackend):
                 touched.append((ptr, n))
             else:
                 views.append(None)
-        # the module globals the twin reads (its module's copies): after the arguments, read-only
+        # the module globals the host kernel reads (its module's copies): after the arguments, read-only
         # for a __constant__; a __device__ variable kernels write counts as written too
-        global_views = [(s.device.view(call, g.address, g.nbytes), g.constant) for g in twin.bound]
-        global_reads = tuple((g.address, g.nbytes) for g in twin.bound)
-        global_writes = tuple((g.address, g.nbytes) for g in twin.bound if not g.constant)
-        fn = twin.fn
+        global_views = [(s.device.view(call, g.address, g.nbytes), g.constant) for g in host_kernel.bound]
+        global_reads = tuple((g.address, g.nbytes) for g in host_kernel.bound)
+        global_writes = tuple((g.address, g.nbytes) for g in host_kernel.bound if not g.constant)
+        fn = host_kernel.fn
 
         def kernel() -> None:
             import numpy as np
@@ -527,7 +527,7 @@ class EmulatedBackend(DeviceBackend):
             self._race.enqueue(s, fn, "cudaLaunchHostFunc")
 
     # How long close() waits, in all, for the streams' queued work at most (the service passes its
-    # hostWaitTimeout when shorter): a host twin that never returns (a hung kernel) must not hang
+    # hostWaitTimeout when shorter): a host kernel that never returns (a hung kernel) must not hang
     # the service's close; its worker, a daemon thread, is left.
     CLOSE_WAIT_S = 5.0
 

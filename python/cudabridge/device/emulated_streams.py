@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
 
 def _describe(exc: BaseException) -> str:
-    """``repr(exc)`` for a fault's message. Never raises: whatever a twin raised, and whatever its
+    """``repr(exc)`` for a fault's message. Never raises: whatever a host kernel raised, and whatever its
     ``repr`` (or its class's name) raises in turn, the worker must go on to the next op."""
     try:
         text = repr(exc)
@@ -206,8 +206,8 @@ class _EmuStream:
                 op()
             except CudaError as exc:         # an emulated kernel's own fault (an access out of bounds)
                 device.set_sticky(exc)
-            except BaseException as exc:     # noqa: BLE001 - a host twin's exception, of any kind: the
-                # device's fault, as docs/kernels.md says (not this thread's: a twin's SystemExit or
+            except BaseException as exc:     # noqa: BLE001 - a host kernel's exception, of any kind: the
+                # device's fault, as docs/kernels.md says (not this thread's: a host kernel's SystemExit or
                 # KeyboardInterrupt is not meant for the device's worker)
                 device.set_sticky(_fail("kernel", _ERR_ILLEGAL_ADDRESS, _describe(exc)))
             item = op = None                 # the op's views of device memory go now, not at the next op

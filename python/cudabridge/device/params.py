@@ -3,7 +3,7 @@
 A kernel's parameters are a sequence of kinds (its signature): ``ptr`` (a device address: an
 allocation, or an address inside one), and the scalars ``i8 i16 i32 i64 f32 f64 bool``. Sizes
 alone cannot tell ``i32`` from ``f32`` (the driver reports offsets and sizes only), so the kinds
-come from the PTX ``.entry`` or from a signature declared at load or by a host twin.
+come from the PTX ``.entry`` or from a signature declared at load or by a host kernel.
 
 Part of the device interface (a backend's launch takes the kinds and checks the arguments), so
 it lives in the device layer; ``cudabridge.kernels.params`` re-exports it for task code.

@@ -825,7 +825,7 @@ class JavaHotPath:
     def register_kernel(self, kernel: Any) -> int:
         """An id for Java to launch ``kernel`` by (the control plane's ``kernel`` call). A CUDA
         kernel is also handed to the C twin, which then launches it without the Python path (the
-        emulated device's host twins always run the Python path)."""
+        emulated device's host kernels always run the Python path)."""
         kid = self._kernel_id_of.get(kernel)
         if kid is not None:    # each task asks again: one id per kernel, not per ask
             return kid

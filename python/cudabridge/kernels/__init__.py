@@ -1,5 +1,5 @@
 """User kernels: launch configurations, argument kinds, module globals, and the emulated device's
-host twins."""
+host kernels."""
 
 from ..device.launch_config import DeviceLimits, KernelLimits, LaunchConfig, check_launch
 from ..device.params import PARAM_KINDS, DevicePointer, pack_params

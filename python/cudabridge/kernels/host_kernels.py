@@ -1,12 +1,12 @@
-"""Host twins: what a user kernel is on the emulated device.
+"""Host kernels: what a user kernel is on the emulated device.
 
 The emulated device has no GPU to run a kernel's machine code on; a kernel there is a Python
-function registered for the kernel's name, its *host twin*. The service finds twins in the
+function registered for the kernel's name, its *host kernel*. The service finds host kernels in the
 Python modules named by ``spark.cudabridge.emulatedKernels`` (comma-separated, importable on the
-executor's Python path). A twin is called on the stream's worker thread, in stream order, never
+executor's Python path). A host kernel is called on the stream's worker thread, in stream order, never
 inside the launch call, with the launch's grid and block and then the arguments; a ``ptr``
 argument arrives as a numpy ``uint8`` array over the device memory from that address to the end
-of its allocation (``.view(numpy.float32)`` and so on), so that the twin reads and writes device
+of its allocation (``.view(numpy.float32)`` and so on), so that the host kernel reads and writes device
 memory as the kernel would. It must do what the kernel does for the whole grid at once::
 
     from cudabridge.kernels import host_kernel
@@ -17,7 +17,7 @@ memory as the kernel would. It must do what the kernel does for the whole grid a
         ys += a * xs
 
 A kernel's module globals (``__constant__`` and ``__device__`` variables) are declared for the
-emulated device next to the twins, with their size in bytes, and a twin that reads one names it;
+emulated device next to the host kernels, with their size in bytes, and a host kernel that reads one names it;
 it is passed, after the kernel's arguments, as a numpy ``uint8`` array over the global's device
 memory (read-only for a ``__constant__``)::
 
@@ -33,10 +33,10 @@ Each module loaded on the emulated device that defines such a global gets its ow
 the device's memory (zero-filled, or ``initial``), as each loaded CUDA module has its own; host
 code writes and reads it on a task's stream (``kernels/module_globals.py``).
 
-A kernel launched on the emulated device with no twin fails with an error that names it and the
-setting. The race detector (``emulatedRaceCheck``) counts a twin as reading and writing every
+A kernel launched on the emulated device with no host kernel fails with an error that names it and the
+setting. The race detector (``emulatedRaceCheck``) counts a host kernel as reading and writing every
 ``ptr`` argument's allocation from that address on: a launch not ordered after a conflicting
-access on another stream is reported, as for any copy; it counts a twin as reading each global it
+access on another stream is reported, as for any copy; it counts a host kernel as reading each global it
 names, and as writing it too where the global is not constant (a ``__device__`` variable that
 kernels write).
 """
@@ -101,7 +101,7 @@ def host_global(name: str, nbytes: int, *, constant: bool = True, initial: Any =
 
 
 class BoundGlobal(NamedTuple):
-    """A global a twin reads, as one loaded module has it on the emulated device."""
+    """A global a host kernel reads, as one loaded module has it on the emulated device."""
 
     name: str
     address: int
@@ -119,21 +119,21 @@ class HostKernel:
     bound: tuple[BoundGlobal, ...] = ()  # ... as one module has them (EmulatedModule.kernel binds them)
     # the GPU of the module it was taken from (EmulatedModule.kernel): its bound globals live in
     # that GPU's memory, and a module's kernel belongs to its GPU as a CUDA kernel does, so
-    # TaskRegistry.launch refuses it to a task on another GPU; None for a bare twin
+    # TaskRegistry.launch refuses it to a task on another GPU; None for a bare host kernel
     # (HostKernels.get), which reads no module's memory and runs on any GPU
     gpu: int | None = None
 
     def launch(self, backend: "DeviceBackend", stream: int, config: "LaunchConfig", args: list[Any]) -> None:
-        """Queue this twin on ``stream`` of the emulated device (checked there, run in stream order)."""
+        """Queue this host kernel on ``stream`` of the emulated device (checked there, run in stream order)."""
         launch = getattr(backend, "launch_host_kernel", None)
         if launch is None:
-            raise InvalidArgument(f"kernel {self.name!r} is a host twin: it runs on the emulated device only")
+            raise InvalidArgument(f"kernel {self.name!r} is a host kernel: it runs on the emulated device only")
         launch(stream, self, config, args)
 
 
 def host_kernel(name: str | None = None, signature: str | Iterable[str] = (),
                 globals: Iterable[str | HostGlobal] = ()) -> Callable[[Callable], Callable]:
-    """Mark ``fn`` as the host twin of the CUDA kernel ``name`` (default: the function's name) with
+    """Mark ``fn`` as the host kernel of the CUDA kernel ``name`` (default: the function's name) with
     the parameter kinds ``signature`` (see params.py). ``globals``: the module globals it reads
     (names, or what :func:`host_global` returned), passed to it after the arguments, in order."""
     kinds = parse_signature(signature)
@@ -161,7 +161,7 @@ def _described(exc: BaseException) -> str:
 
 
 class HostKernels:
-    """The host twins found in ``modules``, by kernel name (the setting's modules, imported once)."""
+    """The host kernels found in ``modules``, by kernel name (the setting's modules, imported once)."""
 
     def __init__(self, modules: Iterable[str] = (), setting: str = "spark.cudabridge.emulatedKernels") -> None:
         self.setting = setting
@@ -185,11 +185,11 @@ class HostKernels:
                     continue
                 kname, kinds, reads = mark
                 origin = f"{module_name}.{getattr(attr, '__name__', kname)}"
-                twin = HostKernel(kname, kinds, attr, origin, reads)
+                host_kernel = HostKernel(kname, kinds, attr, origin, reads)
                 known = self._by_name.get(kname)
                 if known is not None and known.fn is not attr:
-                    raise InvalidArgument(f"{setting}: two host twins for kernel {kname!r}: {known.origin} and {origin}")
-                self._by_name[kname] = twin
+                    raise InvalidArgument(f"{setting}: two host kernels for kernel {kname!r}: {known.origin} and {origin}")
+                self._by_name[kname] = host_kernel
 
     def _add_global(self, decl: HostGlobal, origin: str) -> None:
         known = self._globals.get(decl.name)
@@ -221,9 +221,9 @@ class HostKernels:
                                f"(modules: {where})")
 
     def get(self, name: str) -> HostKernel:
-        twin = self._by_name.get(name)
-        if twin is None:
+        host_kernel = self._by_name.get(name)
+        if host_kernel is None:
             where = ", ".join(self.modules) if self.modules else "none: the setting is empty"
-            raise InvalidArgument(f"kernel {name!r} has no host twin for the emulated device: register one with "
+            raise InvalidArgument(f"kernel {name!r} has no host kernel for the emulated device: register one with "
                                   f"@host_kernel({name!r}, ...) in a module named by {self.setting} (modules: {where})")
-        return twin
+        return host_kernel

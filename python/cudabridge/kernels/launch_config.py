@@ -18,7 +18,7 @@ __all__ = ["MAX_DIM", "DeviceLimits", "KernelLimits", "LaunchConfig", "check_lau
 def check_launch_request(kernel: object, config: object, args: object) -> None:
     """Refuse a launch whose parts are not what a launch takes, naming which, before anything is
     entered or queued (``TaskRegistry.launch`` calls it first): ``kernel`` a module's kernel
-    (anything with a str ``name`` and a ``launch`` method: a CUDA kernel, a host twin), ``config``
+    (anything with a str ``name`` and a ``launch`` method: a CUDA kernel, a host kernel), ``config``
     a :class:`LaunchConfig`, ``args`` a list or tuple (an iterator would be used up by the checks
     before the launch; each argument is checked against the kernel's signature at the launch)."""
     name = getattr(kernel, "name", None)

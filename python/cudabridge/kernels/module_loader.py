@@ -1,7 +1,7 @@
 """How the service loads a module, and what its cache key's target is (the ``ModuleCache``'s loader
 and target, ``service.modules``).
 
-On the emulated device a module is an :class:`~.modules.EmulatedModule` (host twins, and its
+On the emulated device a module is an :class:`~.modules.EmulatedModule` (host kernels, and its
 globals in the device's memory); the target is ``emulated``, and nothing is compiled. On a GPU a
 module is a :class:`~.cuda_module.CudaModule`, and the target names everything outside the source
 that changes what a compile produces: the GPU's architecture, NVRTC's version and the CUDA include

@@ -297,9 +297,9 @@ class ModuleCache:
 
 
 class EmulatedModule:
-    """A module on the emulated device: its kernels are the host twins of the names it defines
-    (found in CUDA source or PTX; any twin for a cubin, whose names cannot be read here), and its
-    globals are those it defines that the twins' modules declare (``host_global``), each given
+    """A module on the emulated device: its kernels are the host kernels of the names it defines
+    (found in CUDA source or PTX; any host kernel for a cubin, whose names cannot be read here), and its
+    globals are those it defines that the host kernels' modules declare (``host_global``), each given
     its own bytes of the device's memory at load (all of them in one allocation: one module, one
     ``malloc``), zero-filled or holding the declaration's ``initial`` bytes."""
 
@@ -307,10 +307,10 @@ class EmulatedModule:
     # to their type, at most 16 bytes for the built-in vector types)
     GLOBAL_ALIGN = 256
 
-    def __init__(self, source: ModuleSource, twins: Any, backend: Any = None, gpu: int = 0) -> None:
+    def __init__(self, source: ModuleSource, host_kernels: Any, backend: Any = None, gpu: int = 0) -> None:
         self.source = source
         self.gpu = gpu
-        self._twins = twins
+        self._host_kernels = host_kernels
         self._kernels: dict[str, Any] = {}
         if source.kind == "cuda":
             self.names: set[str] | None = source_kernels(source.code) | set(source.name_expressions)
@@ -323,7 +323,7 @@ class EmulatedModule:
             self.names = defined = None
         self.global_names = defined       # what the module defines (None: a cubin, not readable)
         self._globals: dict[str, Any] = {}
-        decls = [twins.global_decl(n) for n in (twins.global_names() if defined is None else sorted(defined))]
+        decls = [host_kernels.global_decl(n) for n in (host_kernels.global_names() if defined is None else sorted(defined))]
         decls = [d for d in decls if d is not None]
         if decls:
             if backend is None:
@@ -360,7 +360,7 @@ class EmulatedModule:
         if self.global_names is not None and name not in self.global_names:
             raise InvalidArgument(f"the module defines no global {name!r} (it defines: "
                                   f"{', '.join(sorted(self.global_names)) or 'none'})")
-        raise self._twins.missing_global(name)
+        raise self._host_kernels.missing_global(name)
 
     def kernel(self, name: str) -> Any:
         k = self._kernels.get(name)
@@ -369,22 +369,22 @@ class EmulatedModule:
         if self.names is not None and name not in self.names:
             raise InvalidArgument(f"the module defines no kernel {name!r} (it defines: "
                                   f"{', '.join(sorted(self.names)) or 'none'})")
-        twin = self._twins.get(name)
+        host_kernel = self._host_kernels.get(name)
         declared = self.source.declared(name)
-        if declared is not None and declared != twin.signature:
+        if declared is not None and declared != host_kernel.signature:
             raise InvalidArgument(f"kernel {name!r}: the signature declared at load ({', '.join(declared)}) is not "
-                                  f"its host twin's ({', '.join(twin.signature)}, {twin.origin})")
+                                  f"its host kernel's ({', '.join(host_kernel.signature)}, {host_kernel.origin})")
         bound = []
-        for g in twin.globals:         # the twin reads this module's copies of its globals
+        for g in host_kernel.globals:         # the host kernel reads this module's copies of its globals
             from .host_kernels import BoundGlobal
             try:
                 glob = self.global_(g)
             except InvalidArgument as exc:
-                raise InvalidArgument(f"kernel {name!r}: its host twin ({twin.origin}) reads global {g!r}: "
+                raise InvalidArgument(f"kernel {name!r}: its host kernel ({host_kernel.origin}) reads global {g!r}: "
                                       f"{exc}") from None
             bound.append(BoundGlobal(g, glob.address, glob.size, self._globals[g][1]))
         # the module's kernel: of this module's GPU (the task registry refuses it to a task on
         # another, as it does a CUDA kernel), reading this module's globals
-        kernel = replace(twin, bound=tuple(bound), gpu=self.gpu)
+        kernel = replace(host_kernel, bound=tuple(bound), gpu=self.gpu)
         self._kernels[name] = kernel
         return kernel

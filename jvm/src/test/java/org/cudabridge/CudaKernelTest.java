@@ -13,11 +13,11 @@ import org.junit.jupiter.api.Test;
 
 /**
  * User kernels from Java on the emulated device (issue 15): a module loaded once per executor,
- * its kernel launched on the task's stream through one JNI call, its host twin
- * ({@code tests/host_twins_for_tests.py}) computing in stream order; every bad argument refused.
+ * its kernel launched on the task's stream through one JNI call, its host kernel
+ * ({@code tests/host_kernels_for_tests.py}) computing in stream order; every bad argument refused.
  */
 @Tag("own-jvm")
-@EmulatedKernels("host_twins_for_tests")
+@EmulatedKernels("host_kernels_for_tests")
 class CudaKernelTest extends RunningBridge {
     static final String SOURCE = """
             extern "C" __global__ void saxpy(const float* x, float* y, int n, float a) {

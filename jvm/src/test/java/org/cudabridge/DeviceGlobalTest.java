@@ -13,12 +13,12 @@ import org.junit.jupiter.api.Test;
 
 /**
  * Module globals from Java on the emulated device: a {@code __constant__} written from Java before
- * a launch is what the kernel reads (its host twin in {@code tests/host_twins_for_globals.py}), a
+ * a launch is what the kernel reads (its host kernel in {@code tests/host_kernels_for_globals.py}), a
  * {@code __device__} variable the kernel writes is read back after it, both on the task's stream;
  * every bad argument refused before anything is copied.
  */
 @Tag("own-jvm")
-@EmulatedKernels("host_twins_for_globals")
+@EmulatedKernels("host_kernels_for_globals")
 class DeviceGlobalTest extends RunningBridge {
     static final String SOURCE = """
             __constant__ float scale;
@@ -123,7 +123,7 @@ class DeviceGlobalTest extends RunningBridge {
             CudaBridgeException unknown = assertThrows(CudaBridgeException.class, () -> m.global("scal"));
             assertTrue(unknown.getMessage().contains("defines no global 'scal'"), unknown.getMessage());
             if (System.getProperty("spark.cudabridge.backend", "emulated").equals("emulated")) {
-                // a global the source defines but no host twin module declares (the emulated device only)
+                // a global the source defines but no host kernel module declares (the emulated device only)
                 CudaBridgeException undeclared = assertThrows(CudaBridgeException.class,
                         () -> bridge.loadModule(ModuleSource.cuda(SOURCE + "__constant__ float bias;\n")).global("bias"));
                 assertTrue(undeclared.getMessage().contains("host_global('bias', <bytes>)"), undeclared.getMessage());

@@ -11,7 +11,7 @@ import org.junit.jupiter.api.Tag;
 import org.junit.jupiter.api.Test;
 
 /**
- * A kernel that faults (issue 15, item 5), on the emulated device where the host twin
+ * A kernel that faults (issue 15, item 5), on the emulated device where the host kernel
  * {@code faults} reads past its buffer: the task's next synchronize reports it, naming the kernels
  * launched on its stream since the last completed synchronize, and from then on every GPU call
  * fails fast. The device is unusable afterwards, so this class has a JVM and a bridge of its own.
@@ -27,7 +27,7 @@ class KernelFaultTest {
     void theNextSynchronizeNamesTheCandidatesAndEveryLaterCallFailsFast() {
         String tests = Path.of(System.getProperty("user.dir"), "tests").toString();
         CudaBridge bridge = CudaBridge.start(BridgeOptions.fromSystemProperties().addPythonPath(tests)
-                .set("emulatedKernels", "host_twins_for_tests"));
+                .set("emulatedKernels", "host_kernels_for_tests"));
         try {
             try (TaskScope t = bridge.bindTask(1)) {
                 CudaModule m = bridge.loadModule(ModuleSource.cuda(SOURCE));

@@ -41,7 +41,7 @@ class LaunchReleaseRaceTest {
     void noLaunchIsQueuedAfterItsTasksReleaseBegan() throws Exception {
         String tests = Path.of(System.getProperty("user.dir"), "tests").toString();
         CudaBridge bridge = CudaBridge.start(BridgeOptions.fromSystemProperties().addPythonPath(tests)
-                .set("emulatedKernels", "host_twins_for_tests").set("emulatedRaceCheck", "true"));
+                .set("emulatedKernels", "host_kernels_for_tests").set("emulatedRaceCheck", "true"));
         AtomicInteger ran = new AtomicInteger();
         AtomicInteger refused = new AtomicInteger();
         List<Throwable> unexpected = new ArrayList<>();

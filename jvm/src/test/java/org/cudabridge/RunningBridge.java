@@ -15,7 +15,7 @@ import org.junit.jupiter.api.function.Executable;
  * before its tests, shut down after them. The bridge cannot start again in a JVM after its
  * shutdown, so every subclass carries {@code @Tag("own-jvm")} and gets a JVM of its own.
  * JUnit runs this class's {@code @BeforeAll} before a subclass's, and its {@code @AfterAll} after.
- * A subclass marked {@link EmulatedKernels} gets a bridge whose kernels have host twins.
+ * A subclass marked {@link EmulatedKernels} gets a bridge whose kernels have host kernels.
  */
 abstract class RunningBridge {
     static CudaBridge bridge;

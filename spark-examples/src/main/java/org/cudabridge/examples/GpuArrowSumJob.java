@@ -30,7 +30,7 @@ import org.cudabridge.executor.GpuTask;
  * asynchronously at the link's speed), copies each batch to the GPU from the buffer's address
  * ({@link DeviceBuffer#copyFromAddress}), and adds it into a device accumulator with a kernel of
  * its own (atomics). The driver checks the sum of the tasks' results against Spark's own
- * {@code sum}. On the emulated device the kernel's host twin runs
+ * {@code sum}. On the emulated device the kernel's host kernel runs
  * ({@code spark-examples/python/example_kernels.py}).
  *
  * <pre>

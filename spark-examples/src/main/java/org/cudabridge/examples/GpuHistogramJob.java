@@ -15,7 +15,7 @@ import org.cudabridge.executor.GpuTask;
 /**
  * Example (c): every partition's task runs a CUDA kernel of its own ({@link HistogramWork}: a
  * histogram with atomics, compiled once per executor, launched on the task's stream, checked
- * against the CPU's). On the emulated device the kernel's host twin runs
+ * against the CPU's). On the emulated device the kernel's host kernel runs
  * ({@code spark-examples/python/example_kernels.py}).
  *
  * <pre>

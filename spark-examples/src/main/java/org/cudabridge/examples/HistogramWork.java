@@ -14,7 +14,7 @@ import org.cudabridge.ModuleSource;
  * <p>Compiles the histogram kernel below (once per executor: the bridge caches the module),
  * copies the partition's values to the GPU, launches the kernel on the task's stream, copies the
  * 16 bins back and checks them against the same histogram computed on the CPU. On the emulated
- * device the kernel's host twin runs ({@code spark-examples/python/example_kernels.py}).
+ * device the kernel's host kernel runs ({@code spark-examples/python/example_kernels.py}).
  */
 public final class HistogramWork {
     static final String SOURCE = """

@@ -20,7 +20,7 @@ import org.cudabridge.ModuleSource;
  * {@code fill_tag} over the second half (a tag derived from the partition; the module is compiled
  * once per executor, every later task gets it from the bridge's cache), copy the whole result
  * back and check every element. Optionally leak one small buffer on purpose (the plugin reclaims
- * it at task end and counts it). On the emulated device the kernel's host twin runs
+ * it at task end and counts it). On the emulated device the kernel's host kernel runs
  * ({@code spark-examples/python/example_kernels.py}, named by {@code spark.cudabridge.emulatedKernels}).
  */
 public final class PartitionWork {

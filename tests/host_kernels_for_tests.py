@@ -1,5 +1,5 @@
-"""Host twins of the test kernels (the emulated device runs them in the kernels' place): named by
-spark.cudabridge.emulatedKernels=host_twins_for_tests in the tests."""
+"""Host kernels of the test kernels (the emulated device runs them in the kernels' place): named by
+spark.cudabridge.emulatedKernels=host_kernels_for_tests in the tests."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Host twins of kernels that use module globals, and the globals' declarations for the emulated
-device (spark.cudabridge.emulatedKernels=host_twins_for_globals in test_module_globals.py and
+"""Host kernels of kernels that use module globals, and the globals' declarations for the emulated
+device (spark.cudabridge.emulatedKernels=host_kernels_for_globals in test_module_globals.py and
 DeviceGlobalTest). The CUDA source they stand for is GLOBALS_SOURCE in test_module_globals.py:
 
     __constant__ float scale;                        // written by the host before the launch

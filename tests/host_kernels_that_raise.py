@@ -1,5 +1,5 @@
-"""Host twins that raise what a kernel's Python stand-in should never raise (named by
-spark.cudabridge.emulatedKernels=host_twins_that_raise in tests/test_emulated_backend.py): each must
+"""Host kernels that raise what a kernel's Python stand-in should never raise (named by
+spark.cudabridge.emulatedKernels=host_kernels_that_raise in tests/test_emulated_backend.py): each must
 be the device's sticky illegal-address error, as any other exception of a twin is."""
 
 from __future__ import annotations
