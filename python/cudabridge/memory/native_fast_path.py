@@ -2,7 +2,7 @@
 
 Only the default composition runs them (the default arena type): the C code follows
 python_fast_path.py for exactly that. It gets the pool's :class:`FastPathHooks` and nothing
-else, and the pool's locked steps run on a :class:`SerialWorker` (see _fastpath.c), where no
+else, and the pool's locked steps run on a :class:`SerialWorker` (memory/serial_worker.h), where no
 signal handler or async exception can interrupt one half done.
 """
 
