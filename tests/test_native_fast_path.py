@@ -77,7 +77,7 @@ def _replay(fast_path, seed):
             trace.append(("f", a.ptr))
         else:
             owner = rng.choice([1, 2])
-            n, nbytes = pool.release_owner(owner)
+            n, nbytes = pool.reclaim_owner(owner)
             live = [a for a in live if a.alive]
             trace.append(("r", n, nbytes))
         if step % 500 == 0:
@@ -147,7 +147,7 @@ def test_native_bad_input_is_refused_and_changes_nothing(backend):
         pool.free(a)
     b = pool.allocate(1000, s, owner=7)
     assert b.ptr == a.ptr and b.id != a.id      # the same block, a new identity
-    assert pool.release_owner(7) == (1, 1000)
+    assert pool.reclaim_owner(7) == (1, 1000)
     with pytest.raises(InvalidFree, match="stale handle"):
         pool.free(b)
     other = make_pool(backend, "native", [s])
@@ -171,7 +171,7 @@ def test_native_path_leaks_no_objects(backend):
     def cycle(n):
         for i in range(n):
             free(alloc(MiB, s, owner=i & 3))
-            pool.release_owner(i & 3)
+            pool.reclaim_owner(i & 3)
 
     cycle(2000)
     gc.collect()
