@@ -9,7 +9,8 @@ source bench/gpu_setup.sh
 cp="$(python3 -m cudabridge classpath):build/junit/classes:bench/out/junit/junit-platform-console-standalone.jar"
 status=0
 for cls in CudaBridgeTest DeviceBufferTest DeviceMemoryTest TaskTableTest TaskScopeTest NativeBridgeTest \
-           CudaBridgeExceptionTest GpuOutOfMemoryExceptionTest BridgeStatisticsTest CudaKernelTest DeviceGlobalTest StagedCopyTest StagedCopyThreadsTest StagedCopyStarvedTest HostRegistrationTest PinnedBufferTest CloseReleaseRaceTest; do
+           CudaBridgeExceptionTest GpuOutOfMemoryExceptionTest BridgeStatisticsTest CudaKernelTest DeviceGlobalTest StagedCopyTest StagedCopyThreadsTest StagedCopyStarvedTest HostRegistrationTest PinnedBufferTest CloseReleaseRaceTest \
+           KernelFaultTest LaunchReleaseRaceTest; do
   log="$out/junit-$cls.log"
   timeout 240 "$JAVA_HOME/bin/java" -Dcudabridge.python="$(command -v python3)" -Dcudabridge.pythonPath="$PYTHONPATH" \
     -Dspark.cudabridge.backend=cuda -cp "$cp" org.junit.platform.console.ConsoleLauncher --disable-banner \
