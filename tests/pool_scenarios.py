@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import threading
 
+from device_kernels import fill_u32_async, spin_async
+
 from cudabridge.device import PER_THREAD_STREAM
 
 PATTERN_A = 0xA5A5A5A5
@@ -19,16 +21,16 @@ def seven_step(backend, pool, stream_a: int, stream_b: int, nbytes: int, delay: 
     reads it back later; 7. A's work completes. With a safe pool both read what they wrote."""
     words = nbytes // 4
     a = pool.allocate(nbytes, stream_a)                               # 1
-    backend.fill_u32_async(a.ptr, words, PATTERN_A, stream_a, delay)   # 2
-    backend.spin_async(stream_a, delay)
+    fill_u32_async(backend, a.ptr, words, PATTERN_A, stream_a, delay)  # 2
+    spin_async(backend, stream_a, delay)
     host_a = backend.alloc_pinned(nbytes)  # pinned: the copies are truly asynchronous
     host_b = backend.alloc_pinned(nbytes)
     backend.copy_from_device_async(host_a, a.ptr, stream_a)           # 3
     a_ptr = a.ptr
     pool.free(a)                                                       # 4
     b = pool.allocate(nbytes, stream_b)                               # 5
-    backend.fill_u32_async(b.ptr, words, PATTERN_B, stream_b)          # 6
-    backend.spin_async(stream_b, 3 * delay)
+    fill_u32_async(backend, b.ptr, words, PATTERN_B, stream_b)         # 6
+    spin_async(backend, stream_b, 3 * delay)
     backend.copy_from_device_async(host_b, b.ptr, stream_b)
     backend.stream_synchronize(stream_a)                               # 7
     backend.stream_synchronize(stream_b)
@@ -55,8 +57,8 @@ def seven_step_per_thread(backend, pool, nbytes: int, delay: float, device: int 
         try:
             backend.set_device(device)
             a = pool.allocate(nbytes, PER_THREAD_STREAM)
-            backend.fill_u32_async(a.ptr, words, PATTERN_A, PER_THREAD_STREAM, delay)
-            backend.spin_async(PER_THREAD_STREAM, delay)
+            fill_u32_async(backend, a.ptr, words, PATTERN_A, PER_THREAD_STREAM, delay)
+            spin_async(backend, PER_THREAD_STREAM, delay)
             host_a = backend.alloc_pinned(nbytes)
             backend.copy_from_device_async(host_a, a.ptr, PER_THREAD_STREAM)
             out["a_ptr"] = a.ptr
@@ -74,8 +76,8 @@ def seven_step_per_thread(backend, pool, nbytes: int, delay: float, device: int 
             backend.set_device(device)
             a_freed.wait()
             b = pool.allocate(nbytes, PER_THREAD_STREAM)
-            backend.fill_u32_async(b.ptr, words, PATTERN_B, PER_THREAD_STREAM)
-            backend.spin_async(PER_THREAD_STREAM, 3 * delay)
+            fill_u32_async(backend, b.ptr, words, PATTERN_B, PER_THREAD_STREAM)
+            spin_async(backend, PER_THREAD_STREAM, 3 * delay)
             host_b = backend.alloc_pinned(nbytes)
             backend.copy_from_device_async(host_b, b.ptr, PER_THREAD_STREAM)
             backend.stream_synchronize(PER_THREAD_STREAM)

@@ -8,6 +8,7 @@ import random
 import threading
 
 import pytest
+from device_kernels import fill_u32_async
 
 from cudabridge import CudaBridgeService, ServiceConfig
 
@@ -58,7 +59,7 @@ def _worker(service, thread_no, live, failures, errors, limit_hit):
                 live.add(a)
                 value = rng.getrandbits(32)
                 words = size // 4
-                backend.fill_u32_async(a.ptr, words, value, stream, delay_s=rng.choice((0, 0, 0.002)))
+                fill_u32_async(backend, a.ptr, words, value, stream, delay_s=rng.choice((0, 0, 0.002)))
                 host = backend.alloc_pinned(4 * words)  # pinned: the copy stays in flight
                 backend.copy_from_device_async(host, a.ptr, stream)
                 expected = value.to_bytes(4, "little") * words

@@ -11,6 +11,7 @@ import threading
 import time
 
 import pytest
+from device_kernels import fill_u32_async, spin_async
 
 from cudabridge.device import (
     DEFAULT_STREAM,
@@ -100,8 +101,8 @@ def test_work_on_one_stream_runs_in_queue_order(be):
     s = be.stream_create()
     p = be.malloc(4096)
     # A slow writer queued first must not land after the fast one queued behind it.
-    be.fill_u32_async(p, 256, 0xAAAAAAAA, s, delay_s=0.2)
-    be.fill_u32_async(p, 256, 0x55555555, s)
+    fill_u32_async(be, p, 256, 0xAAAAAAAA, s, delay_s=0.2)
+    fill_u32_async(be, p, 256, 0x55555555, s)
     be.stream_synchronize(s)
     assert read(be, p, 1024) == u32(0x55555555, 256)
 
@@ -109,8 +110,8 @@ def test_work_on_one_stream_runs_in_queue_order(be):
 def test_spins_on_one_stream_are_serial(be):
     s = be.stream_create()
     t0 = time.monotonic()
-    be.spin_async(s, 0.2)
-    be.spin_async(s, 0.2)
+    spin_async(be, s, 0.2)
+    spin_async(be, s, 0.2)
     be.stream_synchronize(s)
     assert time.monotonic() - t0 >= 0.4
 
@@ -118,8 +119,8 @@ def test_spins_on_one_stream_are_serial(be):
 def test_work_on_two_streams_overlaps(be):
     s1, s2 = be.stream_create(), be.stream_create()
     t0 = time.monotonic()
-    be.spin_async(s1, 0.4)
-    be.spin_async(s2, 0.4)
+    spin_async(be, s1, 0.4)
+    spin_async(be, s2, 0.4)
     be.stream_synchronize(s1)
     be.stream_synchronize(s2)
     elapsed = time.monotonic() - t0
@@ -129,9 +130,9 @@ def test_work_on_two_streams_overlaps(be):
 def test_spin_on_one_stream_does_not_delay_another(be):
     s1, s2 = be.stream_create(), be.stream_create()
     p = be.malloc(4096)
-    be.spin_async(s1, 0.6)
+    spin_async(be, s1, 0.6)
     t0 = time.monotonic()
-    be.fill_u32_async(p, 4, 7, s2)
+    fill_u32_async(be, p, 4, 7, s2)
     be.stream_synchronize(s2)
     assert time.monotonic() - t0 < 0.4
     assert be.stream_query(s1) is False  # the spin is really still running
@@ -142,7 +143,7 @@ def test_spin_on_one_stream_does_not_delay_another(be):
 def test_stream_query_and_synchronize(be):
     s = be.stream_create()
     assert be.stream_query(s) is True  # nothing queued
-    be.spin_async(s, 0.2)
+    spin_async(be, s, 0.2)
     assert be.stream_query(s) is False
     be.stream_synchronize(s)
     assert be.stream_query(s) is True
@@ -161,7 +162,7 @@ def test_destroyed_stream_is_gone(be):
     with pytest.raises(CudaError):
         be.stream_query(s)
     with pytest.raises(CudaError):
-        be.spin_async(s, 0.01)
+        spin_async(be, s, 0.01)
     with pytest.raises(CudaError):
         be.stream_destroy(s)
 
@@ -169,7 +170,7 @@ def test_destroyed_stream_is_gone(be):
 def test_stream_destroy_drains_queued_work(be):
     s = be.stream_create()
     p = be.malloc(4096)
-    be.fill_u32_async(p, 8, 0x1234, s, delay_s=0.2)
+    fill_u32_async(be, p, 8, 0x1234, s, delay_s=0.2)
     be.stream_destroy(s)
     # cudaStreamDestroy does not wait for the work, so reading without this would be a race
     # (the race detector says so); a device synchronize covers destroyed streams' work too.
@@ -192,9 +193,9 @@ def test_event_completes_when_work_before_its_record_has_run(be):
     p = be.malloc(4096)
     ev = be.event_create()
     t0 = time.monotonic()
-    be.fill_u32_async(p, 4, 0xC0FFEE, s, delay_s=0.3)
+    fill_u32_async(be, p, 4, 0xC0FFEE, s, delay_s=0.3)
     be.event_record(ev, s)
-    be.spin_async(s, 0.6)  # queued after the record: the event must not wait for it
+    spin_async(be, s, 0.6)  # queued after the record: the event must not wait for it
     assert be.event_query(ev) is False
     be.event_synchronize(ev)
     elapsed = time.monotonic() - t0
@@ -211,7 +212,7 @@ def test_event_tracks_its_latest_record(be):
     be.event_record(ev, s1)
     be.stream_synchronize(s1)
     assert be.event_query(ev) is True
-    be.spin_async(s2, 0.3)
+    spin_async(be, s2, 0.3)
     be.event_record(ev, s2)  # re-record: the first record's completion no longer counts
     assert be.event_query(ev) is False
     be.event_synchronize(ev)
@@ -235,13 +236,13 @@ def test_stream_wait_event_waits_for_the_record_latest_at_call_time(be):
     p = be.malloc(4096)
     ev = be.event_create()
     t0 = time.monotonic()
-    be.spin_async(s1, 0.3)
+    spin_async(be, s1, 0.3)
     be.event_record(ev, s1)
     be.stream_wait_event(s2, ev)
-    be.fill_u32_async(p, 4, 0xFEED, s2)
+    fill_u32_async(be, p, 4, 0xFEED, s2)
     assert be.stream_query(s2) is False  # held back by the wait
     # Re-recording after the wait was queued must not change what the wait waits for.
-    be.spin_async(s3, 1.0)
+    spin_async(be, s3, 1.0)
     be.event_record(ev, s3)
     be.stream_synchronize(s2)
     elapsed = time.monotonic() - t0
@@ -264,7 +265,7 @@ def test_wait_orders_a_reader_behind_a_slow_writer(be):
     writer, reader = be.stream_create(), be.stream_create()
     p = be.malloc(4096)
     ev = be.event_create()
-    be.fill_u32_async(p, 64, 0xABCD, writer, delay_s=0.2)
+    fill_u32_async(be, p, 64, 0xABCD, writer, delay_s=0.2)
     be.event_record(ev, writer)
     be.stream_wait_event(reader, ev)
     assert read(be, p, 256, reader) == u32(0xABCD, 64)
@@ -273,7 +274,7 @@ def test_wait_orders_a_reader_behind_a_slow_writer(be):
 # default streams -------------------------------------------------------------------------------
 
 def test_per_thread_stream_is_the_same_stream_within_a_thread(be):
-    be.spin_async(PER_THREAD_STREAM, 0.3)
+    spin_async(be, PER_THREAD_STREAM, 0.3)
     assert be.stream_query(PER_THREAD_STREAM) is False
     be.stream_synchronize(PER_THREAD_STREAM)
     assert be.stream_query(PER_THREAD_STREAM) is True
@@ -285,7 +286,7 @@ def test_per_thread_stream_is_distinct_per_thread(be):
     seen = {}
 
     def thread_a():
-        be.spin_async(PER_THREAD_STREAM, 0.6)
+        spin_async(be, PER_THREAD_STREAM, 0.6)
         seen["a_busy"] = not be.stream_query(PER_THREAD_STREAM)
         spinning.set()
         may_exit.wait(timeout=10)
@@ -300,7 +301,7 @@ def test_per_thread_stream_is_distinct_per_thread(be):
         assert be.stream_query(PER_THREAD_STREAM) is True
         p = be.malloc(4096)
         t0 = time.monotonic()
-        be.fill_u32_async(p, 4, 99, PER_THREAD_STREAM)
+        fill_u32_async(be, p, 4, 99, PER_THREAD_STREAM)
         be.stream_synchronize(PER_THREAD_STREAM)
         assert time.monotonic() - t0 < 0.35
         assert read(be, p, 16, PER_THREAD_STREAM) == u32(99, 4)
@@ -313,16 +314,16 @@ def test_per_thread_stream_is_distinct_per_thread(be):
 def test_legacy_handles_0_and_1_are_one_stream(be):
     assert DEFAULT_STREAM == 0 and LEGACY_STREAM == 1
     p = be.malloc(4096)
-    be.fill_u32_async(p, 4, 0x0BAD, DEFAULT_STREAM, delay_s=0.3)
+    fill_u32_async(be, p, 4, 0x0BAD, DEFAULT_STREAM, delay_s=0.3)
     assert be.stream_query(LEGACY_STREAM) is False
-    be.fill_u32_async(p, 4, 0x600D, LEGACY_STREAM)  # ordered behind the slow write on handle 0
+    fill_u32_async(be, p, 4, 0x600D, LEGACY_STREAM)  # ordered behind the slow write on handle 0
     be.stream_synchronize(LEGACY_STREAM)
     assert be.stream_query(DEFAULT_STREAM) is True
     assert read(be, p, 16, DEFAULT_STREAM) == u32(0x600D, 4)
 
 
 def test_legacy_stream_is_shared_by_threads(be):
-    be.spin_async(LEGACY_STREAM, 0.5)
+    spin_async(be, LEGACY_STREAM, 0.5)
     assert run_in_thread(lambda: be.stream_query(0)) is False
     # ... whereas another thread's per-thread stream is not busy with it.
     assert run_in_thread(lambda: be.stream_query(PER_THREAD_STREAM)) is True
@@ -382,7 +383,7 @@ def test_event_of_one_device_recorded_on_a_stream_of_another_raises(be2):
 
 def test_legacy_stream_is_per_device(be2):
     be2.set_device(0)
-    be2.spin_async(LEGACY_STREAM, 0.5)
+    spin_async(be2, LEGACY_STREAM, 0.5)
     assert be2.stream_query(LEGACY_STREAM) is False
     be2.set_device(1)
     assert be2.stream_query(LEGACY_STREAM) is True
@@ -408,7 +409,7 @@ def test_copy_outside_an_allocation_raises_naming_the_call(be):
         be.memset_async(p + GRANULE, 0, 1, s)
     assert info.value.call == "cudaMemsetAsync"
     with pytest.raises(CudaError) as info:
-        be.fill_u32_async(p + GRANULE - 4, 2, 1, s)
+        fill_u32_async(be, p + GRANULE - 4, 2, 1, s)
     assert info.value.call == "cudaLaunchKernel(fill_u32)"
     # Exactly to the end is fine, and the refused calls are not sticky.
     be.copy_to_device_async(p + GRANULE - 16, bytes(range(16)), s)
@@ -501,7 +502,7 @@ def test_pinned_copies_are_asynchronous_and_ordered_after_earlier_work(be):
     try:
         src[:] = b"\x01" * 64
         t0 = time.monotonic()
-        be.spin_async(s, 0.3)
+        spin_async(be, s, 0.3)
         be.copy_to_device_async(p, src, s)
         be.copy_from_device_async(out, p, s)
         returned_at = time.monotonic() - t0
@@ -518,7 +519,7 @@ def test_pinned_copies_are_asynchronous_and_ordered_after_earlier_work(be):
 def test_pageable_copy_from_device_returns_once_the_copy_is_done(be):
     s = be.stream_create()
     p = be.malloc(64)
-    be.fill_u32_async(p, 16, 0x01010101, s, delay_s=0.3)
+    fill_u32_async(be, p, 16, 0x01010101, s, delay_s=0.3)
     out = bytearray(64)
     t0 = time.monotonic()
     be.copy_from_device_async(out, p, s)  # waits for the slow fill queued before it
@@ -530,7 +531,7 @@ def test_pageable_copy_to_device_stages_the_data(be):
     s = be.stream_create()
     p = be.malloc(64)
     host = bytearray(b"\x02" * 64)
-    be.spin_async(s, 0.3)
+    spin_async(be, s, 0.3)
     be.copy_to_device_async(p, host, s)
     host[:] = b"\x03" * 64  # reusing the buffer at once must not change what lands
     be.stream_synchronize(s)
@@ -561,7 +562,7 @@ def _fill_u32_with_delay_writes_after_the_delay(be):
     p = be.malloc(4096)
     delay = 0.5
     t0 = time.monotonic()
-    be.fill_u32_async(p, 16, 0xDEADBEEF, s, delay_s=delay)
+    fill_u32_async(be, p, 16, 0xDEADBEEF, s, delay_s=delay)
     early = read(be, p, 64, other)
     early_at = time.monotonic() - t0
     assert be.stream_query(s) is False
@@ -575,7 +576,7 @@ def _fill_u32_with_delay_writes_after_the_delay(be):
 def test_fill_u32_writes_count_words_little_endian(be):
     s = be.stream_create()
     p = be.malloc(64)
-    be.fill_u32_async(p + 4, 3, 0x01020304, s)
+    fill_u32_async(be, p + 4, 3, 0x01020304, s)
     assert read(be, p, 20, s) == bytes(4) + b"\x04\x03\x02\x01" * 3 + bytes(4)
 
 
@@ -590,7 +591,7 @@ def test_error_inside_queued_work_is_sticky(be2):
     s1 = be2.stream_create()
     be2.set_device(0)
     # A negative spin makes the emulated kernel fault on the device, after the call returned.
-    be2.spin_async(s, -1.0)
+    spin_async(be2, s, -1.0)
     with pytest.raises(CudaError) as info:
         be2.stream_synchronize(s)
     sticky = info.value
@@ -599,7 +600,7 @@ def test_error_inside_queued_work_is_sticky(be2):
         lambda: be2.stream_create(),
         lambda: be2.event_create(),
         lambda: be2.stream_query(s),
-        lambda: be2.spin_async(s, 0.01),
+        lambda: spin_async(be2, s, 0.01),
         lambda: be2.copy_to_device_async(p, b"x", s),
         lambda: be2.event_record(ev, s),
         lambda: be2.mem_get_info(),
@@ -611,7 +612,7 @@ def test_error_inside_queued_work_is_sticky(be2):
         assert again.value is sticky
     # The other device is unaffected.
     be2.set_device(1)
-    be2.spin_async(s1, 0.01)
+    spin_async(be2, s1, 0.01)
     be2.stream_synchronize(s1)
     assert be2.mem_get_info() == (64 * MiB, 64 * MiB)
 
@@ -630,9 +631,9 @@ def test_call_time_errors_are_not_sticky(be):
 def test_device_synchronize_waits_for_every_stream(be):
     s1, s2 = be.stream_create(), be.stream_create()
     t0 = time.monotonic()
-    be.spin_async(s1, 0.3)
-    be.spin_async(s2, 0.2)
-    be.spin_async(LEGACY_STREAM, 0.2)
+    spin_async(be, s1, 0.3)
+    spin_async(be, s2, 0.2)
+    spin_async(be, LEGACY_STREAM, 0.2)
     be.device_synchronize()
     assert time.monotonic() - t0 >= 0.3
     assert be.stream_query(s1) and be.stream_query(s2) and be.stream_query(LEGACY_STREAM)
@@ -758,14 +759,14 @@ def test_a_twin_that_raises_anything_is_a_sticky_illegal_address_and_its_stream_
         assert sticky.call == "kernel"
         assert after == ["ran"], "the work queued behind the twin never ran: the stream's worker ended"
         assert be._streams[s]._worker.is_alive()
-        for later in (lambda: be.spin_async(s, 0), lambda: be.stream_synchronize(s), lambda: be.malloc(64),
+        for later in (lambda: spin_async(be, s, 0), lambda: be.stream_synchronize(s), lambda: be.malloc(64),
                       lambda: be.device_synchronize(), lambda: be.launch_host_func(s, lambda: None)):
             with pytest.raises(CudaError) as again:
                 within(10, later, "a call after the sticky error")
             assert again.value is sticky
         be.set_device(1)   # the other device is unaffected
         s1 = be.stream_create()
-        be.spin_async(s1, 0)
+        spin_async(be, s1, 0)
         within(10, lambda: be.stream_synchronize(s1), "a synchronize on the other device")
     finally:
         within(10, be.close, "close after the twin raised")
@@ -874,7 +875,7 @@ def test_host_registration_refuses_what_cuda_host_register_refuses(be):
     be.host_unregister(be.host_register(hole, page))   # the page before the hole is fine on its own
     be.host_unregister(be.host_register(a + 3, 100))   # an unaligned interior range is too (as on the H200)
     s = be.stream_create()
-    be.spin_async(s, 0)
+    spin_async(be, s, 0)
     be.stream_synchronize(s)                  # and the device is not sticky
 
 
@@ -906,7 +907,7 @@ def test_stream_destroy_returns_at_once_and_a_device_synchronize_still_waits_for
     synchronize still does."""
     be = EmulatedBackend(devices=1, memory_bytes=64 << 20)
     s = be.stream_create()
-    be.spin_async(s, 0.4)
+    spin_async(be, s, 0.4)
     start = time.monotonic()
     be.stream_destroy(s)
     assert time.monotonic() - start < 0.2
@@ -919,7 +920,7 @@ def test_close_waits_a_bounded_time_for_work_that_does_not_finish(monkeypatch):
     monkeypatch.setattr(EmulatedBackend, "CLOSE_WAIT_S", 0.3)
     be = EmulatedBackend(devices=1, memory_bytes=64 << 20)
     s = be.stream_create()
-    be.spin_async(s, 10.0)   # a kernel that runs on and on
+    spin_async(be, s, 10.0)  # a kernel that runs on and on
     start = time.monotonic()
     be.close()
     assert time.monotonic() - start < 2.0

@@ -32,6 +32,7 @@ import threading
 import time
 
 import pytest
+from device_kernels import fill_u32_async, spin_async
 
 from cudabridge.device import LEGACY_STREAM, PER_THREAD_STREAM, EmulatedBackend
 from cudabridge.errors import CudaError
@@ -106,7 +107,7 @@ class _Work:
         elif r == 3:
             be.copy_from_device_async(bytearray(SIZE), b, s)      # pageable: waits for the stream
         elif r == 4:
-            be.fill_u32_async(b, SIZE // 4, rng.randrange(1 << 32), s)
+            fill_u32_async(be, b, SIZE // 4, rng.randrange(1 << 32), s)
         elif r == 5:
             be.launch_host_func(s, _noop)
         elif r == 6:
@@ -135,7 +136,7 @@ class _Work:
             be.host_unregister(be.host_register(ctypes.addressof(buf), SIZE))
         elif r == 14:
             extra = be.stream_create()
-            be.spin_async(extra, 0)
+            spin_async(be, extra, 0)
             be.stream_destroy(extra)
         elif r == 15:
             va = be.va_reserve(GRANULE)
@@ -147,7 +148,7 @@ class _Work:
             be.phys_release(h)
             be.va_release(va, GRANULE)
         elif r == 16:
-            be.spin_async(s, 0.0002)
+            spin_async(be, s, 0.0002)
         else:
             be.device_synchronize()
 

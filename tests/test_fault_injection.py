@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 
 import pytest
+from device_kernels import fill_u32_async, spin_async
 from faulty_backend import FaultyBackend
 
 from cudabridge.device import EmulatedBackend
@@ -87,7 +88,7 @@ def test_a_transient_event_or_query_error_fails_the_allocation_clearly_and_loses
     # leaves no room to grow), so b's allocation polls, queries and records events.
     pool, (a_s, b_s) = make_pool(limit_bytes=2 * MiB)
     blk = pool.allocate(2 * MiB, a_s)
-    faulty.fill_u32_async(blk.ptr, 16, 7, a_s, delay_s=0.3)
+    fill_u32_async(faulty, blk.ptr, 16, 7, a_s, delay_s=0.3)
     blk.free()
     before = books(pool)
     faulty.fail_next(call, times=1)
@@ -184,7 +185,7 @@ def test_on_the_gpu_a_long_kernel_makes_the_host_wait_time_out_naming_the_stream
     try:
         held = pool.allocate(3 * MiB, b_s)
         small = pool.allocate(MiB, a_s)
-        cuda_backend.spin_async(a_s, 2.0)
+        spin_async(cuda_backend, a_s, 2.0)
         small.free()
         before = books(pool)
         with pytest.raises(HostWaitTimeout, match=f"0x{a_s:x}"):

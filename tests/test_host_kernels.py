@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 
 import host_kernels_for_tests as host_kernels
+from device_kernels import spin_async
+
 from cudabridge.config import ServiceConfig
 from cudabridge.device import EmulatedBackend
 from cudabridge.errors import CudaError, InvalidArgument, StreamOrderRace
@@ -52,7 +54,7 @@ def test_a_host_kernel_computes_in_stream_order(be, kernels):
     x = to_device(be, s, np.arange(n, dtype=np.float32).tobytes())
     y = to_device(be, s, np.ones(n, dtype=np.float32).tobytes())
     host_kernels.calls.clear()
-    be.spin_async(s, 0.2)                                  # the launch queues behind this
+    spin_async(be, s, 0.2)                                 # the launch queues behind this
     be.launch_host_kernel(s, kernels.get("saxpy"), LaunchConfig((4, 1, 1), (256, 1, 1)), [x, y, n, 2.0])
     assert host_kernels.calls == [], "the launch returned before the host kernel ran: it runs on the stream's worker"
     got = np.frombuffer(from_device(be, s, y, 4 * n), dtype=np.float32)

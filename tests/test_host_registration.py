@@ -9,6 +9,7 @@ import ctypes
 import threading
 
 import pytest
+from device_kernels import spin_async
 
 from cudabridge.config import ServiceConfig
 from cudabridge.errors import InvalidArgument
@@ -364,7 +365,7 @@ def test_on_a_gpu_unregister_waits_for_the_dma_queued_from_the_region():
         mem = (ctypes.c_char * n)(*(b"\x11" * n))
         base = ctypes.addressof(mem)
         hp.register_host(base, n)
-        service.backend.spin_async(b.stream, 0.5)                 # a long kernel ahead of the copy
+        spin_async(service.backend, b.stream, 0.5)                # a long kernel ahead of the copy
         hp.copy_in_address(h, 0, base, raw(base, n))
         start = time.monotonic()
         hp.unregister_host(base, 1)

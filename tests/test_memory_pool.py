@@ -3,6 +3,7 @@
 import threading
 
 import pytest
+from device_kernels import spin_async
 
 from cudabridge.device import LEGACY_STREAM, PER_THREAD_STREAM
 from cudabridge.errors import InvalidArgument, InvalidFree, OutOfDeviceMemory, PoolClosed, UnknownStream
@@ -41,7 +42,7 @@ def test_alignment_and_distinct_blocks(pool, streams):
 
 def test_same_stream_reuse_is_immediate(pool, streams, emulated):
     a = pool.allocate(4096, streams[0])
-    emulated.spin_async(streams[0], 0.2)  # the stream is busy: reuse on it is still safe
+    spin_async(emulated, streams[0], 0.2)  # the stream is busy: reuse on it is still safe
     ptr = a.ptr
     a.free()
     b = pool.allocate(4096, streams[0])
@@ -52,7 +53,7 @@ def test_same_stream_reuse_is_immediate(pool, streams, emulated):
 
 def test_other_stream_does_not_get_busy_block(pool, streams, emulated):
     a = pool.allocate(4096, streams[0])
-    emulated.spin_async(streams[0], 0.3)
+    spin_async(emulated, streams[0], 0.3)
     ptr = a.ptr
     a.free()
     b = pool.allocate(4096, streams[1])
@@ -185,7 +186,7 @@ def test_coalescing_gives_back_whole_chunks(pool, streams, emulated):
 def test_record_stream_orders_free_behind_both(pool, streams, emulated):
     a = pool.allocate(1 << 20, streams[0])
     a.record_stream(streams[1])
-    emulated.spin_async(streams[1], 0.3)   # the second user is still busy
+    spin_async(emulated, streams[1], 0.3)  # the second user is still busy
     ptr = a.ptr
     a.free()
     b = pool.allocate(1 << 20, streams[0])  # even the allocating stream must not get it yet
@@ -203,7 +204,7 @@ def test_per_thread_streams_keyed_by_thread(emulated):
     pool = StreamOrderedMemoryPool(emulated, 0, [], limit_bytes=64 << 20)
     try:
         a = pool.allocate(4096, PER_THREAD_STREAM)
-        emulated.spin_async(PER_THREAD_STREAM, 0.3)
+        spin_async(emulated, PER_THREAD_STREAM, 0.3)
         ptr = a.ptr
         a.free()
         seen = []

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from device_kernels import spin_async
 
 from cudabridge.device import EmulatedBackend
 from cudabridge.errors import InvalidArgument, InvalidFree, PoolClosed, UnknownStream
@@ -225,7 +226,7 @@ def test_cross_stream_reuse_takes_a_passed_block_without_the_slow_path(backend, 
     assert y.ptr == ptr and st.fast_steals == 1 and st.slow_allocations == slow and st.host_syncs == 0
     pool.free(y)
     # b busy with slow work: its block must not be handed to a on the host's word.
-    backend.spin_async(b, 0.3)
+    spin_async(backend, b, 0.3)
     z = pool.allocate(MiB, a)
     assert pool.statistics().fast_steals == 1
     if z.ptr == ptr:                 # then a waits for b on the device, never on the host

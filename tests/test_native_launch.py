@@ -14,6 +14,7 @@ import textwrap
 
 import numpy as np
 import pytest
+from device_kernels import spin_async
 
 from cudabridge.config import ServiceConfig
 from cudabridge.errors import CudaBridgeError
@@ -187,7 +188,7 @@ def test_the_c_synchronize_waits_without_the_gil_and_clears_the_launch_log(gpu):
     native.launch(6, kid, (1, 1, 1, 32, 1, 1), 0, (x, x, 8, 0), bytes([0, 0, 3, F32]), (0,) * 4)
     log = service.registry.launch_log
     assert log.candidates(b.stream)[0] == ["saxpy"]
-    service.backend.spin_async(b.stream, 0.3)                # the wait takes 0.3 s...
+    spin_async(service.backend, b.stream, 0.3)               # the wait takes 0.3 s...
     ticks = []
     stop = threading.Event()
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 
 import pytest
+from device_kernels import spin_async
 
 from cudabridge.device import EmulatedBackend
 from cudabridge.errors import CudaError, InvalidArgument
@@ -47,7 +48,7 @@ def test_a_block_is_reused_only_after_the_streams_that_used_it_passed(be):
     blk = pool.allocate(8 * KiB)
     blk.view[:4] = b"data"
     ptr = be.malloc(8 * KiB)
-    be.spin_async(s, 0.3)                                    # the stream is busy...
+    spin_async(be, s, 0.3)                                   # the stream is busy...
     be.copy_to_device_async(ptr, blk.view, s)                # ...so this copy of the block is pending
     blk.streams.add(s)
     pool.free(blk)

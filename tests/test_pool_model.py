@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 
 import pytest
+from device_kernels import fill_u32_async
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invariant, precondition, rule
@@ -109,7 +110,7 @@ class PoolModel(RuleBasedStateMachine):
         if stream != a.stream:
             a.record_stream(stream)
         if slow:
-            self.backend.fill_u32_async(a.ptr, max(1, a.size // 4), value, stream)
+            fill_u32_async(self.backend, a.ptr, max(1, a.size // 4), value, stream)
         else:
             self.backend.memset_async(a.ptr, value, a.size, stream)
         self.last_user[a.id] = stream

@@ -12,6 +12,7 @@ import threading
 import time
 
 import pytest
+from device_kernels import fill_u32_async, spin_async
 
 from cudabridge.device import LEGACY_STREAM, PER_THREAD_STREAM, EmulatedBackend, open_backend
 from cudabridge.errors import InvalidArgument, StreamOrderRace
@@ -54,15 +55,15 @@ def expect_race(backend, fn, kind):
 def test_stream_order(be, ordered):
     a, b = be.stream_create(), be.stream_create()
     p = be.malloc(4096)
-    be.fill_u32_async(p, 1024, 1, a, delay_s=0.05)
+    fill_u32_async(be, p, 1024, 1, a, delay_s=0.05)
     later = a if ordered else b
     if ordered:
-        be.fill_u32_async(p, 1024, 2, later)                     # WAW on one stream
+        fill_u32_async(be, p, 1024, 2, later)                    # WAW on one stream
         be.copy_from_device_async(bytearray(4096), p, later)     # RAW on one stream
         be.memset_async(p, 3, 4096, later)                       # WAR on one stream
         assert be.races == []
     else:
-        expect_race(be, lambda: be.fill_u32_async(p, 1024, 2, later), "write-after-write")
+        expect_race(be, lambda: fill_u32_async(be, p, 1024, 2, later), "write-after-write")
 
 
 @pytest.mark.parametrize("ordered", [True, False], ids=["waited", "not-waited"])
@@ -70,7 +71,7 @@ def test_event_record_and_stream_wait_event(be, ordered):
     a, b = be.stream_create(), be.stream_create()
     p = be.malloc(4096)
     ev = be.event_create()
-    be.fill_u32_async(p, 1024, 1, a, delay_s=0.05)
+    fill_u32_async(be, p, 1024, 1, a, delay_s=0.05)
     be.event_record(ev, a)
     if ordered:
         be.stream_wait_event(b, ev)
@@ -88,13 +89,13 @@ def test_event_record_and_stream_wait_event(be, ordered):
 def test_stream_synchronize(be, ordered):
     a, b, c = be.stream_create(), be.stream_create(), be.stream_create()
     p = be.malloc(4096)
-    be.fill_u32_async(p, 1024, 1, a)
+    fill_u32_async(be, p, 1024, 1, a)
     be.stream_synchronize(a if ordered else c)
     if ordered:
-        be.fill_u32_async(p, 1024, 2, b)
+        fill_u32_async(be, p, 1024, 2, b)
         assert be.races == []
     else:
-        expect_race(be, lambda: be.fill_u32_async(p, 1024, 2, b), "write-after-write")
+        expect_race(be, lambda: fill_u32_async(be, p, 1024, 2, b), "write-after-write")
 
 
 @pytest.mark.parametrize("ordered", [True, False], ids=["synchronized", "not-synchronized"])
@@ -102,15 +103,15 @@ def test_event_synchronize(be, ordered):
     a, b = be.stream_create(), be.stream_create()
     p = be.malloc(4096)
     ev = be.event_create()
-    be.fill_u32_async(p, 1024, 1, a)
+    fill_u32_async(be, p, 1024, 1, a)
     be.event_record(ev, a)
     if ordered:
         be.event_synchronize(ev)
-        be.fill_u32_async(p, 1024, 2, b)
+        fill_u32_async(be, p, 1024, 2, b)
         assert be.races == []
     else:
         time.sleep(0.05)   # long done, but nobody looked
-        expect_race(be, lambda: be.fill_u32_async(p, 1024, 2, b), "write-after-write")
+        expect_race(be, lambda: fill_u32_async(be, p, 1024, 2, b), "write-after-write")
 
 
 @pytest.mark.parametrize("ordered", [True, False], ids=["query-true", "query-false"])
@@ -118,49 +119,49 @@ def test_event_query(be, ordered):
     a, b = be.stream_create(), be.stream_create()
     p = be.malloc(4096)
     ev = be.event_create()
-    be.fill_u32_async(p, 1024, 1, a)
+    fill_u32_async(be, p, 1024, 1, a)
     be.event_record(ev, a)
     if ordered:
         until(lambda: be.event_query(ev))
-        be.fill_u32_async(p, 1024, 2, b)
+        fill_u32_async(be, p, 1024, 2, b)
         assert be.races == []
     else:
-        be.spin_async(a, 0.5)
+        spin_async(be, a, 0.5)
         ev2 = be.event_create()
         be.event_record(ev2, a)
         assert be.event_query(ev2) is False   # a query that says "not yet" orders nothing
-        expect_race(be, lambda: be.fill_u32_async(p, 1024, 2, b), "write-after-write")
+        expect_race(be, lambda: fill_u32_async(be, p, 1024, 2, b), "write-after-write")
 
 
 @pytest.mark.parametrize("ordered", [True, False], ids=["query-true", "query-false"])
 def test_stream_query(be, ordered):
     a, b = be.stream_create(), be.stream_create()
     p = be.malloc(4096)
-    be.fill_u32_async(p, 1024, 1, a)
+    fill_u32_async(be, p, 1024, 1, a)
     if ordered:
         until(lambda: be.stream_query(a))
-        be.fill_u32_async(p, 1024, 2, b)
+        fill_u32_async(be, p, 1024, 2, b)
         assert be.races == []
     else:
-        be.spin_async(a, 0.5)
+        spin_async(be, a, 0.5)
         assert be.stream_query(a) is False
-        expect_race(be, lambda: be.fill_u32_async(p, 1024, 2, b), "write-after-write")
+        expect_race(be, lambda: fill_u32_async(be, p, 1024, 2, b), "write-after-write")
 
 
 def test_stream_query_true_covers_only_what_was_queued_before_it(be):
     a, b = be.stream_create(), be.stream_create()
     p = be.malloc(4096)
     until(lambda: be.stream_query(a))   # idle, seen so; then the write
-    be.fill_u32_async(p, 1024, 1, a)
-    expect_race(be, lambda: be.fill_u32_async(p, 1024, 2, b), "write-after-write")
+    fill_u32_async(be, p, 1024, 1, a)
+    expect_race(be, lambda: fill_u32_async(be, p, 1024, 2, b), "write-after-write")
 
 
 @pytest.mark.parametrize("ordered", [True, False], ids=["device-synchronized", "not"])
 def test_device_synchronize(be, ordered):
     a, b = be.stream_create(), be.stream_create()
     p = be.malloc(4096)
-    be.fill_u32_async(p, 512, 1, a)
-    be.fill_u32_async(p + 2048, 512, 1, PER_THREAD_STREAM)
+    fill_u32_async(be, p, 512, 1, a)
+    fill_u32_async(be, p + 2048, 512, 1, PER_THREAD_STREAM)
     if ordered:
         be.device_synchronize()
         be.memset_async(p, 0, 4096, b)
@@ -172,11 +173,11 @@ def test_device_synchronize(be, ordered):
 def test_device_synchronize_covers_destroyed_streams(be):
     a, b = be.stream_create(), be.stream_create()
     p = be.malloc(4096)
-    be.fill_u32_async(p, 1024, 1, a)
+    fill_u32_async(be, p, 1024, 1, a)
     be.stream_destroy(a)   # returns at once in CUDA: no ordering by itself
-    expect_race(be, lambda: be.fill_u32_async(p, 1024, 2, b), "write-after-write")
+    expect_race(be, lambda: fill_u32_async(be, p, 1024, 2, b), "write-after-write")
     be.device_synchronize()
-    be.fill_u32_async(p, 1024, 2, b)
+    fill_u32_async(be, p, 1024, 2, b)
     assert len(be.races) == 1
 
 
@@ -184,16 +185,16 @@ def test_device_synchronize_covers_destroyed_streams(be):
 def test_copy_back_to_pageable_memory_is_a_host_synchronization(be, ordered):
     a, b = be.stream_create(), be.stream_create()
     p, q = be.malloc(4096), be.malloc(4096)
-    be.fill_u32_async(q, 1024, 7, a)     # a write on a
+    fill_u32_async(be, q, 1024, 7, a)    # a write on a
     host = bytearray(4096) if ordered else be.alloc_pinned(4096)
     be.copy_from_device_async(host, p, a)  # returns after completion only when pageable
     if ordered:
-        be.fill_u32_async(q, 1024, 8, b)   # ordered after all of a up to the copy
-        be.fill_u32_async(p, 1024, 8, b)   # and after the copy's read
+        fill_u32_async(be, q, 1024, 8, b)  # ordered after all of a up to the copy
+        fill_u32_async(be, p, 1024, 8, b)  # and after the copy's read
         assert be.races == []
     else:
-        expect_race(be, lambda: be.fill_u32_async(q, 1024, 8, b), "write-after-write")
-        expect_race(be, lambda: be.fill_u32_async(p, 1024, 8, b), "write-after-read")
+        expect_race(be, lambda: fill_u32_async(be, q, 1024, 8, b), "write-after-write")
+        expect_race(be, lambda: fill_u32_async(be, p, 1024, 8, b), "write-after-read")
 
 
 def test_host_knowledge_is_shared_by_host_threads(be):
@@ -201,11 +202,11 @@ def test_host_knowledge_is_shared_by_host_threads(be):
     "this stream has passed that block" between threads in plain memory)."""
     a, b = be.stream_create(), be.stream_create()
     p = be.malloc(4096)
-    be.fill_u32_async(p, 1024, 1, a)
+    fill_u32_async(be, p, 1024, 1, a)
     t = threading.Thread(target=be.stream_synchronize, args=(a,))
     t.start()
     t.join(timeout=10)
-    be.fill_u32_async(p, 1024, 2, b)
+    fill_u32_async(be, p, 1024, 2, b)
     assert be.races == []
 
 
@@ -214,15 +215,15 @@ def test_ordering_is_transitive(be):
     a, b, c = be.stream_create(), be.stream_create(), be.stream_create()
     p = be.malloc(4096)
     e1, e2 = be.event_create(), be.event_create()
-    be.fill_u32_async(p, 1024, 1, a)
+    fill_u32_async(be, p, 1024, 1, a)
     be.event_record(e1, a)
     be.stream_wait_event(b, e1)
     be.event_record(e2, b)
     be.stream_wait_event(c, e2)
-    be.fill_u32_async(p, 1024, 2, c)
+    fill_u32_async(be, p, 1024, 2, c)
     # and a host synchronize of c covers a too
     be.stream_synchronize(c)
-    be.fill_u32_async(p, 1024, 3, LEGACY_STREAM)
+    fill_u32_async(be, p, 1024, 3, LEGACY_STREAM)
     assert be.races == []
 
 
@@ -241,7 +242,7 @@ def test_write_after_read(be):
     p, q = be.malloc(4096), be.malloc(4096)
     be.device_synchronize()
     be.memcpy_async(q, p, 4096, a)        # reads p, writes q
-    race = expect_race(be, lambda: be.fill_u32_async(p, 1024, 1, b), "write-after-read")
+    race = expect_race(be, lambda: fill_u32_async(be, p, 1024, 1, b), "write-after-read")
     assert race.other_call == "cudaMemcpyAsync" and race.other_stream == label(a)
     expect_race(be, lambda: be.copy_from_device_async(be.alloc_pinned(16), q, b), "read-after-write")
 
@@ -257,7 +258,7 @@ def test_read_after_write(be):
 def test_reads_from_two_streams_do_not_conflict_but_both_count(be):
     a, b, c = be.stream_create(), be.stream_create(), be.stream_create()
     p = be.malloc(4096)
-    be.fill_u32_async(p, 1024, 1, a)
+    fill_u32_async(be, p, 1024, 1, a)
     be.stream_synchronize(a)
     ev_a, ev_b = be.event_create(), be.event_create()
     be.copy_from_device_async(be.alloc_pinned(4096), p, a)
@@ -283,9 +284,9 @@ def test_an_event_covers_only_the_work_before_its_record(be):
     a, b = be.stream_create(), be.stream_create()
     p = be.malloc(4096)
     ev = be.event_create()
-    be.fill_u32_async(p, 512, 1, a)
+    fill_u32_async(be, p, 512, 1, a)
     be.event_record(ev, a)
-    be.fill_u32_async(p + 2048, 512, 1, a)       # after the record, before the wait
+    fill_u32_async(be, p + 2048, 512, 1, a)      # after the record, before the wait
     be.stream_wait_event(b, ev)
     be.memset_async(p, 0, 2048, b)
     expect_race(be, lambda: be.memset_async(p + 2048, 0, 2048, b), "write-after-write")
@@ -295,10 +296,10 @@ def test_stream_wait_event_orders_only_up_to_the_record_at_call_time(be):
     a, b = be.stream_create(), be.stream_create()
     p = be.malloc(4096)
     ev = be.event_create()
-    be.fill_u32_async(p, 512, 1, a)              # first half
+    fill_u32_async(be, p, 512, 1, a)             # first half
     be.event_record(ev, a)
     be.stream_wait_event(b, ev)                  # waits for this record
-    be.fill_u32_async(p + 2048, 512, 1, a)       # second half, after the record
+    fill_u32_async(be, p + 2048, 512, 1, a)      # second half, after the record
     be.event_record(ev, a)                       # re-recorded: does not extend b's wait
     be.copy_from_device_async(be.alloc_pinned(2048), p, b)
     race = expect_race(be, lambda: be.copy_from_device_async(be.alloc_pinned(2048), p + 2048, b),
@@ -326,7 +327,7 @@ def test_disjoint_ranges_do_not_conflict_partial_overlaps_do(be):
 def test_the_range_reported_is_all_the_bytes_in_conflict_with_that_access(be):
     a, b = be.stream_create(), be.stream_create()
     p = be.malloc(4096)
-    be.fill_u32_async(p, 1024, 1, a)
+    fill_u32_async(be, p, 1024, 1, a)
     be.copy_from_device_async(be.alloc_pinned(1000), p + 1000, a)   # splits a's write in three
     assert len(be._race.segments()) == 3
     race = expect_race(be, lambda: be.memset_async(p + 8, 0, 4000, b), "write-after-write")
@@ -336,7 +337,7 @@ def test_the_range_reported_is_all_the_bytes_in_conflict_with_that_access(be):
 def test_the_exception_names_both_streams_their_kinds_and_the_range(be):
     a = be.stream_create()
     p = be.malloc(4096)
-    be.fill_u32_async(p + 64, 16, 1, a)
+    fill_u32_async(be, p + 64, 16, 1, a)
     race = expect_race(be, lambda: be.memset_async(p, 0, 4096, LEGACY_STREAM), "write-after-write")
     text = str(race)
     assert label(a) in text and "legacy stream of GPU 0" in text
@@ -348,7 +349,7 @@ def test_the_exception_names_both_streams_their_kinds_and_the_range(be):
 
     def other_thread():
         name["t"] = threading.current_thread().name
-        be.fill_u32_async(p + 256, 16, 1, PER_THREAD_STREAM)
+        fill_u32_async(be, p + 256, 16, 1, PER_THREAD_STREAM)
 
     t = threading.Thread(target=other_thread, name="writer-7")
     t.start()
@@ -364,10 +365,10 @@ def test_the_exception_names_both_streams_their_kinds_and_the_range(be):
 def test_a_refused_access_changes_nothing_and_is_kept_even_if_swallowed(be):
     a, b = be.stream_create(), be.stream_create()
     p = be.malloc(4096)
-    be.fill_u32_async(p, 1024, 0x11111111, a, delay_s=0.1)
+    fill_u32_async(be, p, 1024, 0x11111111, a, delay_s=0.1)
     segments = be._race.segments()
     try:
-        be.fill_u32_async(p, 1024, 0x22222222, b)
+        fill_u32_async(be, p, 1024, 0x22222222, b)
     except StreamOrderRace:
         pass   # swallowed, as careless calling code might
     assert len(be.races) == 1 and isinstance(be.races[0], StreamOrderRace)
@@ -381,9 +382,9 @@ def test_a_refused_access_changes_nothing_and_is_kept_even_if_swallowed(be):
 def test_detected_whatever_the_timing(be):
     a, b = be.stream_create(), be.stream_create()
     p = be.malloc(4096)
-    be.fill_u32_async(p, 1024, 1, a)
+    fill_u32_async(be, p, 1024, 1, a)
     time.sleep(0.1)   # long finished on the device; but nothing orders b after it
-    expect_race(be, lambda: be.fill_u32_async(p, 1024, 2, b), "write-after-write")
+    expect_race(be, lambda: fill_u32_async(be, p, 1024, 2, b), "write-after-write")
 
 
 # memory going away forgets -----------------------------------------------------------------
@@ -391,8 +392,8 @@ def test_detected_whatever_the_timing(be):
 def test_free_forgets_its_range(be):
     a = be.stream_create()
     p, q = be.malloc(4096), be.malloc(4096)
-    be.fill_u32_async(p, 1024, 1, a)
-    be.fill_u32_async(q, 1024, 1, a)
+    fill_u32_async(be, p, 1024, 1, a)
+    fill_u32_async(be, q, 1024, 1, a)
     assert {s[0] for s in be._race.segments()} == {p, q}
     be.free(p)
     assert [s[0] for s in be._race.segments()] == [q]
@@ -403,13 +404,13 @@ def test_unmap_then_reuse_of_the_address_forgets(be):
     base = be.va_reserve(2 * GRANULE)
     h1 = be.phys_create(GRANULE)
     be.mem_map(base, GRANULE, h1)
-    be.fill_u32_async(base, GRANULE // 4, 1, a)
+    fill_u32_async(be, base, GRANULE // 4, 1, a)
     # Still mapped: the same address on another stream races.
-    expect_race(be, lambda: be.fill_u32_async(base, 16, 2, b), "write-after-write")
+    expect_race(be, lambda: fill_u32_async(be, base, 16, 2, b), "write-after-write")
     be.mem_unmap(base, GRANULE)
     h2 = be.phys_create(GRANULE)
     be.mem_map(base, GRANULE, h2)
-    be.fill_u32_async(base, GRANULE // 4, 2, b)   # new memory at the old address: no history
+    fill_u32_async(be, base, GRANULE // 4, 2, b)  # new memory at the old address: no history
     be.stream_synchronize(b)
     assert len(be.races) == 1
     be.stream_synchronize(a)
@@ -476,8 +477,8 @@ def test_off_means_no_checks():
         assert backend.race_check is False
         a, b = backend.stream_create(), backend.stream_create()
         p = backend.malloc(4096)
-        backend.fill_u32_async(p, 1024, 1, a)
-        backend.fill_u32_async(p, 1024, 2, b)    # a race, unreported
+        fill_u32_async(backend, p, 1024, 1, a)
+        fill_u32_async(backend, p, 1024, 2, b)   # a race, unreported
         backend.copy_from_device_async(backend.alloc_pinned(4096), p, a)
         backend.device_synchronize()
         assert backend.races == []
@@ -523,16 +524,16 @@ def test_a_write_replaces_the_reads_before_it(be):
     a, b, c = be.stream_create(), be.stream_create(), be.stream_create()
     p = be.malloc(4096)
     ev_b, ev_a = be.event_create(), be.event_create()
-    be.fill_u32_async(p, 1024, 1, a)
+    fill_u32_async(be, p, 1024, 1, a)
     be.stream_synchronize(a)
     be.copy_from_device_async(be.alloc_pinned(4096), p, b)
     be.event_record(ev_b, b)
     be.stream_wait_event(a, ev_b)
-    be.fill_u32_async(p, 1024, 2, a)        # ordered after b's read: the read is history now
+    fill_u32_async(be, p, 1024, 2, a)       # ordered after b's read: the read is history now
     assert [(s[0], s[1], s[3]) for s in be._race.segments()] == [(p, p + 4096, None)]
     be.event_record(ev_a, a)
     be.stream_wait_event(c, ev_a)
-    be.fill_u32_async(p, 1024, 3, c)        # ordered after a's write, hence after b's read
+    fill_u32_async(be, p, 1024, 3, c)       # ordered after a's write, hence after b's read
     assert be.races == []
 
 

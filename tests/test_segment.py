@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from device_kernels import fill_u32_async
 
 from cudabridge.device import DeviceAllocationFailed, EmulatedBackend
 from cudabridge.errors import CudaError, InvalidArgument
@@ -133,14 +134,14 @@ def _moved_pieces_scenario(backend, total):
     assert pool.growth == "segment"
     blocks = [pool.allocate(40 * MiB, s) for _ in range(3)]
     for i, a in enumerate(blocks):
-        backend.fill_u32_async(a.ptr, a.size // 4, 0xA0 + i, s)
+        fill_u32_async(backend, a.ptr, a.size // 4, 0xA0 + i, s)
     blocks[1].free()
     backend.stream_synchronize(s)
     # 70 MiB fits no hole: the pool must move the middle block's pieces to the end, not grow.
     big = pool.allocate(70 * MiB, s)
     st = pool.statistics()
     assert st.pieces_moved > 0 and st.reserved_bytes <= 160 * MiB
-    backend.fill_u32_async(big.ptr, big.size // 4, 0xEE, s)
+    fill_u32_async(backend, big.ptr, big.size // 4, 0xEE, s)
     for i in (0, 2):
         out = bytearray(blocks[i].size)
         backend.copy_from_device_async(out, blocks[i].ptr, s)

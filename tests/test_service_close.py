@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 
 import pytest
+from device_kernels import spin_async
 
 from cudabridge.config import ServiceConfig
 from cudabridge.errors import CudaError, HostWaitTimeout, KernelFault
@@ -65,7 +66,7 @@ def test_a_clean_close_reports_no_error():
 def test_close_is_bounded_by_the_host_wait_timeout_when_a_stream_does_not_finish():
     svc = _service(host_wait_timeout="0.5")
     svc.bind_task(1)
-    svc.backend.spin_async(svc.registry.binding(1).stream, 20.0)   # a kernel that runs on and on
+    spin_async(svc.backend, svc.registry.binding(1).stream, 20.0)  # a kernel that runs on and on
     start = time.monotonic()
     report = svc.close()
     took = time.monotonic() - start

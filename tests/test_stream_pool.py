@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 import pytest
+from device_kernels import fill_u32_async, spin_async
 
 from cudabridge.device import EmulatedBackend
 from cudabridge.errors import CudaError, InvalidArgument, PoolClosed
@@ -137,7 +138,7 @@ def test_round_robin_cycles_through_every_stream(pool):
 
 def test_round_robin_does_not_query_streams(be, pool):
     for h in pool.streams("normal"):
-        be.spin_async(h, 0.2)
+        spin_async(be, h, 0.2)
     pool.acquire()
     pool.acquire(policy="round-robin")
     assert pool.idle_queries == 0
@@ -147,7 +148,7 @@ def test_idle_first_prefers_an_idle_stream(be, idle_pool):
     handles = idle_pool.streams("normal")
     *busy, idle = handles
     for h in busy:
-        be.spin_async(h, BUSY_S)
+        spin_async(be, h, BUSY_S)
     assert idle_pool.acquire() == idle
     # From the round-robin position (the first stream) it queried every busy one, then the idle one.
     assert idle_pool.idle_queries == len(handles)
@@ -165,7 +166,7 @@ def test_idle_first_takes_the_round_robin_stream_when_it_is_idle(idle_pool):
 def test_idle_first_falls_back_when_all_are_busy(be, idle_pool):
     handles = idle_pool.streams("normal")
     for h in handles:
-        be.spin_async(h, BUSY_S)
+        spin_async(be, h, BUSY_S)
     got = [idle_pool.acquire() for _ in handles]
     assert all(h in handles for h in got)
     assert sorted(got) == sorted(handles)  # the fallback still spreads tasks over the pool
@@ -176,7 +177,7 @@ def test_idle_first_falls_back_when_all_are_busy(be, idle_pool):
 def test_idle_first_as_a_per_call_policy(be, pool):
     handles = pool.streams("normal")
     for h in handles[:-1]:
-        be.spin_async(h, BUSY_S)
+        spin_async(be, h, BUSY_S)
     assert pool.acquire(policy="idle-first") == handles[-1]
     assert pool.idle_queries > 0
 
@@ -220,7 +221,7 @@ def test_close_destroys_every_stream(be, pool):
 def test_close_drains_queued_work_first(be):
     p = StreamPool(be, 0, size=2, high_priority_size=0)
     ptr = be.malloc(4096)
-    be.fill_u32_async(ptr, 4, 0x5A5A5A5A, p.streams()[0], delay_s=0.2)
+    fill_u32_async(be, ptr, 4, 0x5A5A5A5A, p.streams()[0], delay_s=0.2)
     p.close()
     out = bytearray(16)
     be.copy_from_device_async(out, ptr, 1)
@@ -238,7 +239,7 @@ def test_close_of_a_pool_on_another_device_keeps_the_callers_device(be):
 
 def test_synchronize_waits_for_every_stream(be, pool):
     for h in pool.handles:
-        be.spin_async(h, 0.1)
+        spin_async(be, h, 0.1)
     pool.synchronize()
     assert all(be.stream_query(h) for h in pool.handles)
 

@@ -7,6 +7,7 @@ import os
 import threading
 
 import pytest
+from device_kernels import spin_async
 
 from cudabridge.config import SPARK_PREFIX, ServiceConfig, parse_bytes
 from cudabridge.device import EmulatedBackend
@@ -514,7 +515,7 @@ def test_service_with_a_borrowed_backend_leaves_it_open(clean_env):
         with pytest.raises(CudaError):
             backend.stream_query(s)
         t = backend.stream_create()
-        backend.spin_async(t, 0.01)
+        spin_async(backend, t, 0.01)
         backend.stream_synchronize(t)
     finally:
         backend.close()

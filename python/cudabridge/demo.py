@@ -1,12 +1,17 @@
 """The demo job: many short simulated Spark tasks, more threads than streams, through the service.
 
-Each task binds to a stream, allocates buffers of mixed sizes, copies a pattern in, runs the
-fill kernel on part of it, copies back and checks every byte, frees most buffers and leaks the
-rest on purpose (task end reclaims them), as a sloppy UDF would.
+Each task binds to a stream, allocates buffers of mixed sizes, copies a pattern in, runs a kernel
+that fills part of it, copies back and checks every byte, frees most buffers and leaks the rest on
+purpose (task end reclaims them), as a sloppy UDF would.
+
+The kernel is a user's: a module loaded once per GPU (``CudaBridgeService.load_module``) and
+launched on the task's stream (``CudaBridgeService.launch``); on the emulated device its host
+kernel below runs in its place (the demo adds this module to ``emulatedKernels``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import threading
 import time
@@ -14,7 +19,23 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from .config import ServiceConfig
+from .kernels import LaunchConfig, host_kernel
+from .kernels.modules import ModuleSource
 from .service import CudaBridgeService
+
+FILL = ModuleSource.of(r"""
+extern "C" __global__ void demo_fill(unsigned int* p, long long n, unsigned int v) {
+    long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += stride)
+        p[i] = v;
+}
+""", signatures={"demo_fill": "ptr, i64, i32"})
+
+
+@host_kernel("demo_fill", "ptr, i64, i32")
+def demo_fill(grid: Any, block: Any, p: Any, n: int, v: int) -> None:
+    """demo_fill on the emulated device: the first ``n`` 32-bit words of ``p`` become ``v``."""
+    p[:4 * n].view("<u4")[:] = v
 
 
 def _task(service: CudaBridgeService, task_id: int, rng: random.Random) -> tuple[int, int]:
@@ -25,6 +46,7 @@ def _task(service: CudaBridgeService, task_id: int, rng: random.Random) -> tuple
     backend = service.backend
     moved = failures = 0
     try:
+        fill = service.load_module(FILL, binding.gpu).kernel("demo_fill")   # loaded once per GPU
         held = []
         for _ in range(rng.randint(2, 6)):
             size = rng.choice((256, 4096, 65536, 1 << 20)) + rng.randrange(0, 256)
@@ -33,8 +55,8 @@ def _task(service: CudaBridgeService, task_id: int, rng: random.Random) -> tuple
             data = data[:size]
             backend.copy_to_device_async(buf.ptr, data, binding.stream)
             words = size // 8
-            value = task_id & 0xFFFFFFFF
-            backend.fill_u32_async(buf.ptr, words, value, binding.stream, delay_s=0.0005)
+            value = task_id & 0x7FFFFFFF
+            service.launch(task_id, fill, LaunchConfig(max(1, min(1024, -(-words // 256))), 256), [buf, words, value])
             out = bytearray(size)
             backend.copy_from_device_async(out, buf.ptr, binding.stream)
             backend.stream_synchronize(binding.stream)
@@ -54,6 +76,9 @@ def _task(service: CudaBridgeService, task_id: int, rng: random.Random) -> tuple
 
 def run_demo(config: ServiceConfig, tasks: int = 400, threads: int = 16, seed: int = 7) -> dict[str, Any]:
     t0 = time.perf_counter()
+    modules = [m.strip() for m in (config.emulated_kernels or "").split(",") if m.strip()]
+    if __name__ not in modules:   # the host kernel of the demo's kernel, for the emulated device
+        config = dataclasses.replace(config, emulated_kernels=",".join(modules + [__name__]))
     service = CudaBridgeService(config)
     streams_seen: set[int] = set()
     lock = threading.Lock()

@@ -1,8 +1,14 @@
-"""Functions Java reaches through ``CudaBridge.callTool(name, json)``: the emulated device's test
-kernels (to drive the seven-step race from Java threads), pool and interpreter introspection for
-the tests, and in-process Python timings for the benchmark (so that Java and Python numbers come
-from the same process in the same run). Each takes the :class:`BridgeControl` first and keyword
-arguments decoded from JSON, and returns something JSON can carry."""
+"""Functions Java reaches through ``CudaBridge.callTool(name, json)``: two kernels for the tests (a
+slow writer and a spinner, to drive the seven-step race from Java threads and to keep a stream
+busy), pool and interpreter introspection for the tests, and in-process Python timings for the
+benchmark (so that Java and Python numbers come from the same process in the same run). Each
+takes the :class:`BridgeControl` first and keyword arguments decoded from JSON, and returns
+something JSON can carry.
+
+The two kernels are no part of the device backend: they are a user module's, as task code would
+write them, CUDA source loaded through the service's module cache on a GPU (``load_module``) and
+their host kernels on the emulated device, where the race detector counts the fill's words as
+read and written, as it does for any host kernel's buffer."""
 
 from __future__ import annotations
 
@@ -12,7 +18,11 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
+from ..device.launch_config import LaunchConfig
+from ..device.params import DevicePointer
 from ..errors import InvalidArgument
+from ..kernels.host_kernels import HostKernel
+from ..kernels.modules import ModuleSource
 
 if TYPE_CHECKING:
     from ..service import CudaBridgeService
@@ -27,16 +37,70 @@ class Control(Protocol):
     hot: "JavaHotPath"
 
 
+# the tools' kernels ------------------------------------------------------------------------------
+TOOL_KERNELS = ModuleSource.of(r"""
+__device__ __forceinline__ unsigned long long cb_now() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+extern "C" __global__ void cb_fill_u32(unsigned int* p, unsigned long long n, unsigned int v,
+                                       unsigned long long delay_ns) {
+    if (delay_ns) {
+        unsigned long long t0 = cb_now();
+        while (cb_now() - t0 < delay_ns) { }
+    }
+    unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
+    for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < n; i += stride)
+        p[i] = v;
+}
+extern "C" __global__ void cb_spin(unsigned long long ns) {
+    unsigned long long t0 = cb_now();
+    while (cb_now() - t0 < ns) { }
+}
+""", signatures={"cb_fill_u32": "ptr, i64, i32, i64", "cb_spin": "i64"})   # declared: PTX's .u64 reads as a pointer
+
+
+def _fill_host(grid: Any, block: Any, p: Any, n: int, v: int, delay_ns: int) -> None:
+    """cb_fill_u32 on the emulated device: spin, then write n 32-bit words."""
+    if delay_ns > 0:
+        time.sleep(delay_ns / 1e9)
+    p[:4 * n].view("<u4")[:] = v & 0xFFFFFFFF
+
+
+def _spin_host(grid: Any, block: Any, ns: int) -> None:
+    """cb_spin on the emulated device."""
+    time.sleep(ns / 1e9)
+
+
+_HOST_KERNELS = {
+    "cb_fill_u32": HostKernel("cb_fill_u32", ("ptr", "i64", "i32", "i64"), _fill_host, f"{__name__}._fill_host"),
+    "cb_spin": HostKernel("cb_spin", ("i64",), _spin_host, f"{__name__}._spin_host"),
+}
+
+
+def _tool_kernel(c: Control, name: str, gpu: int) -> Any:
+    """The tools' kernel ``name`` for GPU ``gpu``: its host kernel on the emulated device, else the
+    kernel of :data:`TOOL_KERNELS` loaded on that GPU (once: the service's module cache)."""
+    if getattr(c.service.backend, "launch_host_kernel", None) is not None:
+        return _HOST_KERNELS[name]
+    return c.service.load_module(TOOL_KERNELS, gpu).kernel(name)
+
+
 def fill_u32(c: Control, handle: int, value: int, delay_s: float = 0.0, offset: int = 0,
              count: int | None = None) -> None:
-    """The test kernel: on the buffer's stream, spin ``delay_s`` then write 32-bit ``value``s;
+    """A slow writer: on the buffer's stream, spin ``delay_s`` then write 32-bit ``value``s;
     queued inside the buffer's task lease, as every operation that queues work for a task is."""
     a, lease = c.hot._enter_buffer(int(handle), "fill_u32", int(offset), 0)
     try:
         words = (a.size - offset) // 4 if count is None else int(count)
         if words < 0 or offset + 4 * words > a.size:
             raise InvalidArgument(f"fill_u32: {words} words at offset {offset} do not fit {a.size} bytes")
-        c.service.backend.fill_u32_async(a.ptr + offset, words, int(value), a.stream, float(delay_s))
+        v = int(value) & 0xFFFFFFFF
+        kernel = _tool_kernel(c, "cb_fill_u32", a.device)
+        kernel.launch(c.service.backend, a.stream, LaunchConfig(max(1, min(1024, -(-words // 256))), 256),
+                      [DevicePointer(a.ptr + offset, 4 * words), words, v - (1 << 32) if v >= 1 << 31 else v,
+                       int(float(delay_s) * 1e9)])
     finally:
         c.service.registry.leave(lease)
 
@@ -50,7 +114,9 @@ def spin(c: Control, task: int, seconds: float) -> None:
         lease.inside.append(me)
         if not lease.open:
             raise leases.refusal(int(task), lease)
-        c.service.backend.spin_async(lease.binding.stream, float(seconds))
+        binding = lease.binding
+        kernel = _tool_kernel(c, "cb_spin", binding.gpu)
+        kernel.launch(c.service.backend, binding.stream, LaunchConfig(1, 1), [int(float(seconds) * 1e9)])
     finally:
         lease.inside.remove(me)
 
