@@ -10,9 +10,7 @@ stream on every thread.
 from __future__ import annotations
 
 import abc
-from typing import Any, Callable, NamedTuple
-
-from ..errors import CudaError
+from typing import Any, Callable
 
 LEGACY_STREAM = 1
 PER_THREAD_STREAM = 2
@@ -20,35 +18,15 @@ DEFAULT_STREAM = 0  # the legacy default stream under the runtime API's default 
 
 
 class DeviceBackend(abc.ABC):
-    """Streams, events, device memory, asynchronous copies and memset, and two test kernels.
+    """Streams, events, device memory, asynchronous copies and memset, host functions. (Kernels
+    are launched through what each backend offers user modules, kernels/; the tests' two kernels,
+    a slow writer and a spinner, are tests/device_kernels.py's.)
 
     Calls act on the calling thread's current device, as the CUDA runtime does. Every method
     either succeeds or raises :class:`cudabridge.errors.CudaError` naming the call.
     """
 
     name: str = "abstract"
-
-    # what the service's paths depend on (properties of the backend, never its name) ----------
-    #: whether user kernels run as host kernels (kernels/host_kernels.py): Python functions
-    #: standing in for CUDA kernels, loaded from the emulatedKernels modules; False: compiled ones
-    runs_host_kernels: bool = False
-
-    @property
-    def native_driver(self) -> Any | None:
-        """The driver table the service's C paths call (``cb_driver``, jvm/cuda_driver.h): an
-        object whose ``address`` is the table's, kept alive by whoever uses it, or ``address`` 0
-        for the installed CUDA driver, which the C code resolves itself (libcuda). None: this
-        backend has none, and the Python reference runs in their place."""
-        return None
-
-    def native_function(self, kernel: Any) -> int | None:
-        """The function handle the C launch queues ``kernel`` by through :attr:`native_driver`
-        (a ``CUfunction``), or None: that kernel is launched by the Python path."""
-        return None
-
-    def driver_error(self, call: str, code: int) -> CudaError:
-        """The error for a raw driver code that a C path got from :attr:`native_driver`."""
-        return CudaError(call, code, f"CUresult {code}")
 
     # devices -------------------------------------------------------------------------------
     @abc.abstractmethod
@@ -200,17 +178,7 @@ class DeviceBackend(abc.ABC):
     @abc.abstractmethod
     def memset_async(self, ptr: int, value: int, nbytes: int, stream: int) -> None: ...
 
-    # test kernels --------------------------------------------------------------------------
-    @abc.abstractmethod
-    def fill_u32_async(self, ptr: int, count: int, value: int, stream: int, delay_s: float = 0.0) -> None:
-        """A kernel that first spins ``delay_s`` seconds, then writes ``count`` 32-bit words.
-
-        Slow writers turn ordering bugs into visible corruption."""
-
-    @abc.abstractmethod
-    def spin_async(self, stream: int, seconds: float) -> None:
-        """A kernel that only spins; chains of these show whether streams run concurrently."""
-
+    # host functions ------------------------------------------------------------------------
     def launch_host_func(self, stream: int, fn: Callable[[], None]) -> None:
         """Queue a host function on ``stream`` (``cudaLaunchHostFunc``): it runs once the work queued
         before it has completed, and later work waits for it. It must not call the device. Where
@@ -220,16 +188,6 @@ class DeviceBackend(abc.ABC):
     def close(self, timeout_s: float | None = None) -> None:
         """Release backend-wide resources (worker threads, modules). Idempotent. ``timeout_s``:
         how long to wait, at most, for work still queued (None: the backend's own bound)."""
-
-
-class InstalledDriver(NamedTuple):
-    """:attr:`DeviceBackend.native_driver` of a CUDA device: the installed driver, whose entry
-    points the C code resolves itself (cuGetProcAddress, jvm/cuda_driver.h)."""
-
-    address: int = 0
-
-
-INSTALLED_DRIVER = InstalledDriver()
 
 
 class DeviceAllocationFailed(Exception):

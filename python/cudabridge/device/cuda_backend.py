@@ -1,45 +1,21 @@
 """The real device, through NVIDIA's ``cuda-python`` bindings (``cuda.bindings``).
 
 Every call's return code is checked and turned into :class:`cudabridge.errors.CudaError`
-naming the call. The two test kernels are compiled once per device with NVRTC and launched
-through the driver API on the runtime's primary context.
+naming the call. User modules (``kernels/cuda_module.py``: compiled by NVRTC there) are loaded,
+and their kernels launched, through the driver API on the runtime's primary context.
 """
 
 from __future__ import annotations
 
 import ctypes
 import logging
-import threading
 from typing import Any
 
 from ..errors import CudaError, InvalidArgument, ModuleLoadError
-from .backend import INSTALLED_DRIVER, DeviceAllocationFailed, DeviceBackend, InstalledDriver, host_view
+from .backend import DeviceAllocationFailed, DeviceBackend, host_view
 from .launch_config import DeviceLimits, KernelLimits
 
 log = logging.getLogger(__name__)
-
-_KERNELS = r"""
-__device__ __forceinline__ unsigned long long cb_now() {
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-}
-extern "C" __global__ void cb_fill_u32(unsigned int* p, unsigned long long n, unsigned int v,
-                                       unsigned long long delay_ns) {
-    if (delay_ns) {
-        unsigned long long t0 = cb_now();
-        while (cb_now() - t0 < delay_ns) { }
-    }
-    unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
-    for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < n; i += stride)
-        p[i] = v;
-}
-extern "C" __global__ void cb_spin(unsigned long long ns) {
-    unsigned long long t0 = cb_now();
-    while (cb_now() - t0 < ns) { }
-}
-"""
-
 
 def _load() -> tuple[Any, Any, Any]:
     from cuda.bindings import driver, nvrtc, runtime
@@ -50,24 +26,14 @@ def _load() -> tuple[Any, Any, Any]:
 class CudaBackend(DeviceBackend):
     name = "cuda"
 
-    @property
-    def native_driver(self) -> InstalledDriver:
-        return INSTALLED_DRIVER
-
-    def native_function(self, kernel: Any) -> int | None:
-        function = getattr(kernel, "function", None)
-        return None if function is None else int(function)
-
     def __init__(self) -> None:
         self.rt, self.drv, self.nvrtc = _load()
         rt = self.rt
         self._success = rt.cudaError_t.cudaSuccess
         self._not_ready = rt.cudaError_t.cudaErrorNotReady
         self._oom = rt.cudaError_t.cudaErrorMemoryAllocation
-        self._modules: dict[int, tuple[Any, Any, Any]] = {}
         self._arch: dict[int, str] = {}          # per GPU: its architecture, its launch limits
         self._limits: dict[int, Any] = {}        # (a device's never change; read on first use)
-        self._lock = threading.Lock()
         count = self.device_count()
         if count < 1:
             raise CudaError("cudaGetDeviceCount", 100, "cudaErrorNoDevice", "no CUDA device is visible")
@@ -316,50 +282,6 @@ class CudaBackend(DeviceBackend):
     def memset_async(self, ptr: int, value: int, nbytes: int, stream: int) -> None:
         self._check("cudaMemsetAsync", self.rt.cudaMemsetAsync(ptr, value, nbytes, stream))
 
-    # kernels -------------------------------------------------------------------------------
-    def _kernels(self) -> tuple[Any, Any]:
-        ordinal = self.get_device()
-        mod = self._modules.get(ordinal)
-        if mod is None:
-            with self._lock:
-                mod = self._modules.get(ordinal)
-                if mod is None:
-                    mod = self._build(ordinal)
-                    self._modules[ordinal] = mod
-        return mod[1], mod[2]
-
-    def _build(self, ordinal: int) -> tuple[Any, Any, Any]:
-        nv, drv, rt = self.nvrtc, self.drv, self.rt
-        major = self._check("cudaDeviceGetAttribute",
-                            rt.cudaDeviceGetAttribute(rt.cudaDeviceAttr.cudaDevAttrComputeCapabilityMajor, ordinal))
-        minor = self._check("cudaDeviceGetAttribute",
-                            rt.cudaDeviceGetAttribute(rt.cudaDeviceAttr.cudaDevAttrComputeCapabilityMinor, ordinal))
-
-        def nvcheck(call: str, result: Any) -> Any:
-            if result[0] != nv.nvrtcResult.NVRTC_SUCCESS:
-                raise CudaError(call, int(result[0]), result[0].name)
-            return result[1] if len(result) > 1 else None
-
-        prog = nvcheck("nvrtcCreateProgram", nv.nvrtcCreateProgram(_KERNELS.encode(), b"cudabridge_kernels.cu", 0, [], []))
-        try:
-            opts = [f"--gpu-architecture=sm_{major}{minor}".encode()]
-            err = nv.nvrtcCompileProgram(prog, len(opts), opts)[0]
-            if err != nv.nvrtcResult.NVRTC_SUCCESS:
-                size = nvcheck("nvrtcGetProgramLogSize", nv.nvrtcGetProgramLogSize(prog))
-                buf = bytearray(size)   # written by NVRTC: never a (possibly shared) bytes object
-                nv.nvrtcGetProgramLog(prog, buf)
-                raise CudaError("nvrtcCompileProgram", int(err), err.name, buf.decode(errors="replace"))
-            size = nvcheck("nvrtcGetCUBINSize", nv.nvrtcGetCUBINSize(prog))
-            cubin = bytearray(size)
-            nvcheck("nvrtcGetCUBIN", nv.nvrtcGetCUBIN(prog, cubin))
-        finally:
-            nv.nvrtcDestroyProgram(prog)
-        self._check("cudaFree", rt.cudaFree(0))  # make the primary context current on this thread
-        module = self._check("cuModuleLoadData", drv.cuModuleLoadData(bytes(cubin)))
-        fill = self._check("cuModuleGetFunction", drv.cuModuleGetFunction(module, b"cb_fill_u32"))
-        spin = self._check("cuModuleGetFunction", drv.cuModuleGetFunction(module, b"cb_spin"))
-        return module, fill, spin
-
     # user modules (kernels/cuda_module.py) -----------------------------------------------------
     def compute_arch(self, ordinal: int) -> str:
         """The GPU's virtual architecture for NVRTC (``compute_90`` on an H100 or H200)."""
@@ -478,19 +400,3 @@ class CudaBackend(DeviceBackend):
         finally:
             if prev != ordinal:
                 self.set_device(prev)
-
-    def fill_u32_async(self, ptr: int, count: int, value: int, stream: int, delay_s: float = 0.0) -> None:
-        fill, _ = self._kernels()
-        threads = 256
-        blocks = max(1, min(1024, -(-count // threads)))
-        args = (
-            (ptr, count, value & 0xFFFFFFFF, int(delay_s * 1e9)),
-            (ctypes.c_void_p, ctypes.c_ulonglong, ctypes.c_uint, ctypes.c_ulonglong),
-        )
-        self._check("cuLaunchKernel(cb_fill_u32)",
-                    self.drv.cuLaunchKernel(fill, blocks, 1, 1, threads, 1, 1, 0, stream, args, 0))
-
-    def spin_async(self, stream: int, seconds: float) -> None:
-        _, spin = self._kernels()
-        args = ((int(seconds * 1e9),), (ctypes.c_ulonglong,))
-        self._check("cuLaunchKernel(cb_spin)", self.drv.cuLaunchKernel(spin, 1, 1, 1, 1, 1, 1, 0, stream, args, 0))
