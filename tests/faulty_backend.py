@@ -25,6 +25,7 @@ import threading
 from typing import Any, Callable
 
 from cudabridge.device import DeviceAllocationFailed
+from cudabridge.device.emulated_driver import EmulatedDriver
 from cudabridge.errors import CudaError
 
 TRANSIENT = (999, "cudaErrorUnknown")
@@ -40,9 +41,23 @@ class FaultyBackend:
         self.injected: dict[str, int] = {}
         self._lock = threading.Lock()
         self._gates: list[threading.Event] = []
+        self._driver: Any = None
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
+
+    @property
+    def native_driver(self) -> Any:
+        """The C paths' driver: on the emulated device one over this wrapper, not over the inner
+        backend, so that the faults reach copies and launches from Java too (the installed
+        driver of a GPU is the inner backend's: nothing here reaches it)."""
+        inner = self.inner.native_driver
+        if not isinstance(inner, EmulatedDriver):
+            return inner
+        with self._lock:
+            if self._driver is None:
+                self._driver = EmulatedDriver(self)
+            return self._driver
 
     # faults ------------------------------------------------------------------------------------
     def fail_next(self, call: str, times: int = 1) -> None:
@@ -110,6 +125,8 @@ class FaultyBackend:
     def close(self, timeout_s: float | None = None) -> None:
         self.release_all()
         self.inner.close(timeout_s)
+        if self._driver is not None:
+            self._driver.close()
 
 
 def from_env(backend: Any) -> "FaultyBackend":

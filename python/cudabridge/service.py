@@ -123,7 +123,7 @@ class CudaBridgeService:
                 backend = _wrap_backend(config.backend_wrapper, backend)
         self.backend = backend
         # The emulated device runs user kernels as their host kernels (kernels/host_kernels.py).
-        self.host_kernels = HostKernels((config.emulated_kernels or "").split(",") if backend.name == "emulated" else ())
+        self.host_kernels = HostKernels((config.emulated_kernels or "").split(",") if backend.runs_host_kernels else ())
         self.module_loader = ModuleLoader(backend, self.host_kernels, config)
         self.modules = ModuleCache(self.module_loader.load, self.module_loader.target)
         addresses = config.gpu_addresses.split(",") if config.gpu_addresses else None

@@ -10,7 +10,9 @@ stream on every thread.
 from __future__ import annotations
 
 import abc
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
+
+from ..errors import CudaError
 
 LEGACY_STREAM = 1
 PER_THREAD_STREAM = 2
@@ -27,6 +29,28 @@ class DeviceBackend(abc.ABC):
     """
 
     name: str = "abstract"
+
+    # what the service's paths depend on (properties of the backend, never its name) ----------
+    #: whether user kernels run as host kernels (kernels/host_kernels.py): Python functions
+    #: standing in for CUDA kernels, loaded from the emulatedKernels modules; False: compiled ones
+    runs_host_kernels: bool = False
+
+    @property
+    def native_driver(self) -> Any | None:
+        """The driver table the service's C paths call (``cb_driver``, jvm/cuda_driver.h): an
+        object whose ``address`` is the table's, kept alive by whoever uses it, or ``address`` 0
+        for the installed CUDA driver, which the C code resolves itself (libcuda). None: this
+        backend has none, and the Python reference runs in their place."""
+        return None
+
+    def native_function(self, kernel: Any) -> int | None:
+        """The function handle the C launch queues ``kernel`` by through :attr:`native_driver`
+        (a ``CUfunction``), or None: that kernel is launched by the Python path."""
+        return None
+
+    def driver_error(self, call: str, code: int) -> CudaError:
+        """The error for a raw driver code that a C path got from :attr:`native_driver`."""
+        return CudaError(call, code, f"CUresult {code}")
 
     # devices -------------------------------------------------------------------------------
     @abc.abstractmethod
@@ -188,6 +212,16 @@ class DeviceBackend(abc.ABC):
     def close(self, timeout_s: float | None = None) -> None:
         """Release backend-wide resources (worker threads, modules). Idempotent. ``timeout_s``:
         how long to wait, at most, for work still queued (None: the backend's own bound)."""
+
+
+class InstalledDriver(NamedTuple):
+    """:attr:`DeviceBackend.native_driver` of a CUDA device: the installed driver, whose entry
+    points the C code resolves itself (cuGetProcAddress, jvm/cuda_driver.h)."""
+
+    address: int = 0
+
+
+INSTALLED_DRIVER = InstalledDriver()
 
 
 class DeviceAllocationFailed(Exception):

@@ -12,7 +12,7 @@ import logging
 from typing import Any
 
 from ..errors import CudaError, InvalidArgument, ModuleLoadError
-from .backend import DeviceAllocationFailed, DeviceBackend, host_view
+from .backend import INSTALLED_DRIVER, DeviceAllocationFailed, DeviceBackend, InstalledDriver, host_view
 from .launch_config import DeviceLimits, KernelLimits
 
 log = logging.getLogger(__name__)
@@ -25,6 +25,14 @@ def _load() -> tuple[Any, Any, Any]:
 
 class CudaBackend(DeviceBackend):
     name = "cuda"
+
+    @property
+    def native_driver(self) -> InstalledDriver:
+        return INSTALLED_DRIVER
+
+    def native_function(self, kernel: Any) -> int | None:
+        function = getattr(kernel, "function", None)
+        return None if function is None else int(function)
 
     def __init__(self) -> None:
         self.rt, self.drv, self.nvrtc = _load()

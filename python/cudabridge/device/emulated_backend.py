@@ -63,7 +63,7 @@ import time
 from typing import Any, Callable
 
 from ..config import BY_KEY
-from ..errors import InvalidArgument, StreamOrderRace
+from ..errors import CudaError, InvalidArgument, StreamOrderRace
 from .backend import (
     DEFAULT_STREAM,
     LEGACY_STREAM,
@@ -81,9 +81,10 @@ from .emulated_device import (
     _EmuDevice,
     _fail,
 )
+from .emulated_driver import ERROR_NAMES, EmulatedDriver
 from .emulated_host_memory import _PageLockedHostMemory
 from .emulated_streams import _EmuEvent, _EmuStream
-from .launch_config import DeviceLimits, KernelLimits, check_launch
+from .launch_config import DeviceLimits, check_launch
 from .params import DevicePointer, check_args
 # the race detector's switch, importable from the backend that it is a setting of
 from .race_detector import RACE_CHECK_ENV, _RaceDetector, race_check_from_env  # noqa: F401
@@ -122,12 +123,44 @@ class EmulatedBackend(DeviceBackend):
         self._ptds: list[_EmuStream] = []
         self._destroyed: list[_EmuStream] = []   # destroyed streams whose work may still run
         self._host = _PageLockedHostMemory()
+        self._driver: EmulatedDriver | None = None   # native_driver, made on first use
         self._closed = False
 
     @property
     def race_check(self) -> bool:
         """Whether the stream-ordering race detector is on (``races`` stays empty when it is off)."""
         return self._race is not None
+
+    # the C paths' driver (emulated_driver.py) ---------------------------------------------
+    runs_host_kernels = True
+
+    @property
+    def native_driver(self) -> EmulatedDriver:
+        """The driver table the C paths call on this device, made on first use."""
+        with self._lock:
+            if self._driver is None:
+                self._driver = EmulatedDriver(self)
+            return self._driver
+
+    def native_function(self, kernel: Any) -> int | None:
+        """A host kernel of a loaded module (bound to its GPU, as a CUDA function is) gets a
+        function handle; a bare host kernel, which runs on any GPU, is launched by the Python path."""
+        if getattr(kernel, "fn", None) is None or getattr(kernel, "gpu", None) is None:
+            return None
+        return self.native_driver.function(kernel)
+
+    def driver_error(self, call: str, code: int) -> CudaError:
+        return CudaError(call, code, ERROR_NAMES.get(code, f"CUresult {code}"))
+
+    def device_limits(self, ordinal: int) -> DeviceLimits:
+        """What GPU ``ordinal`` allows a launch: the modelled device's (an H100's)."""
+        if not 0 <= ordinal < len(self._devices):
+            raise _fail("cudaDeviceGetAttribute", _ERR_INVALID_DEVICE, f"ordinal {ordinal}")
+        return DeviceLimits()
+
+    def host_view_at(self, address: int, nbytes: int) -> memoryview:
+        """Host memory by address, as a copy by address sees it (page-locked or not)."""
+        return self._host.view_at(address, nbytes)
 
     # helpers -------------------------------------------------------------------------------
     def _current(self) -> _EmuDevice:
@@ -456,8 +489,8 @@ class EmulatedBackend(DeviceBackend):
         reading each module global bound to it (``host_kernel.bound``), writing the non-constant ones."""
         call = f"cuLaunchKernel({host_kernel.name})"
         s = self._stream(call, stream)
-        # the modelled device's limits (an H100's); a host kernel opts in to any dynamic shared memory
-        check_launch(config, DeviceLimits(), KernelLimits(), host_kernel.name)
+        # the modelled device's limits (an H100's) and the host kernel's (any dynamic shared memory)
+        check_launch(config, self.device_limits(s.device.ordinal), host_kernel.limits, host_kernel.name)
         grid, block = config.grid, config.block
         kinds = host_kernel.signature
         values = check_args(kinds, args, host_kernel.name)
@@ -524,6 +557,8 @@ class EmulatedBackend(DeviceBackend):
                         "their workers are left to finish", len(left), wait_s, ", ".join(left[:4]))
         self._streams.clear()
         self._destroyed.clear()
+        if self._driver is not None:
+            self._driver.close()
         self._closed = True   # last: a close cut short by an exception can be called again, and finishes
 
 

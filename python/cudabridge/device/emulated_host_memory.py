@@ -100,6 +100,21 @@ class _PageLockedHostMemory:
             self._pinned[id(region)] = region
         return region
 
+    def view_at(self, address: int, nbytes: int) -> memoryview:
+        """A view of host memory [address, address + nbytes) for a copy by address (the C paths'
+        driver calls, emulated_driver.py): a slice of the page-locked buffer or region that holds
+        the whole range, so that :meth:`holds` says page-locked, else a raw view, pageable. A
+        range only partly inside one is pageable, as the driver treats it (its copy is staged)."""
+        import ctypes
+
+        if address <= 0 or nbytes <= 0:
+            raise _fail("cuMemcpyAsync", _ERR_INVALID_VALUE, f"host address {address:#x}, {nbytes} bytes")
+        for buf in list(self._pinned.values()):
+            base = ctypes.addressof(buf)
+            if base <= address and address + nbytes <= base + len(buf):
+                return memoryview(buf).cast("B")[address - base:address - base + nbytes]
+        return memoryview((ctypes.c_char * nbytes).from_address(address)).cast("B")
+
     def unregister(self, region: Any) -> None:
         with self._lock:
             if self._pinned.get(id(region)) is not region:

@@ -103,6 +103,12 @@ typedef struct {
     cb_staging_gpu *staging[MAX_GPUS];  /* each GPU's staging slots (enable_staging; staging_pool.h) */
     long long allocations, frees_count, batched_frees, batches, launches, launches_referred, synchronizes;
     cb_native_api api;                  /* handed out as the native_api capsule */
+    /* The driver the C paths call: the installed one (g_driver, resolved at first use) or the
+     * table of the constructor's `driver` (backend.native_driver: the emulated device's), whose
+     * owner is kept in driver_owner for this HotCore's life, released last (after the contexts
+     * and the staging slots, which call it). NULL until resolved. */
+    const cb_driver *driver;
+    PyObject *driver_owner;
 } HotCore;
 
 /* A kernel the C launch takes: a CUDA function and everything its checks need, copied at
@@ -166,7 +172,7 @@ static int hc_clear(HotCore *self) {
     return 0;
 }
 
-static cb_driver g_driver;   /* resolved at the first add_kernel (under the GIL) */
+static cb_driver g_driver;   /* the installed driver's, resolved at first use (under the GIL) */
 
 static void staging_close_all(HotCore *self);
 
@@ -177,9 +183,10 @@ static void hc_dealloc(HotCore *self) {
     for (int i = 0; i < MAX_GPUS; i++) {
         if (self->contexts[i] != NULL) {
             cb_CUdevice dev;
-            if (g_driver.cuDeviceGet(&dev, i) == CB_CUDA_SUCCESS) g_driver.cuDevicePrimaryCtxRelease(dev);
+            if (self->driver->cuDeviceGet(&dev, i) == CB_CUDA_SUCCESS) self->driver->cuDevicePrimaryCtxRelease(dev);
         }
     }
+    Py_CLEAR(self->driver_owner);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -228,14 +235,43 @@ static int take_callable(PyObject *obj, PyObject *name, const char *what, PyObje
     return 0;
 }
 
+/* The constructor's `driver`: None or an object whose `address` is 0 (the installed driver,
+ * resolved at first use) or a cb_driver table's, ready, valid while the object lives. */
+static int take_driver(HotCore *self, PyObject *driver) {
+    if (self->driver != NULL || self->driver_owner != NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "HotCore: already initialized");
+        return -1;
+    }
+    if (driver == Py_None) return 0;
+    PyObject *a = PyObject_GetAttrString(driver, "address");
+    if (a == NULL) return -1;
+    unsigned long long address = PyLong_Check(a) ? PyLong_AsUnsignedLongLong(a) : (unsigned long long)-1;
+    Py_DECREF(a);
+    if (address == (unsigned long long)-1) {
+        if (!PyErr_Occurred()) PyErr_Format(PyExc_TypeError, "HotCore: driver.address must be an int, got %R", driver);
+        return -1;
+    }
+    if (address == 0) return 0;
+    const cb_driver *d = (const cb_driver *)(uintptr_t)address;
+    if (!d->ready) {
+        PyErr_Format(PyExc_ValueError, "HotCore: the driver table of %R is not ready", driver);
+        return -1;
+    }
+    Py_INCREF(driver);
+    self->driver_owner = driver;
+    self->driver = d;
+    return 0;
+}
+
 static int hc_init(HotCore *self, PyObject *args, PyObject *kwds) {
     static char *kw[] = {"leases", "handles", "allocators", "frees", "set_device", "reference", "launch_log",
-                         "launch_failed", NULL};
+                         "launch_failed", "driver", NULL};
     PyObject *leases, *handles, *allocators, *frees, *set_device, *reference, *launch_log = Py_None,
-             *launch_failed = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOO!|OO:HotCore", kw, &leases, &handles, &allocators, &frees,
-                                     &set_device, &PyDict_Type, &reference, &launch_log, &launch_failed))
+             *launch_failed = Py_None, *driver = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOO!|OOO:HotCore", kw, &leases, &handles, &allocators, &frees,
+                                     &set_device, &PyDict_Type, &reference, &launch_log, &launch_failed, &driver))
         return -1;
+    if (take_driver(self, driver) < 0) return -1;
     if (set_device != Py_None && !PyCallable_Check(set_device)) {
         PyErr_SetString(PyExc_TypeError, "HotCore: set_device must be callable or None");
         return -1;
@@ -326,22 +362,31 @@ static long long int_attr(PyObject *obj, PyObject *name, int *ok) {
     return out;
 }
 
-/* GPU gpu's primary context, retained once (released at dealloc); the driver loaded. 0, or -1
- * with RuntimeError raised. */
-static int retain_context(HotCore *self, int gpu) {
-    if (self->contexts[gpu] != NULL) return 0;
+/* self->driver, resolving the installed driver's entry points the first time (no table was
+ * given). 0, or -1 with RuntimeError raised (no libcuda: the Python paths run instead). */
+static int resolve_driver(HotCore *self) {
+    if (self->driver != NULL) return 0;
     if (cb_driver_load(&g_driver) < 0) {
         PyErr_Format(PyExc_RuntimeError, "the CUDA driver's entry points: %s", g_driver.failure);
         return -1;
     }
+    self->driver = &g_driver;
+    return 0;
+}
+
+/* GPU gpu's primary context, retained once (released at dealloc); the driver resolved. 0, or -1
+ * with RuntimeError raised. */
+static int retain_context(HotCore *self, int gpu) {
+    if (self->contexts[gpu] != NULL) return 0;
+    if (resolve_driver(self) < 0) return -1;
     cb_CUdevice dev;
     cb_CUcontext ctx = NULL;
-    cb_CUresult rc = g_driver.cuDeviceGet(&dev, gpu);
-    if (rc == CB_CUDA_SUCCESS) rc = g_driver.cuDevicePrimaryCtxRetain(&ctx, dev);
+    cb_CUresult rc = self->driver->cuDeviceGet(&dev, gpu);
+    if (rc == CB_CUDA_SUCCESS) rc = self->driver->cuDevicePrimaryCtxRetain(&ctx, dev);
     if (rc != CB_CUDA_SUCCESS) {
         char buf[32];
         PyErr_Format(PyExc_RuntimeError, "retaining GPU %d's primary context failed: %s", gpu,
-                     cb_driver_error_name(&g_driver, rc, buf, sizeof buf));
+                     cb_driver_error_name(self->driver, rc, buf, sizeof buf));
         return -1;
     }
     self->contexts[gpu] = ctx;

@@ -58,6 +58,13 @@ typedef struct {
     cb_CUresult (*cuEventSynchronize)(cb_CUevent);
     cb_CUresult (*cuEventQuery)(cb_CUevent);
     cb_CUresult (*cuStreamSynchronize)(cb_CUstream);
+    /* Not the driver's: a model device's alone (the emulated one, device/emulated_driver.py);
+     * NULL in the installed driver's table. Called on the launching thread just before
+     * cuLaunchKernel with the bytes each parameter may touch (a buffer's rest from the address
+     * passed; 0 for a scalar): a raw pointer does not carry its extent, and without it the model's
+     * race detector takes a pointer to reach the end of the device allocation it is in, which the
+     * pool's allocations share. */
+    cb_CUresult (*cbLaunchExtents)(const long long *extents, int n);
 } cb_driver;
 
 #define CB_MEMHOSTALLOC_PORTABLE 0x01   /* pinned for every context, not only the allocating one */

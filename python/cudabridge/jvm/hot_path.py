@@ -182,6 +182,9 @@ class JavaHotPath:
         self._kernel_ids = itertools.count(1)
         self._kernel_id_of: dict[Any, int] = {}     # kernel -> its id (modules keep one object per kernel)
         self._refuse_unusable: Any = None   # after a sticky error: call -> DeviceUnusable
+        # the driver table the C paths call (the installed driver, or the emulated device's, so
+        # that CI runs the same C code); None: copies and launches take the Python paths
+        self._driver = service.backend.native_driver
         self._core = self._native_core(fast_path)
         service.on_unusable(self._device_unusable)
         # Drop a task's handles at its release, once its operations have drained.
@@ -202,10 +205,10 @@ class JavaHotPath:
             leases=self._leases, handles=self._live, allocators=self._allocators, frees=self._frees,
             set_device=self._set_device if self._multi_gpu else None,
             reference={name: getattr(JavaHotPath, name).__get__(self) for name in TWINNED},
-            launch_log=self._registry.launch_log, launch_failed=self._launch_failed)
+            launch_log=self._registry.launch_log, launch_failed=self._launch_failed, driver=self._driver)
         for name in TWINNED:
             setattr(self, name, getattr(core, name))
-        if self._backend.name == "cuda":   # heap-array copies from Java through pinned staging (C)
+        if self._driver is not None:   # copies from Java in C: pinned staging, page-locked DMA
             cfg = self._service.config
             try:
                 # the page-locked regions' tables, read by the C twin as _check_address reads them
@@ -832,8 +835,8 @@ class JavaHotPath:
         kid = next(self._kernel_ids)
         self._kernels[kid] = kernel
         self._kernel_id_of[kernel] = kid
-        function = getattr(kernel, "function", None)
-        if self._core is not None and function is not None:
+        function = self._backend.native_function(kernel)
+        if self._core is not None and self._driver is not None and function is not None:
             d, k = self._backend.device_limits(kernel.gpu), kernel.limits
             try:
                 self._core.add_kernel(

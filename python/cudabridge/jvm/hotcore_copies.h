@@ -339,10 +339,7 @@ static PyObject *hc_enable_copies(HotCore *self, PyObject *args) {
                      CB_STAGING_MAX_SLOTS, slots, slot_bytes);
         return NULL;
     }
-    if (cb_driver_load(&g_driver) < 0) {
-        PyErr_Format(PyExc_RuntimeError, "the CUDA driver's entry points: %s", g_driver.failure);
-        return NULL;
-    }
+    if (resolve_driver(self) < 0) return NULL;
 #define TAKE(field, obj) do { PyObject *o_ = (obj); Py_INCREF(o_); Py_XSETREF(self->field, o_); } while (0)
     TAKE(enter_buffer, enter);
     TAKE(enter_host_copy, enter_host);

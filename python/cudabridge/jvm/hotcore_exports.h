@@ -28,7 +28,7 @@ static int staging_take(void *core, int gpu, int want, int quick, cb_staging_slo
         out->n = 0;
         return 0;
     }
-    return staging_take_gpu(&g_driver, s, gpu, want, quick, out, rc, call);
+    return staging_take_gpu(self->driver, s, gpu, want, quick, out, rc, call);
 }
 
 static void staging_give(void *core, cb_staging_slots *slots, int failed) {
@@ -44,17 +44,17 @@ static int staging_close_gpu(HotCore *self, int gpu, int free_struct) {
     cb_staging_gpu *s = self->staging[gpu];
     if (s == NULL) return 1;
     cb_CUcontext prev = NULL;
-    int switched = g_driver.cuCtxGetCurrent != NULL && self->contexts[gpu] != NULL &&
-                   g_driver.cuCtxGetCurrent(&prev) == CB_CUDA_SUCCESS && prev != self->contexts[gpu] &&
-                   g_driver.cuCtxSetCurrent(self->contexts[gpu]) == CB_CUDA_SUCCESS;
+    int switched = self->driver->cuCtxGetCurrent != NULL && self->contexts[gpu] != NULL &&
+                   self->driver->cuCtxGetCurrent(&prev) == CB_CUDA_SUCCESS && prev != self->contexts[gpu] &&
+                   self->driver->cuCtxSetCurrent(self->contexts[gpu]) == CB_CUDA_SUCCESS;
     int closed = 1;
     if (free_struct) {
-        staging_gpu_free(&g_driver, s);
+        staging_gpu_free(self->driver, s);
         self->staging[gpu] = NULL;
     } else {
-        closed = staging_gpu_close(&g_driver, s);
+        closed = staging_gpu_close(self->driver, s);
     }
-    if (switched) g_driver.cuCtxSetCurrent(prev);
+    if (switched) self->driver->cuCtxSetCurrent(prev);
     return closed;
 }
 
@@ -136,7 +136,7 @@ static PyObject *hc_native_api(HotCore *self, PyObject *unused) {
     self->api.version = CB_NATIVE_API_VERSION;
     self->api.core = self;
     self->api.launch = launch_raw;
-    self->api.driver = self->enter_buffer != NULL ? &g_driver : NULL;
+    self->api.driver = self->enter_buffer != NULL ? self->driver : NULL;
     self->api.staging_slots = self->staging_slots;
     self->api.staging_slot_bytes = self->staging_slot_bytes;
     self->api.staging_copy_threads = self->staging_copy_threads;

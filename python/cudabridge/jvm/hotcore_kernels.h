@@ -3,7 +3,7 @@
  * function with everything its checks need; launch (and launch_raw, which the JNI library calls
  * through native_api.h) queues it with cuLaunchKernel; synchronize waits for a task's stream
  * without the GIL and clears its launch log. Part of _hotcore.c's one translation unit: included
- * by it after HotCore, native_kernel, the shared helpers (g_driver, retain_context, int_attr) and
+ * by it after HotCore, native_kernel, the shared helpers (resolve_driver, retain_context, int_attr) and
  * hotcore_leases.h, not a header to include anywhere else.
  *
  * The launch's C path, for kernels added with add_kernel (CUDA functions): the same checks as the
@@ -226,10 +226,12 @@ static int launch_raw(void *core, long long task, long long kid, const int dims[
     /* the parameter buffer: each argument at its place, pointers resolved through the handle table */
     _Alignas(16) unsigned char params[CB_LAUNCH_MAX_ARGS * 8];
     void *ptrs[CB_LAUNCH_MAX_ARGS];
+    long long extents[CB_LAUNCH_MAX_ARGS];   /* for a model device (cuda_driver.h: cbLaunchExtents) */
     for (int i = 0; i < n; i++) {
         unsigned char *at = params + k->offsets[i];
         ptrs[i] = at;
         long long v = values[i];
+        extents[i] = 0;
         if (k->kinds[i] != 0) {
             switch (k->sizes[i]) {
                 case 1: { uint8_t x = (uint8_t)v; memcpy(at, &x, 1); break; }
@@ -261,21 +263,23 @@ static int launch_raw(void *core, long long task, long long kid, const int dims[
         }
         unsigned long long address = (unsigned long long)ptr + (unsigned long long)offsets[i];
         memcpy(at, &address, 8);
+        extents[i] = size - offsets[i];
     }
     /* the kernel's GPU's primary context, current for the call. A thread with no context (a
      * Java thread that never touched CUDA) keeps it, as the runtime's first call would have made
      * it current: later launches then cost no switch. A thread that had another GPU's context
      * current gets that one back. */
     cb_CUcontext prev = NULL, ctx = self->contexts[k->gpu];
-    rc = g_driver.cuCtxGetCurrent(&prev);
+    rc = self->driver->cuCtxGetCurrent(&prev);
     int switched = rc == CB_CUDA_SUCCESS && prev != ctx;
-    if (switched) rc = g_driver.cuCtxSetCurrent(ctx);
+    if (switched) rc = self->driver->cuCtxSetCurrent(ctx);
     if (prev == NULL) switched = 0;
+    if (rc == CB_CUDA_SUCCESS && self->driver->cbLaunchExtents != NULL) rc = self->driver->cbLaunchExtents(extents, n);
     if (rc == CB_CUDA_SUCCESS)
-        rc = g_driver.cuLaunchKernel(k->function, (unsigned)dims[0], (unsigned)dims[1], (unsigned)dims[2],
+        rc = self->driver->cuLaunchKernel(k->function, (unsigned)dims[0], (unsigned)dims[1], (unsigned)dims[2],
                                      (unsigned)dims[3], (unsigned)dims[4], (unsigned)dims[5], (unsigned)shared,
                                      (cb_CUstream)(uintptr_t)stream, n ? ptrs : NULL, NULL);
-    if (switched) g_driver.cuCtxSetCurrent(prev);
+    if (switched) self->driver->cuCtxSetCurrent(prev);
     if (rc == CB_CUDA_SUCCESS) {
         /* the launch log: appended in place while the list is short, else by its record() */
         PyObject *names = PyDict_GetItemWithError(self->log_recent, stream_obj);
@@ -383,12 +387,12 @@ static PyObject *hc_synchronize(HotCore *self, PyObject *const *args, size_t nar
     cb_CUcontext prev = NULL, ctx = self->contexts[gpu];
     cb_CUresult rc;
     Py_BEGIN_ALLOW_THREADS
-    rc = g_driver.cuCtxGetCurrent(&prev);
+    rc = self->driver->cuCtxGetCurrent(&prev);
     int switched = rc == CB_CUDA_SUCCESS && prev != ctx;   /* as the launch: a thread with none keeps it */
-    if (switched) rc = g_driver.cuCtxSetCurrent(ctx);
+    if (switched) rc = self->driver->cuCtxSetCurrent(ctx);
     if (prev == NULL) switched = 0;
-    if (rc == CB_CUDA_SUCCESS) rc = g_driver.cuStreamSynchronize((cb_CUstream)(uintptr_t)stream);
-    if (switched) g_driver.cuCtxSetCurrent(prev);
+    if (rc == CB_CUDA_SUCCESS) rc = self->driver->cuStreamSynchronize((cb_CUstream)(uintptr_t)stream);
+    if (switched) self->driver->cuCtxSetCurrent(prev);
     Py_END_ALLOW_THREADS
     if (rc != CB_CUDA_SUCCESS) {
         Py_DECREF(stream_obj);

@@ -47,6 +47,7 @@ import importlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterable, NamedTuple, Protocol
 
+from ..device.launch_config import DeviceLimits, KernelLimits
 from ..device.params import signature as parse_signature
 from ..errors import InvalidArgument, index_int
 
@@ -122,6 +123,12 @@ class HostKernel:
     # TaskRegistry.launch refuses it to a task on another GPU; None for a bare host kernel
     # (HostKernels.get), which reads no module's memory and runs on any GPU
     gpu: int | None = None
+
+    @property
+    def limits(self) -> KernelLimits:
+        """What it allows a launch: any dynamic shared memory the device allows (it has no
+        registers or static shared memory to limit it, and needs no opt-in)."""
+        return KernelLimits(max_dynamic_shared=DeviceLimits().shared_per_block_optin)
 
     def launch(self, backend: "DeviceBackend", stream: int, config: "LaunchConfig", args: list[Any]) -> None:
         """Queue this host kernel on ``stream`` of the emulated device (checked there, run in stream order)."""

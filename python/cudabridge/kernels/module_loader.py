@@ -34,7 +34,7 @@ class ModuleLoader:
 
     @property
     def emulated(self) -> bool:
-        return self.backend.name == "emulated"
+        return self.backend.runs_host_kernels
 
     def target(self, gpu: int) -> str:
         """The part of the cache key that is not the source (``ModuleSource.digest(target)``)."""
