@@ -98,7 +98,7 @@ def _wrapper_own(backend: Any, name: str) -> Any:
 
 
 def _emulated(backend: Any) -> bool:
-    return getattr(backend, "launch_host_kernel", None) is not None
+    return bool(getattr(backend, "runs_host_kernels", False))
 
 
 # the emulated device --------------------------------------------------------------------------------

@@ -82,7 +82,7 @@ _HOST_KERNELS = {
 def _tool_kernel(c: Control, name: str, gpu: int) -> Any:
     """The tools' kernel ``name`` for GPU ``gpu``: its host kernel on the emulated device, else the
     kernel of :data:`TOOL_KERNELS` loaded on that GPU (once: the service's module cache)."""
-    if getattr(c.service.backend, "launch_host_kernel", None) is not None:
+    if c.service.backend.runs_host_kernels:
         return _HOST_KERNELS[name]
     return c.service.load_module(TOOL_KERNELS, gpu).kernel(name)
 
