@@ -892,7 +892,7 @@ def test_the_java_hot_path_passes_the_refusal_on_and_records_nothing():
         for address, nbytes in [(0x10000, 4096), (_hole_after_a_page(), 1 << 20)]:
             with pytest.raises(CudaError, match="cudaHostRegister failed: cudaErrorInvalidValue"):
                 hp.register_host(address, nbytes)
-            assert address not in hp._pinned
+            assert address not in service.page_locked.tables.memory
         import ctypes
         buf = (ctypes.c_char * 4096)()
         with pytest.raises(CudaError, match="cudaErrorNotSupported"):

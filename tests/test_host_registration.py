@@ -147,7 +147,7 @@ def test_enter_host_copy_says_which_copies_are_page_locked_and_refuses_what_the_
     assert (a.ptr, pagelocked) == (ptr, False)
     assert hp.counters["copies_address"] == before + 1
     assert enter(h, 0, base, 4096, False, False)[1] is True        # registered
-    block = hp._pinned_blocks[pinned]
+    block = hp._regions.block(pinned)
     block.streams.clear()
     assert enter(h, 0, pinned + 8, 64, True, False)[1] is True     # inside a pinned buffer
     assert block.streams == {a.stream}                             # its reuse waits for the copy's stream
@@ -275,15 +275,15 @@ def test_unregistered_ranges_stay_few_and_a_copy_looks_them_up_by_bisection(hot)
     for i in range(n):                              # a region re-registered as it moves along a buffer
         hp.register_host(base + i * step, step)
         hp.unregister_host(base + i * step)
-    assert hp.unregistered_ranges == 1
+    assert service.page_locked.unregistered_ranges == 1
     with pytest.raises(InvalidArgument, match=f"is in \\[{base:#x}, \\+{n * step}\\), unregistered .*the executor"):
         hp.copy_in_address(h, 0, base + 1000 * step + 8, raw(base + 1000 * step + 8, 16))
     far = base + n * step + step                    # scattered: one range each, up to the cap
-    kept = hp.UNREGISTERED_KEPT
+    kept = service.page_locked.UNREGISTERED_KEPT
     for i in range(kept + 100):
         hp.register_host(far + i * 32, 16)
         hp.unregister_host(far + i * 32, 1)
-    assert hp.unregistered_ranges == 1 + kept       # the oldest 100 of task 1's went first
+    assert service.page_locked.unregistered_ranges == 1 + kept       # the oldest 100 of task 1's went first
     hp.copy_in_address(h, 0, far + 10 * 32, raw(far + 10 * 32, 4))   # one of those: forgotten
     probe = far + (kept + 50) * 32 + 4              # inside a recent one
     with pytest.raises(InvalidArgument, match="unregistered .*by task 1"):
@@ -292,7 +292,7 @@ def test_unregistered_ranges_stay_few_and_a_copy_looks_them_up_by_bisection(hot)
     hp.copy_in_address(h, 0, probe, raw(probe, 16))
     hp.free(h)
     service.release_task(1)
-    assert hp.unregistered_ranges == 1              # task 1's went with its release
+    assert service.page_locked.unregistered_ranges == 1              # task 1's went with its release
 
 
 def test_unregistered_range_lookups_agree_with_a_plain_model(hot):

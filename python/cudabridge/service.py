@@ -19,10 +19,12 @@ from .errors import CudaError, DeviceUnusable, InvalidArgument, PoolClosed
 from .gpu_addresses import parse_address_map, resolve_gpu_addresses
 from .kernels import LaunchConfig
 from .kernels.host_kernels import HostKernels
+from .kernels.kernel_table import KernelTable
 from .kernels.module_loader import ModuleLoader
 from .kernels.modules import ModuleCache, ModuleSource
 from .memory import Allocation, PoolStatistics, StreamOrderedMemoryPool
 from .memory.native import unavailable as c_paths_unavailable
+from .memory.page_locked_regions import PageLockedRegions
 from .stream_pool import StreamPool, ensure_hardware_queues
 from .task_registry import GpuResources, ReleaseReport, TaskBinding, TaskRegistry
 
@@ -158,6 +160,11 @@ class CudaBridgeService:
         self.gpus = gpus
         self.registry = TaskRegistry(gpus)
         self.release_task = self.registry.release   # type: ignore[method-assign]
+        # the executor's page-locked host memory (pinned buffers, host registrations) and its
+        # kernels by id: the service's, for every front (Python task code, the Java bridge)
+        self.page_locked = PageLockedRegions(backend, parse_bytes(config.pinned_pool))
+        self.registry.on_release(lambda b: self.page_locked.forget_task(b.task_id))
+        self.kernels = KernelTable()
         self._by_address = {res.address: res.ordinal for res in gpus.values()}
         self._closed = False
         self._unusable: CudaError | None = None   # the sticky error that made a GPU unusable
@@ -348,6 +355,10 @@ class CudaBridgeService:
                     part.close()
                 except Exception as exc:   # noqa: BLE001
                     errors.append(exc)
+        try:   # the streams are drained: the pinned pool's memory can go
+            self.page_locked.close()
+        except Exception as exc:   # noqa: BLE001 - a sticky error: the memory goes with the context
+            errors.append(exc)
         if self._owns_backend:
             try:
                 self.backend.close(self.config.wait_timeout_s())

@@ -90,7 +90,7 @@ typedef struct {
     PyObject *enter_buffer;             /* enable_copies: JavaHotPath._enter_buffer; NULL: no C copies */
     PyObject *enter_host_copy;          /* enable_copies: JavaHotPath.enter_host_copy, the reference */
     PyObject *copy_failed;              /* enable_copies: (call, CUresult) -> the exception to raise */
-    /* enable_copies: the hot path's page-locked regions, as _check_address reads them: sorted
+    /* enable_copies: the service's page-locked regions (RegionTables), as PageLockedRegions.lookup reads them: sorted
      * bases (list), base -> memory (dict), base -> its user (a pinned block or a registered
      * region: .streams, a set) (dict), task -> its unregistered ranges (sorted bases list,
      * base -> size dict) (dict) */

@@ -170,10 +170,10 @@ class BridgeControl:
         # calls into Python on the hot path (a batch of frees is one call)
         out["bridge_calls_total"] = sum(int(v) for k, v in self.hot.counters.items() if k != "batched_frees")
         out["bridge_live_handles"] = self.hot.live_handles
-        out["bridge_pinned_buffers"] = len(self.hot._pinned_blocks)
+        out["bridge_pinned_buffers"] = self.service.page_locked.pinned_buffers
         out["bridge_releases"] = self.releases
         out["device_unusable"] = int(self.service._unusable is not None)
-        pool = self.hot.pinned_pool
+        pool = self.service.page_locked.pinned_pool
         out["pinned_in_use_bytes"] = pool.in_use_bytes
         out["pinned_reserved_bytes"] = pool.reserved_bytes
         out["pinned_fallbacks_host_alloc"] = pool.fallbacks_host_alloc
@@ -216,10 +216,6 @@ class BridgeControl:
         reports = self.service.close()
         self.hot._live.clear()
         self.hot.close_staging()   # the streams are drained: the staging slots' memory can go
-        try:   # ... and the pinned pool's
-            self.hot.pinned_pool.close()
-        except Exception:   # a sticky error: the process is on its way out anyway
-            log.warning("pinned pool: releasing its memory failed", exc_info=True)
         return len(reports)
 
     def check_open(self, call: str) -> None:

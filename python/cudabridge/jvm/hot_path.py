@@ -49,7 +49,6 @@ was) released with :class:`~cudabridge.errors.UnknownTask` and one that is not l
 
 from __future__ import annotations
 
-import bisect
 import ctypes
 import itertools
 import struct
@@ -64,7 +63,6 @@ from ..errors import CudaError, InvalidArgument, UnknownTask
 from ..kernels import LaunchConfig
 from ..memory import FastPath
 from ..memory.allocation import RELEASED
-from ..memory.pinned_pool import PinnedBlock, PinnedHostPool
 from ..memory.native import load as load_native
 from ..memory.native import supported as native_supported
 from ..task_registry import TaskLeases
@@ -110,17 +108,6 @@ def java_raw_range(kind: str) -> tuple[int, int]:
     return _I64
 
 
-class _RegisteredRegion:
-    """A region :meth:`JavaHotPath.register_host` page-locked: the streams asynchronous copies from
-    or into it were queued on, which :meth:`JavaHotPath.unregister_host` waits for before the
-    memory is unlocked (a pinned pool block keeps the same set for its reuse)."""
-
-    __slots__ = ("streams",)
-
-    def __init__(self) -> None:
-        self.streams: set[int] = set()
-
-
 class JavaHotPath:
     """The hot path of the Java API, over one :class:`CudaBridgeService`."""
 
@@ -150,37 +137,18 @@ class JavaHotPath:
         self._multi_gpu = len(service.gpus) > 1
         self._set_device = service.backend.set_device
         self._live = HandleTable()   # handle -> Allocation: handed to the C twin
-        # The page-locked regions (pinned buffers and registered regions), which never overlap.
-        # Written under _pinned_lock only; read by the copies under it too (the Python path), or
-        # by the C twin with the GIL held and no Python code run between its reads and the DMA
-        # it queues. Invariant: a DMA from or into a region is queued, and its stream added to
-        # the region's streams (in _users), only while the region is in these tables; so once
-        # unregister_host has taken a region out, the streams it finds are all it must wait for.
-        self._pinned: dict[int, Any] = {}          # base address -> its memory
-        self._pinned_bases: list[int] = []          # sorted, for direct buffers that are slices
-        self._users: dict[int, Any] = {}            # base -> its PinnedBlock or _RegisteredRegion (.streams)
-        self._pinned_lock = threading.Lock()
-        self._registered: set[int] = set()          # bases in _pinned that register_host added
-        self._pinned_blocks: dict[int, PinnedBlock] = {}   # address -> block of alloc_pinned
-        self._pinned_by_task: dict[int, set[int]] = {}     # owning task -> its blocks' addresses
-        self._staging: dict[int, Any] = {}                  # GPU ordinal -> its staging slots' memory
-        self.pinned_pool = PinnedHostPool(service.backend, parse_bytes(service.config.pinned_pool))
-        # Unregistered ranges, per task that unregistered them (0: none bound): task -> (sorted
-        # bases, base -> size). Copies by that task (by any task, for 0) into them are refused
-        # until its release (0: never) or a new registration or pinned buffer over them. They
-        # never overlap each other or a page-locked region (register_host and alloc_pinned drop
-        # those their range touches), so one bisect per table finds the one a range can touch;
-        # ranges of one task that touch are one range. Written under _pinned_lock; read as
-        # _pinned is (the C twin's find_region included).
-        self._unregistered: dict[int, tuple[list[int], dict[int, int]]] = {}
+        # the executor's page-locked host memory (pinned buffers, registrations), the service's:
+        # this adapter adds Java's leases and counters; the C twin reads its tables
+        self._regions = service.page_locked
+        self.pinned_pool = service.page_locked.pinned_pool
+        self._staging: dict[int, Any] = {}          # GPU ordinal -> its staging slots' memory
         self._dummy_threads = 0
         # Calls counted per kind; plain ints, incremented under the GIL (atomic enough for
         # statistics: a lost increment under a free-threaded build would only skew a gauge).
         self._counts = dict.fromkeys(self.COUNTERS, 0)
         self._ids = itertools.count(1)
-        self._kernels: dict[int, Any] = {}          # kernel id -> kernel (register_kernel)
-        self._kernel_ids = itertools.count(1)
-        self._kernel_id_of: dict[Any, int] = {}     # kernel -> its id (modules keep one object per kernel)
+        self._kernels = service.kernels              # kernel id <-> kernel, the service's
+        self._in_core: set[int] = set()             # kernel ids handed to the C twin
         self._refuse_unusable: Any = None   # after a sticky error: call -> DeviceUnusable
         # the driver table the C paths call (the installed driver, or the emulated device's, so
         # that CI runs the same C code); None: copies and launches take the Python paths
@@ -211,8 +179,8 @@ class JavaHotPath:
         if self._driver is not None:   # copies from Java in C: pinned staging, page-locked DMA
             cfg = self._service.config
             try:
-                # the page-locked regions' tables, read by the C twin as _check_address reads them
-                regions = (self._pinned_bases, self._pinned, self._users, self._unregistered)
+                # the page-locked regions' tables, read by the C twin as PageLockedRegions.lookup reads them
+                regions = tuple(self._regions.tables)
                 core.enable_copies(self._enter_buffer, self.enter_host_copy, self._copy_failed, regions,
                                    cfg.staging_slots, parse_bytes(cfg.staging_slot_bytes),
                                    cfg.staging_copy_threads)
@@ -280,6 +248,7 @@ class JavaHotPath:
     def counters(self) -> dict[str, int]:
         """Calls counted per kind (the C twin counts its own)."""
         out = dict(self._counts)
+        out["pinned_reclaimed"] = self._regions.reclaimed   # at task releases, by the service
         if self._core is not None:
             for k, v in self._core.counts().items():
                 out[k] += v
@@ -535,141 +504,23 @@ class JavaHotPath:
             lease.inside.remove(me)
 
     def _alloc_pinned(self, nbytes: int, task: int) -> tuple[int, bool]:
-        block = self.pinned_pool.allocate(nbytes)   # refuses a bad size; falls back as the pool says
-        with self._pinned_lock:
-            self._pinned_blocks[block.address] = block
-            if task:
-                block.owner = task
-                self._pinned_by_task.setdefault(task, set()).add(block.address)
-            if block.pinned:   # pageable memory is not looked up: its copies are staged
-                self._drop_unregistered(block.address, block.address + block.size)
-                self._users[block.address] = block
-                self._pinned[block.address] = block.view
-                bisect.insort(self._pinned_bases, block.address)
+        block = self._regions.alloc_pinned(nbytes, task)
         return block.address, block.pinned
 
     def free_pinned(self, address: int) -> None:
         """Back to the pinned pool, reused once the copies queued from or into it have passed."""
-        with self._pinned_lock:
-            block = self._pinned_blocks.pop(address, None)
-            if block is None:
-                raise InvalidArgument(f"free_pinned: {address!r} is not a pinned buffer of this bridge (freed "
-                                      f"already, or reclaimed with its task)")
-            owned = self._pinned_by_task.get(block.owner)
-            if owned is not None:
-                owned.discard(address)
-            if block.pinned:
-                del self._pinned_bases[bisect.bisect_left(self._pinned_bases, address)]
-                del self._pinned[address]
-                del self._users[address]
-        self.pinned_pool.free(block)
+        self._regions.free_pinned(address)
 
     # off-heap memory Java code owns (Arrow buffers, Unsafe, off-heap column vectors) -------------
     def register_host(self, address: int, nbytes: int) -> None:
-        """Page-lock [address, address + nbytes) for the executor's life or until
-        :meth:`unregister_host` (``cudaHostRegister``): copies from and to it run asynchronously
-        at the link's speed. Meant for long-lived regions: register once per buffer, never per
-        batch. A range overlapping a registered one (or a pinned buffer of this bridge) is refused."""
-        if address.__class__ is not int or nbytes.__class__ is not int or address <= 0 or nbytes <= 0:
-            raise InvalidArgument(f"register_host: a non-zero address and a positive size, got {address!r}, {nbytes!r}")
-        with self._pinned_lock:
-            i = bisect.bisect_right(self._pinned_bases, address + nbytes - 1) - 1
-            if i >= 0:
-                base = self._pinned_bases[i]
-                if base + len(self._pinned[base]) > address:
-                    raise InvalidArgument(f"register_host: [{address:#x}, +{nbytes}) overlaps the page-locked "
-                                          f"[{base:#x}, +{len(self._pinned[base])}) (registered or pinned already)")
-            region = self._backend.host_register(address, nbytes)
-            self._drop_unregistered(address, address + nbytes)   # registered again: copies are fine
-            self._users[address] = _RegisteredRegion()
-            self._pinned[address] = region
-            self._registered.add(address)
-            bisect.insort(self._pinned_bases, address)
+        """PageLockedRegions.register: page-lock [address, address + nbytes) until
+        :meth:`unregister_host`; copies from and to it run asynchronously."""
+        self._regions.register(address, nbytes)
 
     def unregister_host(self, address: int, task: int = 0) -> None:
-        """Undo :meth:`register_host` of the region starting at ``address``, on a thread bound to
-        ``task`` (0: none). First waits for the streams that copies from or into the region were
-        queued on (its memory may be freed once this returns; nothing reads or writes it
-        afterwards), then unlocks it. Copies by that task into the range are refused from then on
-        until its release, a use after close in its own code; with no task, every copy is refused.
-        Past the task the memory may be a new allocation of someone else's, which copies may use.
-        Either way a new registration (or pinned buffer) lifts it where it covers it. Up to
-        UNREGISTERED_KEPT ranges are remembered per task (the oldest go first)."""
-        if task.__class__ is not int:
-            raise InvalidArgument(f"unregister_host: the task is an int (0: none), got {task!r}")
-        with self._pinned_lock:
-            if address not in self._registered:
-                raise InvalidArgument(f"unregister_host: {address!r} is not the start of a registered region")
-            # out of the tables first: no copy queues a DMA from or into it after this step
-            # (the invariant at _pinned), so the streams recorded now are all that used it
-            del self._pinned_bases[bisect.bisect_left(self._pinned_bases, address)]
-            region = self._pinned.pop(address)
-            used = self._users.pop(address)
-            self._registered.discard(address)
-            self._remember_unregistered(task, address, len(region))
-        # The DMAs queued from or into it run before the memory is unlocked (cudaHostUnregister of
-        # memory a DMA still reads is undefined; its free afterwards crashed the JVM). A failed
-        # wait (a sticky error) leaves it page-locked: the error is raised, the region stays out.
-        for stream in sorted(used.streams):
-            self._backend.stream_synchronize(stream)
-        self._backend.host_unregister(region)
-
-    UNREGISTERED_KEPT = 1024   # unregistered ranges remembered per task (0: none), to refuse copies into them
-
-    def _remember_unregistered(self, task: int, base: int, size: int) -> None:
-        """Add [base, base + size) to ``task``'s unregistered ranges (under _pinned_lock), one
-        range with those of the task it touches. It overlaps none (it was a registered region)."""
-        table = self._unregistered.get(task)
-        if table is None:
-            table = self._unregistered[task] = ([], {})
-        bases, sizes = table
-        end = base + size
-        i = bisect.bisect_left(bases, base)
-        right = bases[i] if i < len(bases) and bases[i] == end else None
-        if right is not None:
-            end += sizes[right]
-        # each step leaves the tables valid for a reader between two of them (the C twin's
-        # find_region): a range grows before what it covers is taken out
-        if i > 0 and bases[i - 1] + sizes[bases[i - 1]] == base:
-            sizes[bases[i - 1]] = end - bases[i - 1]
-        else:
-            sizes[base] = end - base
-            bases.insert(i, base)
-            i += 1
-        if right is not None:
-            del bases[i]
-            del sizes[right]
-        while len(sizes) > self.UNREGISTERED_KEPT:
-            oldest = next(iter(sizes))
-            del bases[bisect.bisect_left(bases, oldest)]
-            del sizes[oldest]
-
-    def _drop_unregistered(self, start: int, end: int) -> None:
-        """Forget what the unregistered ranges of every task hold of [start, end) (under
-        _pinned_lock): that memory is page-locked again, by a new registration or a pinned buffer.
-        What lies outside it stays refused."""
-        for task, (bases, sizes) in list(self._unregistered.items()):
-            i = bisect.bisect_left(bases, end) - 1
-            while i >= 0 and bases[i] + sizes[bases[i]] > start:
-                b = bases[i]
-                e = b + sizes[b]
-                # each step leaves the tables valid for a reader between two of them, as above
-                if e > end:   # what lies past it: a range of its own
-                    sizes[end] = e - end
-                    bases.insert(i + 1, end)
-                if b < start:   # what lies before it: the range, shortened
-                    sizes[b] = start - b
-                else:
-                    del bases[i]
-                    del sizes[b]
-                i -= 1
-            if not sizes and task:
-                del self._unregistered[task]
-
-    @property
-    def unregistered_ranges(self) -> int:
-        """Unregistered ranges remembered, all tasks'."""
-        return sum(len(sizes) for _, sizes in list(self._unregistered.values()))
+        """PageLockedRegions.unregister, by ``task`` (0: none): waits for the copies that used
+        the region, then unlocks it; copies into it are refused from then on."""
+        self._regions.unregister(address, task)
 
     def copy_in_address(self, hid: int, offset: int, address: int, view: memoryview) -> None:
         """Off-heap memory at ``address`` to device: asynchronous on the buffer's stream from a
@@ -685,10 +536,10 @@ class JavaHotPath:
     def _host_memory_copy(self, counter: str, to_device: bool, hid: int, offset: int, address: int,
                           view: memoryview) -> None:
         """One copy between buffer ``hid`` and host memory Java owns outside the heap (a direct
-        ByteBuffer's, or by address) over ``view``: refused as :meth:`_check_address` says,
+        ByteBuffer's, or by address) over ``view``: refused as PageLockedRegions.lookup says,
         counted as ``counter``, queued on the buffer's stream inside its task's lease. A copy of a
-        page-locked region is looked up and queued in one step under _pinned_lock (the invariant
-        at _pinned); pageable memory is copied by the backend before it returns, as CUDA does."""
+        page-locked region is looked up and queued in one step under the regions' lock (their
+        invariant, memory/page_locked_regions.py); pageable memory is copied by the backend before it returns, as CUDA does."""
         call = "copy_in" if to_device else "copy_out"   # the copy's own words for a refusal
         nbytes = len(view)
         a, lease = self._buffer(hid, call)
@@ -698,11 +549,12 @@ class JavaHotPath:
             if not lease.open:
                 raise self._releasing(hid, call, a.owner)
             self._check_buffer(a, hid, call, offset, nbytes)
-            with self._pinned_lock:
-                region = self._check_address(call, address, nbytes, a.owner)
+            regions = self._regions
+            with regions.lock:
+                region = regions.lookup(call, address, nbytes, a.owner)
                 self._counts[counter] += 1
                 if region is not None:
-                    self._copy(to_device, a, offset, self._host(address, view, a.stream, region))
+                    self._copy(to_device, a, offset, regions.view(address, len(view), a.stream, region))
             if region is None:
                 self._copy(to_device, a, offset, view)
         finally:
@@ -719,7 +571,7 @@ class JavaHotPath:
         """The reference of the C twin's ``enter_copy`` for host memory outside the heap (on a
         GPU the JNI side copies it in C; the twin refers here what it does not take as it
         stands): buffer ``hid``'s allocation with its task's lease entered (the caller leaves it)
-        and whether [address, address + nbytes) is page-locked, after :meth:`_check_address`'s
+        and whether [address, address + nbytes) is page-locked, after PageLockedRegions.lookup's
         refusals in the copy's own words; counted as ``copies_direct`` (a direct ByteBuffer's
         memory: ``direct``) or ``copies_address``. Page-locked memory is then copied with one
         asynchronous DMA on the allocation's stream (recorded here, for a pinned buffer's reuse
@@ -733,66 +585,17 @@ class JavaHotPath:
             if not lease.open:
                 raise self._releasing(hid, call, a.owner)
             self._check_buffer(a, hid, call, offset, nbytes)
-            with self._pinned_lock:
-                region = self._check_address(call, address, nbytes, a.owner)
+            regions = self._regions
+            with regions.lock:
+                region = regions.lookup(call, address, nbytes, a.owner)
                 if region is not None:
-                    self._used_on(region[0], a.stream)
+                    regions.used_on(region[0], a.stream)
             self._counts["copies_direct" if direct else "copies_address"] += 1
             pagelocked = region is not None
         except BaseException:
             lease.inside.remove(me)
             raise
         return a, lease, pagelocked   # nothing between the try and the return: the caller holds it from here
-
-    def _used_on(self, base: int, stream: int) -> None:
-        """An asynchronous copy of the page-locked region at ``base`` is queued on ``stream``
-        (under _pinned_lock): a pinned buffer there is then reused only once that stream has
-        passed it (PinnedHostPool.free), a registration unlocked only once it has
-        (unregister_host)."""
-        self._users[base].streams.add(stream)
-
-    def _check_address(self, call: str, address: int, nbytes: int, task: int) -> tuple[int, Any] | None:
-        """(start, memory) of the pinned buffer or registered region [address, address + nbytes)
-        lies in, or None (pageable memory); under _pinned_lock. Refused: a range that runs past
-        (or into) such a region without lying inside it (host memory is either one region's or
-        none's); a copy by ``task`` into a range it (or no task) unregistered (its memory may be
-        freed). One bisect in each table: O(log n) in the regions and the unregistered ranges."""
-        end = address + nbytes
-        probe = address + max(nbytes, 1)   # the range's end, or its first byte when empty
-        # regions never overlap: the one a range lies in, or one it overlaps without lying inside
-        # it, is the last region starting before the range's end
-        bases = self._pinned_bases
-        i = bisect.bisect_left(bases, probe) - 1
-        buf = self._pinned.get(bases[i]) if i >= 0 else None
-        if buf is not None:
-            base, size = bases[i], len(buf)
-            if base <= address and end <= base + size:
-                return base, buf   # no unregistered range overlaps a page-locked region
-            if nbytes > 0 and address < base + size:
-                raise InvalidArgument(f"{call}: [{address:#x}, +{nbytes}) runs past the page-locked "
-                                      f"[{base:#x}, +{size}) (a registered region or a pinned buffer): a "
-                                      f"copy's host range lies inside one region or outside them all")
-        for by in (task, 0) if task else (0,):
-            table = self._unregistered.get(by)
-            if table is None:
-                continue
-            ubases, sizes = table
-            # they never overlap: the last starting before the range's end ends last of those
-            j = bisect.bisect_left(ubases, probe) - 1
-            if j >= 0 and ubases[j] + sizes[ubases[j]] > address:
-                base, size = ubases[j], sizes[ubases[j]]
-                raise InvalidArgument(f"{call}: [{address:#x}, +{nbytes}) is in [{base:#x}, +{size}), unregistered "
-                                      f"(unregister_host) by {'task ' + str(by) if by else 'the executor'}: its "
-                                      f"memory may have been freed (register it again if it is a new allocation)")
-        return None
-
-    def _host(self, address: int, view: memoryview, stream: int, region: tuple[int, Any]) -> Any:
-        """The page-locked memory behind ``address`` (``region``, from :meth:`_check_address`,
-        sliced to the view's size), its use on ``stream`` recorded; under _pinned_lock."""
-        base, buf = region
-        self._used_on(base, stream)
-        off = address - base
-        return memoryview(buf).cast("B")[off:off + len(view)]
 
     # task end --------------------------------------------------------------------------------
     def forget_task(self, task: int) -> list[int]:
@@ -806,15 +609,6 @@ class JavaHotPath:
         return self._forget(b)
 
     def _forget(self, b: "TaskBinding") -> list[int]:
-        if b.task_id in self._unregistered:   # its unregistered ranges: past its release they may be anyone's memory
-            with self._pinned_lock:
-                self._unregistered.pop(b.task_id, None)
-        for address in sorted(self._pinned_by_task.pop(b.task_id, ())):   # its pinned buffers, reclaimed
-            try:
-                self.free_pinned(address)
-                self._counts["pinned_reclaimed"] += 1
-            except InvalidArgument:   # freed on another thread meanwhile
-                pass
         pool = self._service.memory_pool(b.gpu)
         return self._live.forget([a.id << GPU_BITS | b.gpu for a in pool.owned_by(b.task_id)], b.task_id)
 
@@ -829,12 +623,10 @@ class JavaHotPath:
         """An id for Java to launch ``kernel`` by (the control plane's ``kernel`` call). A CUDA
         kernel is also handed to the C twin, which then launches it without the Python path (the
         emulated device's host kernels always run the Python path)."""
-        kid = self._kernel_id_of.get(kernel)
-        if kid is not None:    # each task asks again: one id per kernel, not per ask
+        kid = self._kernels.add(kernel)   # each task asks again: one id per kernel, not per ask
+        if kid in self._in_core:
             return kid
-        kid = next(self._kernel_ids)
-        self._kernels[kid] = kernel
-        self._kernel_id_of[kernel] = kid
+        self._in_core.add(kid)
         function = self._backend.native_function(kernel)
         if self._core is not None and self._driver is not None and function is not None:
             d, k = self._backend.device_limits(kernel.gpu), kernel.limits

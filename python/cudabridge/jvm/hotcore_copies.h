@@ -69,7 +69,7 @@ static int unregistered_touch(HotCore *self, long long task, unsigned long long 
     return b + n > address;
 }
 
-/* The page-locked region [address, address + nbytes) lies in, as JavaHotPath._check_address finds
+/* The page-locked region [address, address + nbytes) lies in, as PageLockedRegions.lookup finds
  * it: 1 inside the region starting at *base (of *size bytes), 0 pageable, -1 for the reference (a
  * range that runs past a region or into one, or one `task` (or no task) unregistered, or tables not
  * as documented). Regions never overlap: the one a range can touch is the last starting before
@@ -132,7 +132,7 @@ static int record_region_stream(HotCore *self, unsigned long long base, PyObject
 /* The C path of enter_copy: 1 entered (out filled), 0 not taken (nothing held, no error: the
  * reference decides), -1 an error (nothing held). A page-locked range's stream is recorded in its
  * region's user here; the caller queues the DMA with the GIL still held and no Python code run in
- * between (the invariant at JavaHotPath._pinned: unregister_host waits for the streams recorded). */
+ * between (the invariant of memory/page_locked_regions.py: unregister waits for the streams recorded). */
 static int fast_enter_copy(HotCore *self, long long handle, long long offset, long long nbytes, int kind,
                            unsigned long long host, cb_copy_entry *out) {
     if (offset < 0 || nbytes < 0) return 0;
