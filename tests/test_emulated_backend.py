@@ -1,5 +1,9 @@
 """The emulated device must behave like a CUDA device where the service's correctness depends on it.
 
+(About 950 lines, on purpose: one contract, CUDA's semantics as the model keeps them, a section per
+call family in the order of device/emulated_backend.py; the race detector's and the driver
+table's have files of their own, test_race_detector.py and test_emulated_driver.py.)
+
 Timing assertions use sleeps in stream workers ("spins") and wide margins, so that a loaded
 2-core machine does not make them flaky: each bound is at least ~0.2 s away from what a correct
 emulation gives, and what a wrong one would give lies on the other side of it.

@@ -1,5 +1,8 @@
 """``python -m cudabridge doctor``: what a new machine has and lacks, one line per check.
 
+(About 700 lines, on purpose: one small function per check, in the order they print, each with
+the fix it names; split up, a reader would chase one report across files.)
+
 Each check prints ``ok``, ``warn`` (something optional, or a choice worth knowing about) or
 ``FAIL`` (something the configured backend needs), a short detail, and for a failure the fix.
 The exit status is 1 when a check failed, 0 otherwise. In order:

@@ -1,5 +1,10 @@
 """What the bridge's JNI natives call: a plain Python object with one small method per operation.
 
+(About 700 lines, on purpose: one class whose bound methods the JNI library looks up once at
+start, each the Python reference its C twin follows step for step, so a reader compares the two
+in one place. What it adapts lives elsewhere: the page-locked memory and the kernels by id in the
+service, memory/page_locked_regions.py and kernels/kernel_table.py; the handles in handles.py.)
+
 The C library looks these bound methods up once, at start-up, and calls them with
 ``PyObject_Vectorcall`` on the Java thread's kept thread state. No JPype on this path: a direct
 call costs a fraction of a pinned JPype proxy call, and an unpinned proxy call leaks native
