@@ -13,7 +13,7 @@ import threading
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from .config import ServiceConfig, parse_bytes
+from .config import ServiceConfig
 from .device import DeviceBackend, open_backend
 from .errors import CudaError, DeviceUnusable, InvalidArgument, PoolClosed
 from .gpu_addresses import parse_address_map, resolve_gpu_addresses
@@ -118,7 +118,7 @@ class CudaBridgeService:
         if backend is None:
             ensure_hardware_queues(config.streams_per_gpu + config.high_priority_streams)
             backend = open_backend(config.backend, emulated_devices=config.emulated_devices,
-                                   emulated_memory_bytes=parse_bytes(config.emulated_memory),
+                                   emulated_memory_bytes=config.emulated_memory,
                                    # false leaves it to CUDABRIDGE_EMULATED_RACE_CHECK (the tests set it)
                                    race_check=True if config.emulated_race_check else None)
             if config.backend_wrapper:
@@ -128,23 +128,22 @@ class CudaBridgeService:
         self.host_kernels = HostKernels((config.emulated_kernels or "").split(",") if backend.runs_host_kernels else ())
         self.module_loader = ModuleLoader(backend, self.host_kernels, config)
         self.modules = ModuleCache(self.module_loader.load, self.module_loader.target)
-        addresses = config.gpu_addresses.split(",") if config.gpu_addresses else None
+        addresses = config.gpu_addresses or None   # unset or empty: every visible GPU
         mapping = resolve_gpu_addresses(addresses, backend,
                                         address_map=parse_address_map(config.gpu_address_map or ""))
         self.addresses = mapping
-        limit_bytes, fraction = config.limit()
-        initial = parse_bytes(config.pool_initial)
+        limit_bytes, fraction = config.pool_limit
         arena_kw = {"arena_type": _load_arena_type(config.test_stream_arena)} if config.test_stream_arena else {}
         gpus: dict[int, GpuResources] = {}
         try:
             for address, ordinal in mapping.items():
                 streams = StreamPool(backend, ordinal, config.streams_per_gpu, config.high_priority_streams,
-                                     config.stream_policy, wait_timeout_s=config.wait_timeout_s())
+                                     config.stream_policy, wait_timeout_s=config.host_wait_timeout)
                 try:
                     memory = StreamOrderedMemoryPool(backend, ordinal, streams.handles, limit_bytes=limit_bytes,
-                                                     limit_fraction=fraction, initial_bytes=initial,
+                                                     limit_fraction=fraction, initial_bytes=config.pool_initial,
                                                      growth=config.pool_growth,
-                                                     host_wait_timeout_s=config.wait_timeout_s(), **arena_kw)
+                                                     host_wait_timeout_s=config.host_wait_timeout, **arena_kw)
                 except BaseException:
                     streams.close()
                     raise
@@ -162,7 +161,7 @@ class CudaBridgeService:
         self.release_task = self.registry.release   # type: ignore[method-assign]
         # the executor's page-locked host memory (pinned buffers, host registrations) and its
         # kernels by id: the service's, for every front (Python task code, the Java bridge)
-        self.page_locked = PageLockedRegions(backend, parse_bytes(config.pinned_pool))
+        self.page_locked = PageLockedRegions(backend, config.pinned_pool)
         self.registry.on_release(lambda b: self.page_locked.forget_task(b.task_id))
         self.kernels = KernelTable()
         self._by_address = {res.address: res.ordinal for res in gpus.values()}
@@ -346,7 +345,7 @@ class CudaBridgeService:
         errors: list[BaseException] = []
         reports: list[ReleaseReport] = []
         try:
-            reports = self.registry.close(deadline_s=self.config.wait_timeout_s())
+            reports = self.registry.close(deadline_s=self.config.host_wait_timeout)
         except Exception as exc:   # noqa: BLE001 - the pools and streams are closed all the same
             errors.append(exc)
         for res in self.gpus.values():
@@ -361,7 +360,7 @@ class CudaBridgeService:
             errors.append(exc)
         if self._owns_backend:
             try:
-                self.backend.close(self.config.wait_timeout_s())
+                self.backend.close(self.config.host_wait_timeout)
             except Exception as exc:   # noqa: BLE001
                 errors.append(exc)
         report = CloseReport(reports, errors, self._unusable or next(
