@@ -62,7 +62,6 @@ import threading
 from threading import get_ident
 from typing import TYPE_CHECKING, Any, Iterable
 
-from ..config import parse_bytes
 from ..device.params import PARAM_KINDS
 from ..errors import CudaError, InvalidArgument, UnknownTask
 from ..kernels import LaunchConfig
@@ -187,7 +186,7 @@ class JavaHotPath:
                 # the page-locked regions' tables, read by the C twin as PageLockedRegions.lookup reads them
                 regions = tuple(self._regions.tables)
                 core.enable_copies(self._enter_buffer, self.enter_host_copy, self._copy_failed, regions,
-                                   cfg.staging_slots, parse_bytes(cfg.staging_slot_bytes),
+                                   cfg.staging_slots, cfg.staging_slot_bytes,
                                    cfg.staging_copy_threads)
             except RuntimeError as exc:   # no driver entry points: copies take the Python path
                 log.warning("copies from Java go through Python: %s", exc)
@@ -200,7 +199,7 @@ class JavaHotPath:
         page-locked memory, reserved here, once, and shared by the copies that need staging (a copy
         takes up to stagingSlots of them and gives them back when it ends). Where the reservation
         fails, that GPU's staged copies go through pageable memory (logged here, counted there)."""
-        slot_bytes = parse_bytes(cfg.staging_slot_bytes)
+        slot_bytes = cfg.staging_slot_bytes
         slots = cfg.staging_copies
         for ordinal in self._service.gpus:
             try:
@@ -214,7 +213,7 @@ class JavaHotPath:
                 log.warning("GPU %d: reserving %d staging slots of %d bytes failed (%s); its staged copies go "
                             "through pageable memory", ordinal, slots, slot_bytes, exc)
                 continue
-            core.enable_staging(ordinal, ctypes.addressof(memory), slots, slot_bytes, float(cfg.staging_wait))
+            core.enable_staging(ordinal, ctypes.addressof(memory), slots, slot_bytes, cfg.staging_wait)
             self._staging[ordinal] = memory
 
     def close_staging(self) -> None:
