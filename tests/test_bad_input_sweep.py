@@ -205,7 +205,7 @@ def test_byte_settings_below_2_mib_or_absurd_are_refused(key, value):
                                             ("2m", (2 * MiB, 1.0)), ("2097152", (2 * MiB, 1.0)),
                                             ("8g", (8 << 30, 1.0))])
 def test_byte_settings_follow_the_rule(value, expected):
-    assert ServiceConfig(pool_limit=value).limit() == expected
+    assert ServiceConfig(pool_limit=value).pool_limit == expected
 
 
 @pytest.mark.parametrize("size", [0, -1, 64.0, 1 << 70])

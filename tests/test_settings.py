@@ -139,7 +139,7 @@ def test_a_staging_slot_is_at_most_1_gib():
         with pytest.raises(InvalidArgument, match=rf"spark\.cudabridge\.stagingSlotBytes='{given}': \d+ bytes is "
                                                   r"above the most accepted, 1073741824 \(1 GiB\)"):
             ServiceConfig(staging_slot_bytes=given, pinned_pool="0")
-    assert ServiceConfig(staging_slot_bytes="1g", staging_slots=1, pinned_pool="1g").staging_slot_bytes == "1g"
+    assert ServiceConfig(staging_slot_bytes="1g", staging_slots=1, pinned_pool="1g").staging_slot_bytes == 1 << 30
 
 
 def test_emulated_memory_is_at_most_the_emulated_address_window():
@@ -215,10 +215,10 @@ def test_service_config_reads_the_environment_under_explicit_values(clean_enviro
     env.setenv("CUDABRIDGE_STREAMS_PER_GPU", "3")
     env.setenv("CUDABRIDGE_POOL_LIMIT", "64m")
     assert ServiceConfig().streams_per_gpu == 3
-    assert ServiceConfig().pool_limit == "64m"
+    assert ServiceConfig().pool_limit == (64 << 20, 1.0)
     assert ServiceConfig(streams_per_gpu=5).streams_per_gpu == 5                       # an argument wins
     cfg = ServiceConfig.from_mapping({"spark.cudabridge.streamsPerGpu": "7"})
-    assert (cfg.streams_per_gpu, cfg.pool_limit) == (7, "64m")                        # a Spark key wins
+    assert (cfg.streams_per_gpu, cfg.pool_limit) == (7, (64 << 20, 1.0))              # a Spark key wins
     assert ServiceConfig.from_env({}).streams_per_gpu == 32                           # that mapping alone
     env.setenv("CUDABRIDGE_STREAMS_PER_GPU", " ")
     assert ServiceConfig().streams_per_gpu == 32                                      # set to nothing: unset
@@ -311,3 +311,93 @@ def test_every_cudabridge_variable_the_project_reads_is_in_the_table():
                if n not in config.VARIABLES and not (n in spellings and not any(f.startswith("tests/") for f in fs))}
     assert unknown == {}, f"CUDABRIDGE_* names the table does not list as read (add them, scope dev for a script's): {unknown}"
     assert {"CUDABRIDGE_SKIP_JVM_TESTS", "CUDABRIDGE_EMULATED_RACE_CHECK", "CUDABRIDGE_MODEL_EXAMPLES"} <= set(found)
+
+
+# --- typed values once (issue 25, item 3) ----------------------------------------------------------------
+@pytest.mark.parametrize("key, given, parsed", [
+    ("streamsPerGpu", " 8 ", 8), ("asyncRelease", "TRUE", True), ("poolInitial", "64m", 64 << 20),
+    ("poolInitial", 4096, 4096), ("hostWaitTimeout", "0.5", 0.5), ("hostWaitTimeout", "300", 300.0),
+    ("hostWaitTimeout", 2, 2.0), ("poolLimit", "0.9", (None, 0.9)), ("poolLimit", "8g", (8 << 30, 1.0)),
+    ("gpuAddresses", "0, 1", ("0", "1")), ("gpuAddresses", "", ()), ("gpuAddresses", ["2"], ("2",)),
+    ("logLevel", "debug", "DEBUG"), ("backend", "cuda", "cuda"), ("gpuAddressMap", "0:1", "0:1"),
+])
+def test_check_value_returns_the_value_parsed_once(key, given, parsed):
+    """bytes as an int, seconds as a float, a limit as Limit, a list as a tuple, an enum as the
+    table's spelling: callers use it as it is; a parsed value passes the check again unchanged."""
+    value = check_value(key, given)
+    assert value == parsed and (type(value) is type(parsed) or isinstance(value, config.Limit)), value
+    assert check_value(key, value) == value
+
+
+def test_service_config_fields_are_typed():
+    from cudabridge.config import Limit, ServiceConfig
+
+    cfg = ServiceConfig(pool_limit="8g", pool_initial="64m", host_wait_timeout="0.5", gpu_addresses="0,1",
+                        staging_wait=2)
+    assert cfg.pool_limit == Limit(8 << 30, 1.0) and cfg.pool_initial == 64 << 20
+    assert (cfg.host_wait_timeout, cfg.staging_wait, cfg.gpu_addresses) == (0.5, 2.0, ("0", "1"))
+    assert (cfg.pinned_pool, cfg.staging_slot_bytes, cfg.emulated_memory) == (64 << 20, 4 << 20, 16 << 30)
+    import dataclasses
+
+    assert dataclasses.replace(cfg, backend="emulated").pool_limit == cfg.pool_limit   # re-checked as parsed
+    for bad in ({"host_wait_timeout": True}, {"host_wait_timeout": float("inf")}, {"pool_limit": Limit(None, 2.0)},
+                {"pool_limit": Limit(255, 1.0)}, {"gpu_addresses": [1]}):
+        with pytest.raises(InvalidArgument):
+            ServiceConfig(**bad)
+
+
+# --- the table is checked where it is read (the service's import, the jar's build) ---------------------
+def test_env_names_split_at_capitals_and_dots_not_inside_acronyms():
+    def env(key: str) -> str:
+        return config.Setting(key=key, scope="service", type="string", default=None, doc="").env_name
+
+    assert env("streamsPerGpu") == "CUDABRIDGE_STREAMS_PER_GPU" and env("a.b") == "CUDABRIDGE_A_B"
+    assert env("gpuAddressMap") == "CUDABRIDGE_GPU_ADDRESS_MAP" and env("cudaURL") == "CUDABRIDGE_CUDA_URL"
+    assert env("level2Cache") == "CUDABRIDGE_LEVEL2_CACHE"
+
+
+def _table(tmp_path: Path, change=None, text: str | None = None) -> Path:
+    import json
+
+    t = json.loads(config.TABLE.read_text())
+    if change:
+        change(t)
+    path = tmp_path / "settings.json"
+    path.write_text(text if text is not None else json.dumps(t))
+    return path
+
+
+def _entry(t: dict, key: str) -> dict:
+    return next(e for e in t["settings"] if e["key"] == key)
+
+
+@pytest.mark.parametrize("change, text, message", [
+    (None, '{"a": 1,}', "Expecting property name enclosed in double quotes: line 1 column 9"),
+    (None, '{"prefix": "spark.cudabridge.", "prefix": "x", "settings": []}', "key 'prefix' appears twice in one object"),
+    (None, '{"prefix": "spark.cudabridge.", "settings": [NaN]}', "NaN is not JSON"),
+    (lambda t: t.update(extra=1), None, "unknown field 'extra' at the top"),
+    (lambda t: t["settings"][0].update(defualt="auto"), None, "settings[0] (backend): unknown field 'defualt'"),
+    (lambda t: _entry(t, "poolLimit").update(default="255"), None,
+     "poolLimit: its default is refused by its own type: spark.cudabridge.poolLimit='255': 255 bytes is below"),
+    (lambda t: _entry(t, "taskBind").update(values=[]), None, "(taskBind): an enum needs its 'values'"),
+    (lambda t: _entry(t, "taskBind").update(values=["lazy", "lazy"]), None, "must be distinct non-empty strings"),
+    (lambda t: _entry(t, "backend").update(scope="executor"), None, "scope executor is none of"),
+    (lambda t: _entry(t, "backend").update(type="float"), None, "type float is none of"),
+    (lambda t: t["settings"].append(dict(t["settings"][0])), None, "key backend twice"),
+    (lambda t: _entry(t, "streamsPerGpu").update(min=2000), None, "min 2000 is above max 1024"),
+    (lambda t: _entry(t, "streamsPerGpu").update(max="9"), None, "'max' must be an integer, got '9'"),
+    (lambda t: _entry(t, "backend").update(min=1), None, "(backend): 'min' is for types int and bytes only"),
+    (lambda t: _entry(t, "library").update(defaultDoc=None), None, "a null default needs a 'defaultDoc'"),
+    (lambda t: _entry(t, "backend").update(env=True), None, "'env' is true or false, for scope plugin only"),
+    (lambda t: _entry(t, "backend").pop("default"), None, "'default' is missing"),
+    (lambda t: _entry(t, "backend").update(key="back end"), None, "'key' must be a string of letters and digits"),
+    (lambda t: t["settings"].append({**_entry(t, "poolLimit"), "key": "pool.limit"}), None,
+     "pool.limit: its spelling CUDABRIDGE_POOL_LIMIT is poolLimit's too"),
+])
+def test_a_malformed_table_is_refused_naming_the_entry(tmp_path, change, text, message):
+    with pytest.raises(config.TableError, match=re.escape(message)):
+        config.load_table(_table(tmp_path, change, text))
+
+
+def test_the_table_is_read_as_it_is():
+    assert config.load_table() == SETTINGS

@@ -371,7 +371,7 @@ def test_service_address_map(clean_env):
 def test_defaults():
     cfg = ServiceConfig()
     assert cfg.backend == "auto" and cfg.streams_per_gpu == 32 and cfg.high_priority_streams == 4
-    assert cfg.limit() == (None, 0.9)
+    assert cfg.pool_limit == (None, 0.9)
     assert set(ServiceConfig.DOCS) == set(ServiceConfig.__dataclass_fields__)
 
 
@@ -392,8 +392,8 @@ def test_from_mapping_camel_case():
     assert cfg.backend == "emulated"
     assert cfg.streams_per_gpu == 8 and cfg.high_priority_streams == 2 and cfg.emulated_devices == 3
     assert cfg.stream_policy == "idle-first"
-    assert cfg.pool_limit == "8g" and cfg.limit() == (8 << 30, 1.0)
-    assert cfg.pool_initial == "64m"
+    assert cfg.pool_limit == (8 << 30, 1.0)   # parsed once, by its type
+    assert cfg.pool_initial == 64 << 20
     assert cfg.gpu_address_map == "0:1"
     assert cfg.gpu_addresses is None and cfg.log_level == "INFO"  # untouched defaults
 
@@ -456,7 +456,7 @@ def test_zero_high_priority_streams_allowed():
     ("512m", (512 << 20, 1.0)), ("1073741824", (1 << 30, 1.0)), ("8G", (8 << 30, 1.0)),
 ])
 def test_pool_limit_bytes_or_fraction(text, expected):
-    assert ServiceConfig(pool_limit=text).limit() == expected
+    assert ServiceConfig(pool_limit=text).pool_limit == expected
 
 
 @pytest.mark.parametrize("text, expected", [

@@ -1,13 +1,16 @@
-"""Every setting, from the one table ``settings.json`` (shipped in this package and inside
-``cudabridge.jar``, where the Spark plugin and the Java API read it).
+"""Every setting, from the one table ``settings.json`` (shipped in this package; the jar build
+generates the Java side from it, ``org.cudabridge.SettingsTable``: ``cudabridge/jvm/settings_java.py``).
 
 Each entry gives the key once; its spellings are derived (:class:`Setting`): the Spark key
 ``spark.cudabridge.<key>`` (camelCase, as Spark's own keys), the environment variable
 ``CUDABRIDGE_`` plus the key split at capitals and dots (``poolLimit`` -> ``CUDABRIDGE_POOL_LIMIT``)
-and the Python field, its snake_case (``pool_limit``). :class:`ServiceConfig` is generated from
-the service scope of the table; :func:`check_value` parses and checks a value by its type, as the
-Java side (``org.cudabridge.Settings``) does; an unknown key under ``spark.cudabridge.`` is
-refused with the nearest valid one (Spark itself ignores unknown keys silently: users mistype).
+and the Python field, its snake_case (``pool_limit``). :func:`load_table` reads the table and
+refuses a malformed one, naming the entry (the service's import and the jar's build both fail so).
+:class:`ServiceConfig` is generated from the service scope of the table; :func:`check_value`
+checks a value by its type and returns it parsed, once (bytes as an int, seconds as a float, a
+limit as :class:`Limit`, a list as a tuple), as the Java side (``org.cudabridge.Settings``) does;
+an unknown key under ``spark.cudabridge.`` is refused with the nearest valid one (Spark itself
+ignores unknown keys silently: users mistype).
 
 The environment: :class:`ServiceConfig` reads the ``CUDABRIDGE_*`` variable of every service
 setting not given explicitly (an argument or a Spark key wins over the variable, the variable over
@@ -28,7 +31,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, NamedTuple
 
 from .errors import InvalidArgument
 
@@ -97,32 +100,117 @@ class Setting:
         return self.spark_key or (self.key if self.scope == "jvm" else self.env_name)  # type: ignore[return-value]
 
 
-def _load(path: Path = TABLE) -> tuple[Setting, ...]:
-    raw = json.loads(path.read_text())
-    out = []
-    for entry in raw["settings"]:
-        s = Setting(key=entry["key"], scope=entry["scope"], type=entry["type"], default=entry["default"],
-                    doc=entry["doc"], values=tuple(entry.get("values", ())), min=entry.get("min"),
-                    max=entry.get("max"), default_doc=entry.get("defaultDoc"), test=bool(entry.get("test", False)),
-                    env=bool(entry.get("env", False)))
-        if (s.scope not in SCOPES or s.type not in TYPES or (s.type == "enum") != bool(s.values)
-                or (s.env and s.scope != "plugin")):
-            raise ValueError(f"{path}: bad entry {entry!r}")
+class TableError(ValueError):
+    """``settings.json`` is malformed; the message names the file, the entry and what is wrong."""
+
+
+_ROOT_FIELDS = ("about", "prefix", "settings")
+_FIELDS = ("key", "scope", "type", "values", "min", "max", "default", "defaultDoc", "doc", "test", "env")
+_KEY = re.compile(r"[A-Za-z][A-Za-z0-9]*(?:\.[A-Za-z][A-Za-z0-9]*)*")
+
+
+def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    for i, (k, _) in enumerate(pairs):
+        if any(k == other for other, _ in pairs[:i]):
+            raise TableError(f"key {k!r} appears twice in one object")
+    return dict(pairs)
+
+
+def _not_json(name: str) -> Any:   # NaN, Infinity: Python's json reads them, JSON has none
+    raise TableError(f"{name} is not JSON")
+
+
+def _field(entry: dict[str, Any], name: str, where: str, kind: type | tuple[type, ...], required: bool) -> Any:
+    if name not in entry or entry[name] is None:
+        if required:
+            raise TableError(f"{where}: '{name}' is missing")
+        return None
+    v = entry[name]
+    if not isinstance(v, kind) or (kind is int and isinstance(v, bool)):
+        what = {str: "a string", bool: "true or false", int: "an integer", list: "an array"}[kind]  # type: ignore[index]
+        raise TableError(f"{where}: '{name}' must be {what}, got {v!r}")
+    return v
+
+
+def _entry(e: Any, where: str) -> Setting:
+    """One entry of the table, checked field by field."""
+    if not isinstance(e, dict):
+        raise TableError(f"{where}: expected an object")
+    key = e.get("key")
+    if not isinstance(key, str) or not _KEY.fullmatch(key):
+        raise TableError(f"{where}: 'key' must be a string of letters and digits, parts joined by '.', got {key!r}")
+    where = f"{where} ({key})"
+    unknown = [f for f in e if f not in _FIELDS]
+    if unknown:
+        raise TableError(f"{where}: unknown field {unknown[0]!r} (known: {', '.join(sorted(_FIELDS))})")
+    scope = _field(e, "scope", where, str, True)
+    if scope not in SCOPES:
+        raise TableError(f"{where}: scope {scope} is none of {', '.join(SCOPES)}")
+    type_ = _field(e, "type", where, str, True)
+    if type_ not in TYPES:
+        raise TableError(f"{where}: type {type_} is none of {', '.join(TYPES)}")
+    values = e.get("values", [])
+    if "values" in e and (type_ != "enum" or not isinstance(values, list)):
+        raise TableError(f"{where}: 'values' is an array, for type enum only")
+    if any(not isinstance(v, str) or not v for v in values) or len(set(values)) != len(values):
+        raise TableError(f"{where}: 'values' must be distinct non-empty strings")
+    if type_ == "enum" and not values:
+        raise TableError(f"{where}: an enum needs its 'values'")
+    bounds = {}
+    for f in ("min", "max"):
+        if f in e and type_ not in ("int", "bytes"):
+            raise TableError(f"{where}: '{f}' is for types int and bytes only")
+        bounds[f] = _field(e, f, where, int, False)
+    if bounds["min"] is not None and bounds["max"] is not None and bounds["min"] > bounds["max"]:
+        raise TableError(f"{where}: min {bounds['min']} is above max {bounds['max']}")
+    if "default" not in e:
+        raise TableError(f"{where}: 'default' is missing (null where it is computed)")
+    default = _field(e, "default", where, str, False)
+    default_doc = _field(e, "defaultDoc", where, str, False)
+    if default is None and default_doc is None:
+        raise TableError(f"{where}: a null default needs a 'defaultDoc' saying how it is computed")
+    env = _field(e, "env", where, bool, False)
+    if env is not None and scope != "plugin":
+        raise TableError(f"{where}: 'env' is true or false, for scope plugin only")
+    return Setting(key=key, scope=scope, type=type_, default=default, doc=_field(e, "doc", where, str, True),
+                   values=tuple(values), min=bounds["min"], max=bounds["max"], default_doc=default_doc,
+                   test=bool(_field(e, "test", where, bool, False)), env=bool(env))
+
+
+def load_table(path: Path = TABLE) -> tuple[Setting, ...]:
+    """The settings of the table at ``path``, checked: strict JSON (no key twice in an object), its
+    form, each entry's fields, unique keys and spellings, and each default by its own type.
+    Raises :class:`TableError` naming the file and the entry."""
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"), object_pairs_hook=_object, parse_constant=_not_json)
+    except (OSError, ValueError) as exc:   # a JSONDecodeError names the line and column
+        raise TableError(f"{path}: {exc}") from None
+    if not isinstance(raw, dict):
+        raise TableError(f"{path}: expected an object at the top")
+    unknown = [f for f in raw if f not in _ROOT_FIELDS]
+    if unknown:
+        raise TableError(f"{path}: unknown field {unknown[0]!r} at the top (known: {', '.join(sorted(_ROOT_FIELDS))})")
+    if raw.get("prefix") != SPARK_PREFIX:
+        raise TableError(f"{path}: 'prefix' must be {SPARK_PREFIX!r}, got {raw.get('prefix')!r}")
+    if not isinstance(raw.get("settings"), list):
+        raise TableError(f"{path}: 'settings' must be an array")
+    out: list[Setting] = []
+    spellings: dict[str, str] = {}
+    for i, e in enumerate(raw["settings"]):
+        s = _entry(e, f"{path}: settings[{i}]")
+        if any(o.key == s.key for o in out):
+            raise TableError(f"{path}: settings[{i}]: key {s.key} twice")
+        for spelling in dict.fromkeys(filter(None, (s.name, s.env_name))):
+            if spelling in spellings:
+                raise TableError(f"{path}: {s.key}: its spelling {spelling} is {spellings[spelling]}'s too")
+            spellings[spelling] = s.key
+        if s.default is not None:
+            try:
+                _parse(s, s.default, s.name)
+            except InvalidArgument as exc:
+                raise TableError(f"{path}: {s.key}: its default is refused by its own type: {exc}") from None
         out.append(s)
-    keys = [s.key for s in out]
-    if len(set(keys)) != len(keys) or raw["prefix"] != SPARK_PREFIX:
-        raise ValueError(f"{path}: keys must be unique and the prefix {SPARK_PREFIX!r}")
     return tuple(out)
-
-
-SETTINGS: tuple[Setting, ...] = _load()
-BY_KEY: dict[str, Setting] = {s.key: s for s in SETTINGS}
-SERVICE: dict[str, Setting] = {s.field: s for s in SETTINGS if s.scope == "service"}
-SPARK_KEYS: dict[str, Setting] = {s.spark_key: s for s in SETTINGS if s.spark_key}
-# CUDABRIDGE_* names: those read (the only ones an environment may hold) and the others, which are
-# derived spellings of plugin keys that nothing reads (refused with a pointer to the Spark key)
-VARIABLES: dict[str, Setting] = {s.env_name: s for s in SETTINGS if s.env_name and s.env_read}
-_UNREAD_VARIABLES: dict[str, Setting] = {s.env_name: s for s in SETTINGS if s.env_name and not s.env_read}
 
 
 # values -------------------------------------------------------------------------------------------
@@ -136,6 +224,14 @@ BLANKS = " \t\n\r\f\v"   # trimmed around values (ASCII only, as Java's Settings
 
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "m": 1 << 20, "mb": 1 << 20,
           "g": 1 << 30, "gb": 1 << 30, "t": 1 << 40, "tb": 1 << 40}
+
+
+class Limit(NamedTuple):
+    """A ``limit`` setting's value (``poolLimit``): ``(bytes, 1.0)``, or ``(None, fraction)`` of
+    the GPU's free memory (Java: ``Settings.Limit``)."""
+
+    nbytes: int | None
+    fraction: float
 
 
 def human_bytes(n: int) -> str:
@@ -168,30 +264,44 @@ def parse_bytes(text: Any, name: str = "size", minimum: int = 0, maximum: int = 
     return nbytes
 
 
-def parse_limit(text: Any, name: str) -> tuple[int | None, float]:
-    """(bytes, 1.0) or (None, fraction): a number with a decimal point is a fraction of free
-    memory in [MIN_LIMIT_FRACTION, 1]; anything else is bytes (a bare integer, or with a suffix),
-    at least 2 MiB. ``"1"`` is one byte (refused), not all of the memory."""
+def _fraction(value: float, text: Any, name: str) -> Limit:
+    if not MIN_LIMIT_FRACTION <= value <= 1.0:
+        raise InvalidArgument(f"{name}={text!r}: a fraction of free memory must be in [0.000001, 1] (a smaller "
+                              f"one gives a pool under 2 MiB on any GPU)")
+    return Limit(None, value)
+
+
+def parse_limit(text: Any, name: str) -> Limit:
+    """``Limit(bytes, 1.0)`` or ``Limit(None, fraction)``: a number with a decimal point is a
+    fraction of free memory in [MIN_LIMIT_FRACTION, 1]; anything else is bytes (a bare integer, or
+    with a suffix), at least 2 MiB. ``"1"`` is one byte (refused), not all of the memory. A
+    :class:`Limit` is checked as it is."""
+    if isinstance(text, Limit):
+        if text.nbytes is None:
+            return _fraction(text.fraction, text, name)
+        return Limit(parse_bytes(text.nbytes, name, minimum=MIN_LIMIT_BYTES), 1.0)
     s = str(text).strip(BLANKS)
     if "." in s:
         if not _NUMBER.fullmatch(s):
             raise InvalidArgument(f"{name}={text!r}: expected bytes (1073741824, 512m, 8g) or a fraction of "
                                   f"free memory in [0.000001, 1] such as 0.9")
-        value = float(s)
-        if not MIN_LIMIT_FRACTION <= value <= 1.0:
-            raise InvalidArgument(f"{name}={text!r}: a fraction of free memory must be in [0.000001, 1] (a smaller "
-                                  f"one gives a pool under 2 MiB on any GPU)")
-        return None, value
-    return parse_bytes(s, name, minimum=MIN_LIMIT_BYTES), 1.0
+        return _fraction(float(s), text, name)
+    return Limit(parse_bytes(s, name, minimum=MIN_LIMIT_BYTES), 1.0)
 
 
 def check_value(key: str, value: Any, name: str | None = None) -> Any:
-    """``value`` of setting ``key`` (table key, Spark key or Python field) parsed by its type:
-    an int, a bool, a float for seconds, a str otherwise (or None where the default is None).
-    Raises :class:`InvalidArgument` naming the key (``name``: as spelled there instead, e.g. its
-    environment variable) and what is wrong."""
+    """``value`` of setting ``key`` (table key, Spark key or Python field), checked by its type
+    and returned parsed, once: an int (int; bytes: the byte count), a bool, a float (seconds), a
+    :class:`Limit` (limit), a tuple of str (list: split at commas, each item stripped), the
+    table's spelling (enum) or the str itself (string); None where the default is None and no
+    value is given. A value of the parsed type is checked as it is (so a parsed value passes
+    again). Raises :class:`InvalidArgument` naming the key (``name``: as spelled there instead,
+    e.g. its environment variable) and what is wrong."""
     s = _setting(key)
-    name = name or s.name
+    return _parse(s, value, name or s.name)
+
+
+def _parse(s: Setting, value: Any, name: str) -> Any:
     if value is None:
         if s.default is None:
             return None
@@ -213,6 +323,12 @@ def check_value(key: str, value: Any, name: str | None = None) -> Any:
         if isinstance(value, str) and value.isascii() and value.strip(BLANKS).lower() in TRUE + FALSE:
             return value.strip(BLANKS).lower() in TRUE
         raise InvalidArgument(f"{name}={value!r}: expected true or false (or 1 or 0)")
+    if s.type == "seconds" and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return _seconds(value, value, name)
+    if s.type == "limit" and isinstance(value, Limit):
+        return parse_limit(value, name)
+    if s.type == "list" and isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+        return tuple(value)
     if not isinstance(value, str) and not (s.type == "bytes" and isinstance(value, int)):
         raise InvalidArgument(f"{name}={value!r}: expected {_expected(s)}")
     text = str(value)
@@ -222,19 +338,27 @@ def check_value(key: str, value: Any, name: str | None = None) -> Any:
         folded = text.upper() if all(v.isupper() for v in s.values) else text
         if folded not in s.values:
             raise InvalidArgument(f"{name}={value!r}: expected one of {', '.join(s.values)}")
-        return text
+        return folded
     if s.type == "bytes":
-        parse_bytes(text, name, minimum=s.min or 0, maximum=MAX_BYTES if s.max is None else s.max)
-        return text
+        return parse_bytes(text, name, minimum=s.min or 0, maximum=MAX_BYTES if s.max is None else s.max)
     if s.type == "limit":
-        parse_limit(text, name)
-        return text
+        return parse_limit(text, name)
     if s.type == "seconds":
-        seconds = float(text.strip(BLANKS)) if _NUMBER.fullmatch(text.strip(BLANKS)) else math.nan
-        if not 0 < seconds < math.inf:
-            raise InvalidArgument(f"{name}={value!r}: expected a positive number of seconds such as 300 or 0.5")
-        return text
-    return text   # list, string
+        number = text.strip(BLANKS)
+        return _seconds(float(number) if _NUMBER.fullmatch(number) else math.nan, value, name)
+    if s.type == "list":
+        return tuple(item.strip(BLANKS) for item in text.split(",")) if text.strip(BLANKS) else ()
+    return text   # string
+
+
+def _seconds(value: float, given: Any, name: str) -> float:
+    try:
+        seconds = float(value)
+    except OverflowError:   # an int too large for a float
+        seconds = math.inf
+    if not 0 < seconds < math.inf:
+        raise InvalidArgument(f"{name}={given!r}: expected a positive number of seconds such as 300 or 0.5")
+    return seconds
 
 
 def _expected(s: Setting) -> str:
@@ -250,6 +374,18 @@ def _setting(key: str) -> Setting:
     return s
 
 
+# the table ----------------------------------------------------------------------------------------
+SETTINGS: tuple[Setting, ...] = load_table()
+BY_KEY: dict[str, Setting] = {s.key: s for s in SETTINGS}
+SERVICE: dict[str, Setting] = {s.field: s for s in SETTINGS if s.scope == "service"}
+SPARK_KEYS: dict[str, Setting] = {s.spark_key: s for s in SETTINGS if s.spark_key}
+# CUDABRIDGE_* names: those read (the only ones an environment may hold) and the others, which are
+# derived spellings of plugin keys that nothing reads (refused with a pointer to the Spark key)
+VARIABLES: dict[str, Setting] = {s.env_name: s for s in SETTINGS if s.env_name and s.env_read}
+_UNREAD_VARIABLES: dict[str, Setting] = {s.env_name: s for s in SETTINGS if s.env_name and not s.env_read}
+
+
+# unknown names --------------------------------------------------------------------------------------
 def edit_distance(a: str, b: str) -> int:
     """Levenshtein distance (the Java side, ``Settings.nearest``, uses the same rule)."""
     prev = list(range(len(b) + 1))
@@ -379,24 +515,16 @@ class _ServiceConfigBase:
         for field, s in SERVICE.items():
             object.__setattr__(self, field, check_value(s.key, getattr(self, field)))
 
-    def limit(self) -> tuple[int | None, float]:
-        """(bytes, 1.0) or (None, fraction) from ``pool_limit``."""
-        return parse_limit(self.pool_limit, SERVICE["pool_limit"].name)  # type: ignore[attr-defined]
-
     def check_pool_limit(self, limit_bytes: int, gpu: Any) -> None:
         """At service start, once GPU ``gpu``'s pool took ``limit_bytes`` from its free memory: a
         fraction that gave less than MIN_LIMIT_BYTES is refused (no 2 MiB chunk fits such a pool,
         every allocation would fail), naming the key. A byte limit is at least that already."""
-        nbytes, fraction = self.limit()
+        nbytes, fraction = self.pool_limit  # type: ignore[attr-defined]
         if nbytes is None and limit_bytes < MIN_LIMIT_BYTES:
             raise InvalidArgument(
-                f"{SERVICE['pool_limit'].name}={self.pool_limit!r}: {fraction} of GPU {gpu}'s free memory is "  # type: ignore[attr-defined]
+                f"{SERVICE['pool_limit'].name}={str(fraction)!r}: {fraction} of GPU {gpu}'s free memory is "
                 f"{limit_bytes} bytes, below the least a pool can use, {MIN_LIMIT_BYTES} "
                 f"({human_bytes(MIN_LIMIT_BYTES)}); give a larger fraction, or bytes (at least 2m)")
-
-    def wait_timeout_s(self) -> float:
-        """``host_wait_timeout`` in seconds."""
-        return float(self.host_wait_timeout)  # type: ignore[attr-defined]
 
     @classmethod
     def from_mapping(cls, conf: Mapping[str, Any], prefix: str = SPARK_PREFIX) -> "ServiceConfig":
@@ -424,13 +552,13 @@ class _ServiceConfigBase:
         return config
 
 
-def _field_type(s: Setting) -> type:
-    return {"int": int, "bool": bool}.get(s.type, str)
+_FIELD_TYPES: dict[str, Any] = {"int": int, "bool": bool, "bytes": int, "seconds": float, "limit": Limit,
+                                "list": tuple[str, ...], "enum": str, "string": str}
 
 
 ServiceConfig = dataclasses.make_dataclass(
     "ServiceConfig",
-    [(field, _field_type(s) if s.default is not None else (str | None),  # type: ignore[operator]
+    [(field, _FIELD_TYPES[s.type] if s.default is not None else (_FIELD_TYPES[s.type] | None),
       dataclasses.field(default=None if s.default is None else check_value(s.key, s.default)))
      for field, s in SERVICE.items()],
     bases=(_ServiceConfigBase,), frozen=True)
