@@ -8,8 +8,9 @@ import java.util.Objects;
 /**
  * Device memory owned by a task, ordered on the task's stream.
  *
- * <p>Copies from and to Java heap arrays are complete when they return (the garbage collector
- * moves heap arrays, so they are staged through native memory). Copies from and to direct
+ * <p>Copies from and to Java heap arrays (the overloads of {@link HostArrayCopies}, shared with
+ * {@link DeviceGlobal}) are complete when they return (the garbage collector moves heap arrays, so
+ * they are staged through native memory). Copies from and to direct
  * {@link ByteBuffer}s are asynchronous on the buffer's stream when the memory is pinned
  * ({@link CudaBridge#allocatePinned}); keep the ByteBuffer alive and unchanged until
  * {@link CudaBridge#synchronize()}. Direct-buffer copies read {@code remaining()} bytes from
@@ -20,7 +21,7 @@ import java.util.Objects;
  * release freed it). Byte offsets into the device buffer are {@code long}s; element indexes into
  * Java arrays are {@code int}s. Data is copied in native byte order.
  */
-public final class DeviceBuffer implements AutoCloseable {
+public final class DeviceBuffer extends HostArrayCopies implements AutoCloseable {
     private static final int LIVE = 0;
     private static final int CLOSED = 1;
     private static final VarHandle STATE;
@@ -90,7 +91,8 @@ public final class DeviceBuffer implements AutoCloseable {
         }
     }
 
-    private void checkRange(String call, long offset, long bytes) {
+    @Override
+    void checkRange(String call, long offset, long bytes) {
         if (offset < 0 || bytes < 0 || offset > size - bytes) {
             throw new IndexOutOfBoundsException(call + ": range [" + offset + ", " + offset + "+" + bytes
                     + ") is outside the device buffer of " + size + " bytes");
@@ -137,101 +139,26 @@ public final class DeviceBuffer implements AutoCloseable {
         }
     }
 
-    // --- heap arrays ------------------------------------------------------------------------
+    // --- heap arrays (the overloads are HostArrayCopies'; complete on return) --------------------
 
-    private void in(String call, Object array, int arrayLength, int index, int length, int shift, long dstOffset) {
-        Objects.requireNonNull(array, call + ": source array is null");
-        Objects.checkFromIndexSize(index, length, arrayLength);
-        long bytes = (long) length << shift;
-        checkRange(call, dstOffset, bytes);
+    @Override
+    String nullArray(boolean source) {
+        return source ? "source array is null" : "destination array is null";
+    }
+
+    @Override
+    void arrayIn(String call, Object array, int index, int length, int shift, long dstOffset) {
         check(call);
         memory.checkRunning(call);
-        NativeBridge.copyIn(handle, dstOffset, array, (long) index << shift, bytes, 1 << shift);
+        NativeBridge.copyIn(handle, dstOffset, array, (long) index << shift, (long) length << shift, 1 << shift);
     }
 
-    private void out(String call, Object array, int arrayLength, int index, int length, int shift, long srcOffset) {
-        Objects.requireNonNull(array, call + ": destination array is null");
-        Objects.checkFromIndexSize(index, length, arrayLength);
-        long bytes = (long) length << shift;
-        checkRange(call, srcOffset, bytes);
+    @Override
+    void arrayOut(String call, Object array, int index, int length, int shift, long srcOffset) {
         check(call);
         memory.checkRunning(call);
-        NativeBridge.copyOut(handle, srcOffset, array, (long) index << shift, bytes, 1 << shift);
+        NativeBridge.copyOut(handle, srcOffset, array, (long) index << shift, (long) length << shift, 1 << shift);
     }
-
-    /** Copies {@code src[index, index+length)} to the buffer at byte {@code dstOffset}; complete on return. */
-    public void copyFrom(byte[] src, int index, long dstOffset, int length) {
-        in("copyFrom(byte[])", src, src == null ? 0 : src.length, index, length, 0, dstOffset);
-    }
-
-    public void copyFrom(byte[] src) { copyFrom(src, 0, 0, src == null ? 0 : src.length); }
-
-    public void copyFrom(short[] src, int index, long dstOffset, int length) {
-        in("copyFrom(short[])", src, src == null ? 0 : src.length, index, length, 1, dstOffset);
-    }
-
-    public void copyFrom(short[] src) { copyFrom(src, 0, 0, src == null ? 0 : src.length); }
-
-    public void copyFrom(int[] src, int index, long dstOffset, int length) {
-        in("copyFrom(int[])", src, src == null ? 0 : src.length, index, length, 2, dstOffset);
-    }
-
-    public void copyFrom(int[] src) { copyFrom(src, 0, 0, src == null ? 0 : src.length); }
-
-    public void copyFrom(long[] src, int index, long dstOffset, int length) {
-        in("copyFrom(long[])", src, src == null ? 0 : src.length, index, length, 3, dstOffset);
-    }
-
-    public void copyFrom(long[] src) { copyFrom(src, 0, 0, src == null ? 0 : src.length); }
-
-    public void copyFrom(float[] src, int index, long dstOffset, int length) {
-        in("copyFrom(float[])", src, src == null ? 0 : src.length, index, length, 2, dstOffset);
-    }
-
-    public void copyFrom(float[] src) { copyFrom(src, 0, 0, src == null ? 0 : src.length); }
-
-    public void copyFrom(double[] src, int index, long dstOffset, int length) {
-        in("copyFrom(double[])", src, src == null ? 0 : src.length, index, length, 3, dstOffset);
-    }
-
-    public void copyFrom(double[] src) { copyFrom(src, 0, 0, src == null ? 0 : src.length); }
-
-    /** Copies the buffer's bytes from {@code srcOffset} into {@code dst[index, index+length)}; complete on return. */
-    public void copyTo(byte[] dst, int index, long srcOffset, int length) {
-        out("copyTo(byte[])", dst, dst == null ? 0 : dst.length, index, length, 0, srcOffset);
-    }
-
-    public void copyTo(byte[] dst) { copyTo(dst, 0, 0, dst == null ? 0 : dst.length); }
-
-    public void copyTo(short[] dst, int index, long srcOffset, int length) {
-        out("copyTo(short[])", dst, dst == null ? 0 : dst.length, index, length, 1, srcOffset);
-    }
-
-    public void copyTo(short[] dst) { copyTo(dst, 0, 0, dst == null ? 0 : dst.length); }
-
-    public void copyTo(int[] dst, int index, long srcOffset, int length) {
-        out("copyTo(int[])", dst, dst == null ? 0 : dst.length, index, length, 2, srcOffset);
-    }
-
-    public void copyTo(int[] dst) { copyTo(dst, 0, 0, dst == null ? 0 : dst.length); }
-
-    public void copyTo(long[] dst, int index, long srcOffset, int length) {
-        out("copyTo(long[])", dst, dst == null ? 0 : dst.length, index, length, 3, srcOffset);
-    }
-
-    public void copyTo(long[] dst) { copyTo(dst, 0, 0, dst == null ? 0 : dst.length); }
-
-    public void copyTo(float[] dst, int index, long srcOffset, int length) {
-        out("copyTo(float[])", dst, dst == null ? 0 : dst.length, index, length, 2, srcOffset);
-    }
-
-    public void copyTo(float[] dst) { copyTo(dst, 0, 0, dst == null ? 0 : dst.length); }
-
-    public void copyTo(double[] dst, int index, long srcOffset, int length) {
-        out("copyTo(double[])", dst, dst == null ? 0 : dst.length, index, length, 3, srcOffset);
-    }
-
-    public void copyTo(double[] dst) { copyTo(dst, 0, 0, dst == null ? 0 : dst.length); }
 
     // --- direct ByteBuffers -------------------------------------------------------------------
 

@@ -2,23 +2,24 @@ package org.cudabridge;
 
 import java.nio.ByteBuffer;
 import java.nio.ByteOrder;
-import java.util.Objects;
 
 /**
  * A {@code __constant__} or {@code __device__} variable of a loaded {@link CudaModule}
  * ({@link CudaModule#global(String)}): its device address and size on the module's GPU.
  *
- * <p>Copies run on the current task's stream, ordered with the task's other work: a value
- * written before a launch is what the kernel reads, and {@code copyTo} after a launch returns
- * what the kernel wrote (it is complete on return). Data is copied in native byte order; byte
- * offsets into the global are {@code long}s, element indexes into Java arrays {@code int}s. Every
- * argument is checked here, before anything crosses into Python.
+ * <p>Copies from and to primitive arrays ({@code copyFrom}, {@code copyTo}: the overloads of
+ * {@link HostArrayCopies}, shared with {@link DeviceBuffer}) run on the current task's stream,
+ * ordered with the task's other work, and complete on return: a value written before a launch is
+ * what the kernel reads (the array may change once the call returns), and {@code copyTo} after a
+ * launch returns what the kernel wrote. Data is copied in native byte order; byte offsets into the
+ * global are {@code long}s, element indexes into Java arrays {@code int}s. Every argument is
+ * checked in Java, before anything crosses into Python.
  *
  * <p>A module is loaded once per executor and GPU, so a global is shared by every task that uses
  * the module there: tasks that write different values to it while another's kernels may read it
  * race, as they would on any GPU. Pass per-task values as kernel arguments.
  */
-public final class DeviceGlobal {
+public final class DeviceGlobal extends HostArrayCopies {
     private final CudaBridge bridge;
     private final long moduleId;
     private final String name;
@@ -52,12 +53,15 @@ public final class DeviceGlobal {
         return "DeviceGlobal[" + name + ", " + size + " bytes at 0x" + Long.toHexString(address) + " on GPU " + gpu + "]";
     }
 
-    // --- checks, then one call into Python ------------------------------------------------------
+    // --- the array copies (HostArrayCopies): checked there, then one call into Python ------------
 
-    private long checked(String call, Object array, int arrayLength, int index, int length, int shift, long offset) {
-        Objects.requireNonNull(array, call + ": the array is null");
-        Objects.checkFromIndexSize(index, length, arrayLength);
-        long bytes = (long) length << shift;
+    @Override
+    String nullArray(boolean source) {
+        return "the array is null";
+    }
+
+    @Override
+    void checkRange(String call, long offset, long bytes) {
         if (offset < 0 || offset > size - bytes) {
             throw new IndexOutOfBoundsException(call + ": range [" + offset + ", " + offset + "+" + bytes
                     + ") is outside global " + name + " of " + size + " bytes");
@@ -65,7 +69,6 @@ public final class DeviceGlobal {
         if (bytes > Integer.MAX_VALUE - 8) {
             throw new IllegalArgumentException(call + ": " + bytes + " bytes in one copy; copy at most 2^31-9");
         }
-        return bytes;
     }
 
     private TaskScope task(String call) {
@@ -78,123 +81,49 @@ public final class DeviceGlobal {
         return task;
     }
 
-    private void in(String call, long offset, ByteBuffer bytes) {
+    /** The elements, as bytes in native order, into the global on the current task's stream. */
+    @Override
+    void arrayIn(String call, Object array, int index, int length, int shift, long offset) {
+        ByteBuffer b = ByteBuffer.allocate(length << shift).order(ByteOrder.nativeOrder());
+        if (array instanceof byte[] a) {
+            b.put(a, index, length);
+        } else if (array instanceof short[] a) {
+            b.asShortBuffer().put(a, index, length);
+        } else if (array instanceof int[] a) {
+            b.asIntBuffer().put(a, index, length);
+        } else if (array instanceof long[] a) {
+            b.asLongBuffer().put(a, index, length);
+        } else if (array instanceof float[] a) {
+            b.asFloatBuffer().put(a, index, length);
+        } else {
+            b.asDoubleBuffer().put((double[]) array, index, length);
+        }
         TaskScope task = task(call);
-        bridge.control().copyToGlobal(task.taskAttemptId(), moduleId, name, offset, bytes.array());
+        bridge.control().copyToGlobal(task.taskAttemptId(), moduleId, name, offset, b.array());
     }
 
-    private ByteBuffer out(String call, long offset, long bytes) {
+    /** The global's bytes, after the current task's queued work, into the elements (native order). */
+    @Override
+    void arrayOut(String call, Object array, int index, int length, int shift, long offset) {
+        long bytes = (long) length << shift;
         TaskScope task = task(call);
         byte[] got = bridge.control().copyFromGlobal(task.taskAttemptId(), moduleId, name, offset, (int) bytes);
         if (got.length != bytes) {
             throw new IllegalStateException(call + ": asked for " + bytes + " bytes, got " + got.length);
         }
-        return ByteBuffer.wrap(got).order(ByteOrder.nativeOrder());
+        ByteBuffer b = ByteBuffer.wrap(got).order(ByteOrder.nativeOrder());
+        if (array instanceof byte[] a) {
+            b.get(a, index, length);
+        } else if (array instanceof short[] a) {
+            b.asShortBuffer().get(a, index, length);
+        } else if (array instanceof int[] a) {
+            b.asIntBuffer().get(a, index, length);
+        } else if (array instanceof long[] a) {
+            b.asLongBuffer().get(a, index, length);
+        } else if (array instanceof float[] a) {
+            b.asFloatBuffer().get(a, index, length);
+        } else {
+            b.asDoubleBuffer().get((double[]) array, index, length);
+        }
     }
-
-    private static ByteBuffer staging(long bytes) {
-        return ByteBuffer.allocate((int) bytes).order(ByteOrder.nativeOrder());
-    }
-
-    // --- host to global -------------------------------------------------------------------------
-
-    /** Copies {@code src[index, index+length)} into the global from byte {@code dstOffset}. */
-    public void copyFrom(byte[] src, int index, long dstOffset, int length) {
-        long bytes = checked("copyFrom(byte[])", src, src == null ? 0 : src.length, index, length, 0, dstOffset);
-        ByteBuffer b = staging(bytes);
-        b.put(src, index, length);
-        in("copyFrom(byte[])", dstOffset, b);
-    }
-
-    public void copyFrom(byte[] src) { copyFrom(src, 0, 0, src == null ? 0 : src.length); }
-
-    public void copyFrom(short[] src, int index, long dstOffset, int length) {
-        long bytes = checked("copyFrom(short[])", src, src == null ? 0 : src.length, index, length, 1, dstOffset);
-        ByteBuffer b = staging(bytes);
-        b.asShortBuffer().put(src, index, length);
-        in("copyFrom(short[])", dstOffset, b);
-    }
-
-    public void copyFrom(short[] src) { copyFrom(src, 0, 0, src == null ? 0 : src.length); }
-
-    public void copyFrom(int[] src, int index, long dstOffset, int length) {
-        long bytes = checked("copyFrom(int[])", src, src == null ? 0 : src.length, index, length, 2, dstOffset);
-        ByteBuffer b = staging(bytes);
-        b.asIntBuffer().put(src, index, length);
-        in("copyFrom(int[])", dstOffset, b);
-    }
-
-    public void copyFrom(int[] src) { copyFrom(src, 0, 0, src == null ? 0 : src.length); }
-
-    public void copyFrom(long[] src, int index, long dstOffset, int length) {
-        long bytes = checked("copyFrom(long[])", src, src == null ? 0 : src.length, index, length, 3, dstOffset);
-        ByteBuffer b = staging(bytes);
-        b.asLongBuffer().put(src, index, length);
-        in("copyFrom(long[])", dstOffset, b);
-    }
-
-    public void copyFrom(long[] src) { copyFrom(src, 0, 0, src == null ? 0 : src.length); }
-
-    public void copyFrom(float[] src, int index, long dstOffset, int length) {
-        long bytes = checked("copyFrom(float[])", src, src == null ? 0 : src.length, index, length, 2, dstOffset);
-        ByteBuffer b = staging(bytes);
-        b.asFloatBuffer().put(src, index, length);
-        in("copyFrom(float[])", dstOffset, b);
-    }
-
-    public void copyFrom(float[] src) { copyFrom(src, 0, 0, src == null ? 0 : src.length); }
-
-    public void copyFrom(double[] src, int index, long dstOffset, int length) {
-        long bytes = checked("copyFrom(double[])", src, src == null ? 0 : src.length, index, length, 3, dstOffset);
-        ByteBuffer b = staging(bytes);
-        b.asDoubleBuffer().put(src, index, length);
-        in("copyFrom(double[])", dstOffset, b);
-    }
-
-    public void copyFrom(double[] src) { copyFrom(src, 0, 0, src == null ? 0 : src.length); }
-
-    // --- global to host -------------------------------------------------------------------------
-
-    /** Copies the global's bytes from {@code srcOffset} into {@code dst[index, index+length)}; complete on return. */
-    public void copyTo(byte[] dst, int index, long srcOffset, int length) {
-        long bytes = checked("copyTo(byte[])", dst, dst == null ? 0 : dst.length, index, length, 0, srcOffset);
-        out("copyTo(byte[])", srcOffset, bytes).get(dst, index, length);
-    }
-
-    public void copyTo(byte[] dst) { copyTo(dst, 0, 0, dst == null ? 0 : dst.length); }
-
-    public void copyTo(short[] dst, int index, long srcOffset, int length) {
-        long bytes = checked("copyTo(short[])", dst, dst == null ? 0 : dst.length, index, length, 1, srcOffset);
-        out("copyTo(short[])", srcOffset, bytes).asShortBuffer().get(dst, index, length);
-    }
-
-    public void copyTo(short[] dst) { copyTo(dst, 0, 0, dst == null ? 0 : dst.length); }
-
-    public void copyTo(int[] dst, int index, long srcOffset, int length) {
-        long bytes = checked("copyTo(int[])", dst, dst == null ? 0 : dst.length, index, length, 2, srcOffset);
-        out("copyTo(int[])", srcOffset, bytes).asIntBuffer().get(dst, index, length);
-    }
-
-    public void copyTo(int[] dst) { copyTo(dst, 0, 0, dst == null ? 0 : dst.length); }
-
-    public void copyTo(long[] dst, int index, long srcOffset, int length) {
-        long bytes = checked("copyTo(long[])", dst, dst == null ? 0 : dst.length, index, length, 3, srcOffset);
-        out("copyTo(long[])", srcOffset, bytes).asLongBuffer().get(dst, index, length);
-    }
-
-    public void copyTo(long[] dst) { copyTo(dst, 0, 0, dst == null ? 0 : dst.length); }
-
-    public void copyTo(float[] dst, int index, long srcOffset, int length) {
-        long bytes = checked("copyTo(float[])", dst, dst == null ? 0 : dst.length, index, length, 2, srcOffset);
-        out("copyTo(float[])", srcOffset, bytes).asFloatBuffer().get(dst, index, length);
-    }
-
-    public void copyTo(float[] dst) { copyTo(dst, 0, 0, dst == null ? 0 : dst.length); }
-
-    public void copyTo(double[] dst, int index, long srcOffset, int length) {
-        long bytes = checked("copyTo(double[])", dst, dst == null ? 0 : dst.length, index, length, 3, srcOffset);
-        out("copyTo(double[])", srcOffset, bytes).asDoubleBuffer().get(dst, index, length);
-    }
-
-    public void copyTo(double[] dst) { copyTo(dst, 0, 0, dst == null ? 0 : dst.length); }
 }
