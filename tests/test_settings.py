@@ -401,3 +401,41 @@ def test_a_malformed_table_is_refused_naming_the_entry(tmp_path, change, text, m
 
 def test_the_table_is_read_as_it_is():
     assert config.load_table() == SETTINGS
+
+
+# --- the Java side generated from it (cudabridge/jvm/settings_java.py; tests/test_settings_java.py runs it) ---
+def test_the_java_source_is_generated_deterministically_from_the_table():
+    from cudabridge.jvm import settings_java
+
+    source = settings_java.generate(SETTINGS)
+    assert source == settings_java.generate(config.load_table()) and source.isascii()
+    for s in SETTINGS:
+        assert f"public static final Setting {settings_java.constant_name(s)} = new Setting(" in source
+    names = {s.key: settings_java.constant_name(s) for s in SETTINGS}
+    assert (names["poolLimit"], names["metrics.refreshMs"], names["python"]) == (
+        "POOL_LIMIT", "METRICS_REFRESH_MS", "PYTHON")
+    assert (names["cudabridge.python"], names["cudabridge.gate.holdMicros"]) == ("PYTHON_PROPERTY",
+                                                                                 "GATE_HOLD_MICROS_PROPERTY")
+    assert "ALL = List.of(\n            BACKEND,\n" in source
+
+
+def test_the_generator_escapes_what_java_would_read_as_code():
+    from cudabridge.jvm import settings_java as gen
+
+    assert gen.java_string('a"b\\c\n\u00e9\U0001f600') == '"a\\"b\\\\c\\u000a\\u00e9\\ud83d\\ude00"'
+    # in a comment: no end of it, no tag, no \u escape (javac reads those in comments too), ASCII
+    assert gen.javadoc_text("x */ @see \\u0041 <b> & 1/2 \u00e9") == \
+        "x *&#47; &#64;see &#92;u0041 &lt;b&gt; &amp; 1/2 &#233;"
+
+
+def test_the_generator_refuses_two_settings_with_one_constant(tmp_path):
+    from cudabridge.jvm import settings_java
+
+    dup = config.Setting(key="pool.limit", scope="service", type="string", default=None, doc="", default_doc="x")
+    with pytest.raises(settings_java.GenerateError, match="poolLimit and pool.limit get one Java constant, POOL_LIMIT"):
+        settings_java.generate((*SETTINGS, dup))
+    with pytest.raises(settings_java.GenerateError, match=r"the settings table is malformed: .*unknown field 'x'"):
+        settings_java.write(tmp_path, _table(tmp_path, lambda t: t["settings"][0].update(x=1)))
+    out = settings_java.write(tmp_path / "src")
+    assert out == tmp_path / "src" / "org" / "cudabridge" / "SettingsTable.java"
+    assert out.read_text() == settings_java.generate(SETTINGS)

@@ -1,10 +1,16 @@
-"""The Java side of the settings table (``org.cudabridge.Settings``, ``PluginConf``, the Java enums)
-reads and checks exactly what ``python/cudabridge/settings.json`` says.
+"""The Java side of the settings table agrees with the Python side (``cudabridge.config``).
+
+What a setting is (key, scope, type, values, bounds, default, doc, derived spellings) is written
+once: the jar's build generates ``org.cudabridge.SettingsTable`` from ``settings.json``
+(``cudabridge/jvm/settings_java.py``). What exists twice, because the driver checks a Spark
+configuration in a JVM that may have no Python, is the check of a value, once per type in each
+language (``Settings.Setting.parse``; ``config.check_value``), the typed value it returns, and the
+whole check of a configuration and an environment (``Settings.checkAll``; ``config.check_all``)
+with its messages and nearest-name suggestions: compared here over every key and a grid of values.
 
 A small Java main (tests/java/org/cudabridge/harness/SettingsProbe.java) runs in a plain ``java``
-(no Python, no JPype inside it) against the built jars and prints what Java reads; this test
-compares it with the JSON table itself and with the Python rules (``cudabridge.config``). Needs a
-JDK (javac); CUDABRIDGE_SKIP_JVM_TESTS=1 skips it. The executor side's part (``TaskBind``,
+(no Python, no JPype inside it) against the built jars and prints what Java makes of its input.
+Needs a JDK (javac); CUDABRIDGE_SKIP_JVM_TESTS=1 skips it. The executor side's part (``TaskBind``,
 ``PluginConf``, in cudabridge.jar's ``org.cudabridge.executor``) is always there.
 """
 
@@ -14,7 +20,6 @@ import base64
 import itertools
 import json
 import os
-import re
 import shutil
 import subprocess
 import zipfile
@@ -22,19 +27,15 @@ from pathlib import Path
 
 import pytest
 
+from cudabridge import config as pyconfig
 from cudabridge.jvm import build as jvm_build
 
 ROOT = Path(__file__).resolve().parent.parent
-TABLE_PATH = ROOT / "python" / "cudabridge" / "settings.json"
-TABLE = json.loads(TABLE_PATH.read_text())
-PREFIX = TABLE["prefix"]
+SETTINGS = pyconfig.SETTINGS
+PREFIX = pyconfig.SPARK_PREFIX
+BY_NAME = {s.name: s for s in SETTINGS}   # as users write them: Spark key, property, variable
 PROBE = "org.cudabridge.harness.SettingsProbe"
 HARNESS_SOURCES = sorted((ROOT / "tests" / "java").rglob("*.java"))
-
-try:  # the Python rules, where they exist (the Python side of the same table)
-    from cudabridge import config as pyconfig
-except Exception:  # noqa: BLE001  (a config module mid-change must not hide the Java checks)
-    pyconfig = None
 
 
 def _java() -> str:
@@ -64,9 +65,9 @@ def jars(tmp_path_factory):
     return core, plugin, classes
 
 
-def probe(jars, mode: str, stdin: str = "", core: Path | None = None) -> subprocess.CompletedProcess:
+def probe(jars, mode: str, stdin: str = "") -> subprocess.CompletedProcess:
     jar, plugin, classes = jars
-    cp = [str(core or jar)] + ([str(plugin)] if plugin else []) + [str(classes)]
+    cp = [str(jar)] + ([str(plugin)] if plugin else []) + [str(classes)]
     return subprocess.run([_java(), "-cp", os.pathsep.join(cp), PROBE, mode], input=stdin, capture_output=True,
                           text=True, timeout=120)
 
@@ -83,89 +84,87 @@ def dump(jars):
     return json.loads(proc.stdout)
 
 
-def env_name(key: str) -> str:
-    words = [w for part in key.split(".") for w in re.split(r"(?<=[a-z0-9])(?=[A-Z])", part) if w]
-    return "CUDABRIDGE_" + "_".join(w.upper() for w in words)
+# --- the generated table ---------------------------------------------------------------------------
 
-
-def by_key(key: str) -> dict:
-    return next(e for e in TABLE["settings"] if e["key"] == key)
-
-
-def user_name(e: dict) -> str:
-    """How users write a setting: the Spark key (service, plugin), the property (jvm), the
-    variable (environment, dev)."""
-    return (e["key"] if e["scope"] == "jvm" else PREFIX + e["key"] if e["scope"] in ("service", "plugin")
-            else env_name(e["key"]))
-
-
-# --- what Java reads --------------------------------------------------------------------------------
-
-def test_java_reads_the_same_keys_types_and_defaults(dump):
+def test_the_generated_table_is_the_python_table(dump):
+    """SettingsTable, as Java sees it, is config's table: every field and derived spelling (a
+    check of the generator's output, escaping included)."""
     assert dump["prefix"] == PREFIX
-    java = dump["settings"]
-    assert [s["key"] for s in java] == [e["key"] for e in TABLE["settings"]]
-    for s, e in zip(java, TABLE["settings"]):
-        want = {"key": e["key"], "scope": e["scope"], "type": e["type"], "values": e.get("values", []),
-                "min": e.get("min"), "max": e.get("max"), "default": e["default"], "defaultDoc": e.get("defaultDoc"),
-                "doc": e["doc"], "test": e.get("test", False), "env": e.get("env", False)}
-        assert {k: s[k] for k in want} == want, e["key"]
-        if pyconfig is not None and hasattr(pyconfig.Setting, "env_read"):
-            p = pyconfig.BY_KEY[e["key"]]
-            assert (s["envRead"], s["envChecked"]) == (p.env_read, p.env_checked), e["key"]
+    assert [s["key"] for s in dump["settings"]] == [s.key for s in SETTINGS]
+    for j, s in zip(dump["settings"], SETTINGS):
+        assert j == {"key": s.key, "scope": s.scope, "type": s.type, "values": list(s.values), "min": s.min,
+                     "max": s.max, "defaultValue": s.default, "defaultDoc": s.default_doc, "doc": s.doc,
+                     "test": s.test, "env": s.env, "sparkKey": s.spark_key, "envName": s.env_name, "name": s.name,
+                     "envRead": s.env_read, "envChecked": s.env_checked}, s.key
 
 
-def test_derived_spellings(dump):
-    for s in dump["settings"]:
-        scoped = s["scope"] in ("service", "plugin")
-        assert s["sparkKey"] == (PREFIX + s["key"] if scoped else None)
-        assert s["envName"] == (None if s["scope"] == "jvm" else env_name(s["key"]))
-        assert s["name"] == (s["sparkKey"] if scoped else s["key"] if s["scope"] == "jvm" else s["envName"])
-        if pyconfig is not None and hasattr(pyconfig, "BY_KEY"):
-            p = pyconfig.BY_KEY[s["key"]]
-            assert (p.spark_key, p.env_name, p.name) == (s["sparkKey"], s["envName"], s["name"]), s["key"]
-    spelled = {s["key"]: s["envName"] for s in dump["settings"]}
-    assert spelled["poolLimit"] == "CUDABRIDGE_POOL_LIMIT"
-    assert spelled["metrics.refreshMs"] == "CUDABRIDGE_METRICS_REFRESH_MS"
-    assert spelled["cudabridge.gate"] is None
+def test_the_jar_carries_the_generated_class_and_no_table(jars):
+    """Java reads no JSON at run time: the table is compiled in (SettingsTable), not copied."""
+    with zipfile.ZipFile(jars[0]) as z:
+        names = set(z.namelist())
+    assert "org/cudabridge/SettingsTable.class" in names
+    assert not any(n.endswith(".json") for n in names), sorted(n for n in names if n.endswith(".json"))
+
+
+BROKEN = [
+    (lambda t: t["settings"][0].update(defualt="auto"), "settings[0] (backend): unknown field 'defualt'"),
+    (lambda t: by_key_in(t, "poolLimit").update(default="255"),
+     "poolLimit: its default is refused by its own type: spark.cudabridge.poolLimit='255': 255 bytes is below"),
+    (lambda t: by_key_in(t, "taskBind").update(values=[]), "(taskBind): an enum needs its 'values'"),
+    (lambda t: by_key_in(t, "backend").update(scope="executor"), "scope executor is none of"),
+    (lambda t: t["settings"].append(dict(t["settings"][0])), "key backend twice"),
+    # a setting the Java code uses is gone: the generated constant is, and javac says so
+    (lambda t: t["settings"].remove(by_key_in(t, "cudabridge.gate")), "GATE_PROPERTY"),
+]
+
+
+def by_key_in(t: dict, key: str) -> dict:
+    return next(e for e in t["settings"] if e["key"] == key)
+
+
+@pytest.mark.parametrize("change, message", BROKEN)
+def test_a_broken_table_fails_the_jar_build_clearly(jars, tmp_path, monkeypatch, change, message):
+    t = json.loads(pyconfig.TABLE.read_text())
+    change(t)
+    table = tmp_path / "settings.json"
+    table.write_text(json.dumps(t))
+    monkeypatch.setattr(jvm_build, "SETTINGS_TABLE", table)
+    with pytest.raises(jvm_build.BuildError) as err:
+        jvm_build.build_jar(force=True, native_dir=tmp_path / "native")
+    assert message in str(err.value), str(err.value)[-3000:]
+    assert not (tmp_path / "native" / jvm_build.JAR_NAME).exists()
 
 
 def test_java_enums_have_the_tables_wire_names(dump):
-    assert dump["enums"]["org.cudabridge.Priority"] == by_key("taskPriority")["values"]
+    assert dump["enums"]["org.cudabridge.Priority"] == list(pyconfig.BY_KEY["taskPriority"].values)
     assert dump["plugin"] is not None, "org.cudabridge.executor.PluginConf is part of cudabridge.jar"
-    assert dump["enums"]["org.cudabridge.executor.TaskBind"] == by_key("taskBind")["values"]
+    assert dump["enums"]["org.cudabridge.executor.TaskBind"] == list(pyconfig.BY_KEY["taskBind"].values)
 
 
 def test_plugin_keys_constants_and_defaults_come_from_the_table(dump):
     plugin = dump["plugin"]
     assert plugin is not None, "org.cudabridge.executor.PluginConf is part of cudabridge.jar"
-    scope = [e for e in TABLE["settings"] if e["scope"] == "plugin"]
-    assert list(plugin["KEYS"]) == [PREFIX + e["key"] for e in scope]
-    for e in scope:
-        dflt, doc = plugin["KEYS"][PREFIX + e["key"]]
-        assert doc == e["doc"]
-        assert dflt == (e["default"] if e["default"] is not None else f"({e['defaultDoc']})")
+    scope = [s for s in SETTINGS if s.scope == "plugin"]
+    assert list(plugin["KEYS"]) == [s.spark_key for s in scope]
+    for s in scope:
+        dflt, doc = plugin["KEYS"][s.spark_key]
+        assert doc == s.doc
+        assert dflt == (s.default if s.default is not None else f"({s.default_doc})")
     constants = dict(plugin["constants"])
     assert constants.pop("PREFIX") == PREFIX
     assert constants.pop("GPU_ADDRESSES") == PREFIX + "gpuAddresses"
     assert constants.pop("STAGING_COPIES") == PREFIX + "stagingCopies"   # set from the task slots
     # one constant per plugin key, and none for anything else
-    assert sorted(constants.values()) == sorted(PREFIX + e["key"] for e in scope)
-    d = plugin["defaults"]
-    assert d == {"gpuResource": by_key("gpuResource")["default"], "taskPriority": by_key("taskPriority")["default"],
-                 "asyncRelease": by_key("asyncRelease")["default"] == "true", "taskBind": by_key("taskBind")["default"],
-                 "metricsRefreshMs": int(by_key("metrics.refreshMs")["default"]),
-                 "reportIntervalMs": int(by_key("reportIntervalMs")["default"])}
+    assert sorted(constants.values()) == sorted(s.spark_key for s in scope)
+    by_key = pyconfig.BY_KEY
+    assert plugin["defaults"] == {
+        "gpuResource": by_key["gpuResource"].default, "taskPriority": by_key["taskPriority"].default,
+        "asyncRelease": by_key["asyncRelease"].default == "true", "taskBind": by_key["taskBind"].default,
+        "metricsRefreshMs": int(by_key["metrics.refreshMs"].default),
+        "reportIntervalMs": int(by_key["reportIntervalMs"].default)}
 
 
-def test_every_jvm_property_has_its_settings_constant(dump):
-    constants = set(dump["settingsConstants"].values())
-    for e in TABLE["settings"]:
-        if e["scope"] == "jvm":
-            assert e["key"] in constants, e["key"]
-
-
-# --- values: the same accepted and refused values as the Python rules ------------------------------------
+# --- values: the same accepted and refused values, parsed to the same typed values ------------------------
 
 P = PREFIX
 # (name, value, accepted): names as users write them (Spark key, system property, variable).
@@ -268,7 +267,7 @@ def check_in_java(jars, cases: list[tuple[str, str]]) -> list[dict]:
 
 
 def test_every_setting_has_cases():
-    assert {user_name(e) for e in TABLE["settings"]} == {k for k, _, _ in CASES}
+    assert {s.name for s in SETTINGS} == {k for k, _, _ in CASES}
 
 
 def test_check_accepts_and_refuses_as_written(jars):
@@ -281,7 +280,7 @@ def test_check_accepts_and_refuses_as_written(jars):
 
 
 def test_every_default_is_accepted(jars):
-    cases = [(user_name(s), s["default"]) for s in TABLE["settings"] if s["default"] is not None]
+    cases = [(s.name, s.default) for s in SETTINGS if s.default is not None]
     assert all(g["ok"] for g in check_in_java(jars, cases))
 
 
@@ -299,14 +298,13 @@ def test_refusal_messages(jars):
     ]
 
 
-def _python_accepts(name: str, value: str) -> bool:
-    key = next(e["key"] for e in TABLE["settings"]
-               if name in (PREFIX + e["key"], e["key"], env_name(e["key"])))
+def _python_value(name: str, value: str) -> tuple[bool, object]:
+    """(accepted, the typed value as JSON has it) by config.check_value."""
     try:
-        pyconfig.check_value(key, value)
+        typed = pyconfig.check_value(BY_NAME[name].key, value)
     except pyconfig.InvalidArgument:
-        return False
-    return True
+        return False, None
+    return True, list(typed) if isinstance(typed, tuple) else typed
 
 
 @pytest.fixture(scope="module")
@@ -315,10 +313,11 @@ def java_outcomes(jars):
 
 
 @pytest.mark.parametrize("name, value", [(k, v) for k, v, _ in CASES])
-def test_java_and_python_accept_and_refuse_the_same(java_outcomes, name, value):
-    if pyconfig is None or not hasattr(pyconfig, "check_value"):
-        pytest.skip("cudabridge.config.check_value is not there yet")
-    assert java_outcomes[(name, value)]["ok"] == _python_accepts(name, value), java_outcomes[(name, value)]
+def test_java_and_python_accept_refuse_and_parse_the_same(java_outcomes, name, value):
+    """The same verdict, and an accepted value parsed to the same typed value (a limit as
+    [bytes, fraction], a list as its items, an enum as the table's spelling)."""
+    java = java_outcomes[(name, value)]
+    assert (java["ok"], java.get("value")) == _python_value(name, value), java
 
 
 # --- keys -------------------------------------------------------------------------------------------------
@@ -352,13 +351,10 @@ def test_a_misspelled_key_is_refused_with_the_nearest(jars):
             assert g["message"] == f"unknown key {key}; did you mean {near}?"
         else:
             assert g["message"].startswith(f"unknown key {key}; no key is close")
-        if pyconfig is not None and hasattr(pyconfig, "unknown_key_message"):
-            assert g["message"] == pyconfig.unknown_key_message(key)
+        assert g["message"] == pyconfig.unknown_key_message(key)
 
 
 def test_nearest_key_agrees_with_python(jars):
-    if pyconfig is None or not hasattr(pyconfig, "nearest_key"):
-        pytest.skip("cudabridge.config.nearest_key is not there yet")
     keys = [k for k, _ in MISSPELLED] + ["spark.cudabridge.backen", "spark.cudabridge.x", "spark.cudabridge.hostWait",
                                          "spark.cudabridge.Library", "spark.cudabridge.refreshMs"]
     proc = probe(jars, "nearest", "".join(b64(k) + "\n" for k in keys))
@@ -369,8 +365,7 @@ def test_nearest_key_agrees_with_python(jars):
 def test_check_all_checks_known_keys_values_and_ignores_other_prefixes(jars):
     confs = [
         {"spark.cudabridge.backend": "emulated", "spark.executor.memory": "1g", "spark.cudabridge_x": "y"},
-        {PREFIX + e["key"]: e["default"] for e in TABLE["settings"]
-         if e["scope"] in ("service", "plugin") and e["default"] is not None},
+        {s.spark_key: s.default for s in SETTINGS if s.spark_key and s.default is not None},
         {"spark.cudabridge.poolLimit": "255", "spark.other": "x"},
         {"spark.cudabridge.poolLimit": "255", "spark.cudabridge.taskBind": "never"},
         {"spark.cudabridge.pool_limit": "255", "spark.cudabridge.taskBind": "never"},
@@ -417,16 +412,16 @@ def test_java_start_refuses_a_misspelled_key_before_loading_anything(jars):
 # the pinned-pool rule and stagingSlotBytes' missing bound). The grid is built from the table, so
 # a new key or bound is covered without editing this list.
 
-def grid_values(e: dict) -> list[str]:
+def grid_values(s: pyconfig.Setting) -> list[str]:
     """Values around every bound and of every form the type's parser sees."""
-    t = e["type"]
+    t = s.type
     out: list[str] = []
     if t == "int":
-        lo, hi = e.get("min", 0), e.get("max", 1 << 31)
+        lo, hi = s.min or 0, 1 << 31 if s.max is None else s.max
         out = [str(n) for n in (lo - 1, lo, lo + 1, hi - 1, hi, hi + 1, 0, 1, -1, (1 << 63) - 1, 1 << 63)]
         out += ["abc", "", " 7 ", "+3", "1.0", "0x10", "1e3"]
     elif t == "bytes":
-        lo, hi = e.get("min", 0), e.get("max", (1 << 63) - 1)
+        lo, hi = s.min or 0, (1 << 63) - 1 if s.max is None else s.max
         out = [str(n) for n in (lo - 1, lo, lo + 1, hi - 1, hi, hi + 1)]
         out += ["0", "1", "4095", "4k", "1m", "2m", "4m", "8m", "15m", "16m", "17m", "64m", "1g", "1025m", "2g", "16g",
                 "1t", "1025g", "2t", "8388607t", "8388608t", "-1", "1.5g", "x", "", " 4m ", "4M", "4mb"]
@@ -434,7 +429,7 @@ def grid_values(e: dict) -> list[str]:
         out = ["0.0000001", "0.0000009", "0.000001", "0.0000010", "0.1e-5", "9.99e-7", "1e-6", "0.00001", "0.5", "1.0",
                "1.0000001", "0.0", "-0.5", ".", "1", "255", "2097151", "2m", "8g", "1t", "abc", ""]
     elif t == "enum":
-        for v in e["values"]:
+        for v in s.values:
             out += [v, v.upper(), v.lower(), v.title(), " " + v]
         out += ["", "x"]
     elif t == "bool":
@@ -481,18 +476,16 @@ def _grid_cases() -> list[tuple[dict, dict, str]]:
     """(conf, env, what) for every key and grid value: Spark keys as a one-key configuration,
     service keys' variables as a one-variable environment."""
     cases = []
-    for e in TABLE["settings"]:
-        for v in grid_values(e):
-            if e["scope"] in ("service", "plugin"):
-                cases.append(({PREFIX + e["key"]: v}, {}, "key"))
-            if e["scope"] in ("service", "environment", "dev") or e.get("env"):
-                cases.append(({}, {env_name(e["key"]): v}, "variable"))
+    for s in SETTINGS:
+        for v in grid_values(s):
+            if s.spark_key:
+                cases.append(({s.spark_key: v}, {}, "key"))
+            if s.env_read:
+                cases.append(({}, {s.env_name: v}, "variable"))
     return cases
 
 
 def test_driver_and_executor_checks_agree_on_every_key_over_a_grid(jars, monkeypatch):
-    if pyconfig is None or not hasattr(pyconfig, "check_all"):
-        pytest.skip("cudabridge.config.check_all is not there yet")
     cases = _grid_cases()
     java = checkall_env_in_java(jars, [(c, env) for c, env, _ in cases])
     disagree = []
@@ -516,10 +509,9 @@ def test_driver_and_executor_checks_agree_on_every_key_over_a_grid(jars, monkeyp
 
 
 def test_driver_and_executor_checks_agree_on_jvm_environment_and_dev_names(jars):
-    cases = [(user_name(e), v) for e in TABLE["settings"] if e["scope"] in ("jvm", "environment", "dev")
-             for v in grid_values(e)]
+    cases = [(s.name, v) for s in SETTINGS if s.scope in ("jvm", "environment", "dev") for v in grid_values(s)]
     got = check_in_java(jars, cases)
-    wrong = [(k, v, g) for (k, v), g in zip(cases, got) if g["ok"] != _python_accepts(k, v)]
+    wrong = [(k, v, g) for (k, v), g in zip(cases, got) if (g["ok"], g.get("value")) != _python_value(k, v)]
     assert wrong == []
 
 
@@ -543,15 +535,13 @@ def _staging_cases() -> list[tuple[dict, dict]]:
             if where in (0, 2):
                 conf[PREFIX + key] = value
             if where in (1, 2):
-                env[env_name(key)] = value if where == 1 else {"pinnedPool": "1m", "stagingSlots": "16",
+                env[pyconfig.BY_KEY[key].env_name] = value if where == 1 else {"pinnedPool": "1m", "stagingSlots": "16",
                                                                "stagingSlotBytes": "1g"}[key]
         cases.append((conf, env))
     return cases
 
 
 def test_driver_and_executor_agree_on_the_pinned_pool_and_staging_keys_together(jars, monkeypatch):
-    if pyconfig is None or not hasattr(pyconfig, "check_all"):
-        pytest.skip("cudabridge.config.check_all is not there yet")
     cases = _staging_cases()
     java = checkall_env_in_java(jars, cases)
     refused = 0
@@ -582,10 +572,9 @@ def test_the_driver_checks_the_executors_variables_the_conf_sets(jars):
     assert [g["ok"] for g in got] == [False, False, True, True]
     assert got[0]["message"] == ("unknown environment variable CUDABRIDGE_STREAMS_PER_GPUS; did you mean "
                                  "CUDABRIDGE_STREAMS_PER_GPU?")
-    if pyconfig is not None and hasattr(pyconfig, "check_all"):
-        unquoted = [(ok, m if m is None else m.replace("'", "")) for ok, m in
-                    (python_outcome(c, pyconfig.executor_environment(c)) for c in confs)]
-        assert unquoted == [(g["ok"], g["message"]) for g in got]
+    unquoted = [(ok, m if m is None else m.replace("'", "")) for ok, m in
+                (python_outcome(c, pyconfig.executor_environment(c)) for c in confs)]
+    assert unquoted == [(g["ok"], g["message"]) for g in got]
 
 
 VARIABLE_NAMES = ["CUDABRIDGE_STREAMS_PER_GPUS", "CUDABRIDGE_STREAMSPERGPU", "CUDABRIDGE_POOL_LIMT",
@@ -598,8 +587,7 @@ def test_an_unknown_variable_is_refused_alike_with_the_nearest(jars):
     got = checkall_env_in_java(jars, [({}, {n: "1"}) for n in VARIABLE_NAMES])
     for name, g in zip(VARIABLE_NAMES, got):
         assert not g["ok"], name
-        if pyconfig is not None and hasattr(pyconfig, "unknown_variable_message"):
-            assert g["message"] == pyconfig.unknown_variable_message(name)
+        assert g["message"] == pyconfig.unknown_variable_message(name)
     by = dict(zip(VARIABLE_NAMES, (g["message"] for g in got)))
     assert by["CUDABRIDGE_STREAMS_PER_GPUS"] == ("unknown environment variable CUDABRIDGE_STREAMS_PER_GPUS; did you "
                                                  "mean CUDABRIDGE_STREAMS_PER_GPU?")
@@ -608,10 +596,8 @@ def test_an_unknown_variable_is_refused_alike_with_the_nearest(jars):
                                           "(--conf spark.cudabridge.taskBind=...)")
     assert by["CUDABRIDGE_ZZZZZZZZ"].startswith("unknown environment variable CUDABRIDGE_ZZZZZZZZ; no variable is close")
     # every variable that is read passes (with its default, or a value of its type)
-    known = {e: "1" for e in (env_name(s["key"]) for s in TABLE["settings"]
-                              if s["scope"] in ("service", "environment", "dev") or s.get("env"))}
-    known.update({env_name(s["key"]): s["default"] for s in TABLE["settings"]
-                  if s["default"] is not None and env_name(s["key"]) in known})
+    known = {s.env_name: "1" for s in SETTINGS if s.env_read}
+    known.update({s.env_name: s.default for s in SETTINGS if s.default is not None and s.env_name in known})
     assert checkall_env_in_java(jars, [({}, known)])[0] == {"ok": True, "message": None}
 
 
@@ -654,94 +640,6 @@ def test_the_java_bridge_reads_the_environment_under_its_keys(bridge_classpath):
     env = {"CUDABRIDGE_STREAMS_PER_GPU": "3", "CUDABRIDGE_HIGH_PRIORITY_STREAMS": "1"}
     assert start_streams(bridge_classpath, env) == {"ok": True, "streams": 4}
     assert start_streams(bridge_classpath, env, "-Dspark.cudabridge.streamsPerGpu=5") == {"ok": True, "streams": 6}
-
-
-# --- the table's reader ----------------------------------------------------------------------------------
-
-def read_json(jars, text: str) -> str:
-    proc = probe(jars, "json", text)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return proc.stdout.strip()
-
-
-@pytest.mark.parametrize("text", [
-    '{"a": [1, -2, 3.5, 1e3, -0.25E-2, true, false, null], "b": {"c": ""}}',
-    '"esc \\" \\\\ \\/ \\b \\f \\n \\r \\t \\u00e9 \\ud83d\\ude00"',
-    ' [ ] ', '{}', '9223372036854775807', '-9223372036854775808', '0', '-0.0',
-])
-def test_json_reader_reads_what_python_reads(jars, text):
-    out = read_json(jars, text)
-    assert out.startswith("OK "), out
-    assert json.loads(out[3:]) == json.loads(text)
-
-
-@pytest.mark.parametrize("text, where, what", [
-    ('{"a": 1,}', "line 1, column 9", "expected a string key"),
-    ('{"a": 1 "b": 2}', "line 1, column 9", "expected ',' or '}'"),
-    ('[1, 2', "line 1, column 6", "expected ',' or ']'"),
-    ('{"a":\n  tru}', "line 2, column 3", "expected true"),
-    ('"abc', "line 1, column 5", "unterminated string"),
-    ('"a\tb"', "line 1, column 3", "control character"),
-    ('"\\x"', "line 1, column 3", "unknown escape"),
-    ('"\\u12g4"', "line 1, column 6", "hex digit"),
-    ('01', "line 1, column 2", "expected the end"),
-    ('1.', "line 1, column 3", "digit after '.'"),
-    ('-', "line 1, column 2", "expected a digit"),
-    ('1e', "line 1, column 3", "exponent"),
-    ('{"a": 1, "a": 2}', "line 1, column 10", "appears twice"),
-    ('{"a": 1} x', "line 1, column 10", "expected the end"),
-    ("{'a': 1}", "line 1, column 2", "expected a string key"),
-    ('[NaN]', "line 1, column 2", "expected a value"),
-    ('', "line 1, column 1", "expected a value"),
-])
-def test_json_reader_is_strict_and_names_the_position(jars, text, where, what):
-    out = read_json(jars, text)
-    assert out.startswith("ERROR <stdin>: " + where), out
-    assert what in out, out
-
-
-def _jar_with_table(jars, tmp_path, table: str | None) -> Path:
-    """A copy of cudabridge.jar whose settings.json is ``table`` (None: none at all)."""
-    src, _, _ = jars
-    out = tmp_path / "cudabridge.jar"
-    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(out, "w") as zout:
-        for item in zin.infolist():
-            if item.filename != jvm_build.SETTINGS_RESOURCE:
-                zout.writestr(item, zin.read(item.filename))
-        if table is not None:
-            zout.writestr(jvm_build.SETTINGS_RESOURCE, table)
-    return out
-
-
-def test_the_jar_carries_the_table(jars):
-    with zipfile.ZipFile(jars[0]) as z:
-        assert z.read("org/cudabridge/settings.json") == TABLE_PATH.read_bytes()
-
-
-@pytest.mark.parametrize("change, message", [
-    (None, "/org/cudabridge/settings.json is missing from the class path"),
-    (lambda t: t["settings"][0].update(defualt="auto"), "settings[0] (backend): unknown field 'defualt'"),
-    (lambda t: by_key_in(t, "poolLimit").update(default="255"),
-     "poolLimit: its default is refused by its own type: spark.cudabridge.poolLimit=255: 255 bytes is below"),
-    (lambda t: by_key_in(t, "taskBind").update(values=[]), "(taskBind): an enum needs its 'values'"),
-    (lambda t: by_key_in(t, "backend").update(scope="executor"), "scope executor is none of"),
-    (lambda t: t["settings"].append(dict(t["settings"][0])), "key backend twice"),
-    (lambda t: t["settings"].remove(by_key_in(t, "cudabridge.gate")), "has no jvm setting cudabridge.gate"),
-])
-def test_a_broken_table_fails_clearly(jars, tmp_path, change, message):
-    if change is None:
-        text = None
-    else:
-        t = json.loads(TABLE_PATH.read_text())
-        change(t)
-        text = json.dumps(t)
-    proc = probe(jars, "dump", core=_jar_with_table(jars, tmp_path, text))
-    assert proc.returncode != 0
-    assert message in proc.stderr, proc.stderr[-3000:]
-
-
-def by_key_in(t: dict, key: str) -> dict:
-    return next(e for e in t["settings"] if e["key"] == key)
 
 
 # --- one vocabulary ---------------------------------------------------------------------------------

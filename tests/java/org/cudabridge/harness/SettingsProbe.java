@@ -1,13 +1,14 @@
 package org.cudabridge.harness;
 
 import java.io.BufferedReader;
-import java.io.ByteArrayOutputStream;
 import java.io.InputStreamReader;
 import java.lang.reflect.Field;
 import java.lang.reflect.Method;
 import java.lang.reflect.Modifier;
+import java.lang.reflect.RecordComponent;
 import java.nio.charset.StandardCharsets;
 import java.util.ArrayList;
+import java.util.Arrays;
 import java.util.Base64;
 import java.util.LinkedHashMap;
 import java.util.List;
@@ -20,18 +21,19 @@ import org.cudabridge.Settings;
 import org.cudabridge.BridgeOptions;
 
 /**
- * What the Java side reads from the settings table, for tests/test_settings_java.py: {@code java
+ * What the Java side makes of the settings table, for tests/test_settings_java.py: {@code java
  * -cp cudabridge.jar[:cudabridge-spark.jar]:<classes> org.cudabridge.harness.SettingsProbe <mode>}.
  * Needs no Python and no JPype; the plugin's classes ({@code org.cudabridge.executor.TaskBind},
  * {@code PluginConf}) are reached by reflection, so this compiles against cudabridge.jar alone
  * (as the other harness classes) and reports them only where cudabridge-spark.jar is on the
  * class path. Modes:
  * <ul>
- *   <li>{@code dump}: one JSON document: the settings as {@link Settings} reads them, their
- *       derived spellings, the Java enums' wire names, the plugin's key constants and KEYS, and
- *       the constants of {@link Settings};</li>
+ *   <li>{@code dump}: one JSON document: the settings as the generated {@code SettingsTable}
+ *       gives them (every component of each record), the Java enums' wire names, the plugin's
+ *       key constants, KEYS and defaults;</li>
  *   <li>{@code check}: stdin lines {@code token(name) token(value)} (a token: 'x' + base64); per line a JSON object
- *       {@code {"ok": .., "message": ..}} from {@link Settings#check};</li>
+ *       {@code {"ok": .., "message": .., "value": ..}} from {@link Settings#check}, the value as
+ *       its type's reader returns it;</li>
  *   <li>{@code checkall} / {@code validate}: stdin lines, each one configuration as
  *       {@code token(key) token(value) ...}; per line the outcome of {@link Settings#checkAll}
  *       / {@code PluginConf.validate()};</li>
@@ -39,8 +41,6 @@ import org.cudabridge.BridgeOptions;
  *       token(value) ...}: a configuration and an environment; per line the outcome of
  *       {@link Settings#checkAll(Map, Map)};</li>
  *   <li>{@code nearest}: stdin lines {@code token(key)}; per line {@link Settings#nearestKey};</li>
- *   <li>{@code json}: stdin is a JSON text; prints {@code OK <it written back>} or
- *       {@code ERROR <message>} from the table's own reader;</li>
  *   <li>{@code start}: stdin line as for checkall: {@code CudaBridge.start} with those service
  *       keys, expecting a refusal before the bridge library is loaded;</li>
  *   <li>{@code streams}: starts the bridge from the system properties (and this process's
@@ -60,11 +60,10 @@ public final class SettingsProbe {
             case "streams": System.out.println(streams()); break;
             case "validate": perLine(SettingsProbe::validate); break;
             case "nearest": perLine(line -> quote(Settings.nearestKey(decode(line.trim())))); break;
-            case "json": json(); break;
             case "names": names(); break;
             case "start": perLine(SettingsProbe::start); break;
             default:
-                System.err.println("usage: SettingsProbe dump|check|checkall|checkallenv|validate|nearest|json|start|streams");
+                System.err.println("usage: SettingsProbe dump|check|checkall|checkallenv|validate|nearest|names|start|streams");
                 System.exit(2);
         }
         System.out.flush();
@@ -118,7 +117,23 @@ public final class SettingsProbe {
         String[] p = line.trim().split(" ");
         String name = decode(p[0]);
         String value = decode(p[1]);
-        return outcome(() -> Settings.check(name, value));
+        String r = outcome(() -> Settings.check(name, value));
+        return r.startsWith("{\"ok\": true") ? r.substring(0, r.length() - 1) + ", \"value\": "
+                + write(typed(Settings.named(name), value)) + "}" : r;
+    }
+
+    /** The value as its type's reader returns it (a limit as [bytes, fraction]). */
+    private static Object typed(Settings.Setting s, String value) {
+        switch (s.type()) {
+            case "int": return s.intValue(value);
+            case "bytes": return s.bytesValue(value);
+            case "seconds": return s.secondsValue(value);
+            case "bool": return s.boolValue(value);
+            case "enum": return s.enumValue(value);
+            case "list": return s.listValue(value);
+            case "limit": return Arrays.asList(s.limitValue(value).bytes(), s.limitValue(value).fraction());
+            default: return s.valueOr(value);
+        }
     }
 
     private static String checkAllEnv(String line) {
@@ -160,41 +175,18 @@ public final class SettingsProbe {
                 + ", \"startFailure\": " + quote(String.valueOf(CudaBridge.startFailure())) + "}";
     }
 
-    private static void json() throws Exception {
-        ByteArrayOutputStream buf = new ByteArrayOutputStream();
-        System.in.transferTo(buf);
-        Method parse = Settings.class.getDeclaredMethod("parseJson", String.class, String.class);
-        parse.setAccessible(true);
-        try {
-            Object v = parse.invoke(null, buf.toString(StandardCharsets.UTF_8), "<stdin>");
-            System.out.println("OK " + write(v));
-        } catch (java.lang.reflect.InvocationTargetException e) {
-            System.out.println("ERROR " + e.getCause().getMessage());
-        }
-    }
-
     private static String dump() {
         StringBuilder sb = new StringBuilder("{\"prefix\": ").append(quote(Settings.prefix())).append(", \"settings\": [");
         boolean first = true;
         for (Settings.Setting s : Settings.all()) {
             Map<String, Object> m = new LinkedHashMap<>();
-            m.put("key", s.key());
-            m.put("scope", s.scope());
-            m.put("type", s.type());
-            m.put("values", s.values());
-            m.put("min", s.min());
-            m.put("max", s.max());
-            m.put("default", s.defaultValue());
-            m.put("defaultDoc", s.defaultDoc());
-            m.put("doc", s.doc());
-            m.put("test", s.test());
-            m.put("env", s.env());
-            m.put("envRead", s.envRead());
-            m.put("envChecked", s.envChecked());
-            m.put("sparkKey", s.sparkKey());
-            m.put("envName", s.envName());
-            m.put("name", s.name());
-            m.put("expected", s.expected());
+            try {
+                for (RecordComponent c : Settings.Setting.class.getRecordComponents()) {
+                    m.put(c.getName(), c.getAccessor().invoke(s));
+                }
+            } catch (ReflectiveOperationException e) {
+                throw new IllegalStateException(e);
+            }
             sb.append(first ? "" : ", ").append(write(m));
             first = false;
         }
@@ -233,7 +225,6 @@ public final class SettingsProbe {
             throw new IllegalStateException(e);
         }
         sb.append("}, \"plugin\": ").append(plugin.isEmpty() ? "null" : write(plugin));
-        sb.append(", \"settingsConstants\": ").append(write(constants(Settings.class)));
         return sb.append('}').toString();
     }
 

@@ -10,8 +10,8 @@ import java.util.Objects;
 
 /**
  * Where Python, its path, the library and the service configuration come from. Unset values fall
- * back to system properties ({@link Settings#PYTHON}, {@link Settings#PYTHON_PATH},
- * {@link Settings#LIBRARY}), the environment ({@code CUDABRIDGE_PYTHON}), and where the package
+ * back to system properties ({@link SettingsTable#PYTHON_PROPERTY}, {@link
+ * SettingsTable#PYTHON_PATH_PROPERTY}, {@link SettingsTable#LIBRARY_PROPERTY}), the environment ({@code CUDABRIDGE_PYTHON}), and where the package
  * is installed ({@link InstallLayout}; {@link #resolved} gives the order). The
  * service keys are checked against the settings table ({@link Settings#checkAll}) before anything
  * starts, with this process's {@code CUDABRIDGE_*} variables: the Python service reads the variable
@@ -20,7 +20,7 @@ import java.util.Objects;
  */
 public final class BridgeOptions {
     /** The environment variable naming the Python executable (the plugin key {@code python}'s). */
-    static final String PYTHON_ENV = Settings.setting("python").envName();
+    static final String PYTHON_ENV = SettingsTable.PYTHON.envName();
 
     private String python;
     private final List<String> pythonPath = new ArrayList<>();
@@ -79,8 +79,8 @@ public final class BridgeOptions {
      */
     BridgeOptions resolved(InstallLayout besideJar) {
         BridgeOptions r = new BridgeOptions();
-        String givenPython = absolute(firstNonEmpty(python, Settings.property(Settings.PYTHON), System.getenv(PYTHON_ENV)));
-        String givenLibrary = firstNonEmpty(library, Settings.property(Settings.LIBRARY));
+        String givenPython = absolute(firstNonEmpty(python, Settings.property(SettingsTable.PYTHON_PROPERTY), System.getenv(PYTHON_ENV)));
+        String givenLibrary = firstNonEmpty(library, Settings.property(SettingsTable.LIBRARY_PROPERTY));
         InstallLayout layout;
         if (givenLibrary != null) {
             java.nio.file.Path dir = java.nio.file.Paths.get(givenLibrary).toAbsolutePath().getParent();
@@ -93,7 +93,7 @@ public final class BridgeOptions {
         r.library = firstNonEmpty(givenLibrary, layout.library());
         r.python = firstNonEmpty(givenPython, layout.environmentPython(), layout.nativeProperties().getProperty("python"));
         r.pythonPath.addAll(pythonPath);
-        for (String source : new String[] {Settings.property(Settings.PYTHON_PATH), layout.packageParent()}) {
+        for (String source : new String[] {Settings.property(SettingsTable.PYTHON_PATH_PROPERTY), layout.packageParent()}) {
             if (source != null && !source.isEmpty()) {
                 for (String entry : source.split(File.pathSeparator)) {
                     if (!entry.isEmpty() && !r.pythonPath.contains(entry)) {

@@ -103,14 +103,14 @@ final class Launcher {
             throw new CudaBridgeException("cudabridge: the bridge library was not found beside cudabridge.jar nor in "
                     + "the Python environment of " + (o.python() == null ? "the (unset) cudabridge.python" : o.python())
                     + ": install the spark-cuda-bridge wheel in that environment, or name the library with "
-                    + "spark.cudabridge.library (-D" + Settings.LIBRARY + " outside Spark)", "java");
+                    + "spark.cudabridge.library (-D" + SettingsTable.LIBRARY_PROPERTY.key() + " outside Spark)", "java");
         }
         if (!new File(o.library()).isFile()) {
             throw new CudaBridgeException("cudabridge: no bridge library at " + o.library() + " (build it with "
-                    + "`python -m cudabridge build`, or set -D" + Settings.LIBRARY + ")", "java");
+                    + "`python -m cudabridge build`, or set -D" + SettingsTable.LIBRARY_PROPERTY.key() + ")", "java");
         }
         if (o.python() == null) {
-            throw new CudaBridgeException("cudabridge: no Python given: set -D" + Settings.PYTHON
+            throw new CudaBridgeException("cudabridge: no Python given: set -D" + SettingsTable.PYTHON_PROPERTY.key()
                     + "=<venv>/bin/python or " + BridgeOptions.PYTHON_ENV + ", or BridgeOptions.python", "java");
         }
         String library = new File(o.library()).getAbsolutePath();

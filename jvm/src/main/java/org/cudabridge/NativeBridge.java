@@ -35,8 +35,8 @@ public final class NativeBridge {
             return;
         }
         // Bad values are refused before anything is loaded (types, ranges and defaults: the settings table).
-        long holdNanos = Settings.longProperty(Settings.GATE_HOLD_MICROS) * 1000;
-        boolean gate = Settings.booleanProperty(Settings.GATE);
+        long holdNanos = Settings.intProperty(SettingsTable.GATE_HOLD_MICROS_PROPERTY) * 1000;
+        boolean gate = Settings.boolProperty(SettingsTable.GATE_PROPERTY);
         LibraryCheck.verify(Paths.get(path), recorded);
         System.load(path);
         nativeInit();

@@ -46,7 +46,8 @@ class BridgeOptionsTest {
 
     /** Runs {@code body} with the JVM-scope properties cleared (dev/junit sets some). */
     private static void withoutJvmProperties(Runnable body) {
-        String[] keys = {Settings.LIBRARY, Settings.PYTHON, Settings.PYTHON_PATH};
+        String[] keys = {SettingsTable.LIBRARY_PROPERTY.key(), SettingsTable.PYTHON_PROPERTY.key(),
+                SettingsTable.PYTHON_PATH_PROPERTY.key()};
         String[] saved = new String[keys.length];
         for (int i = 0; i < keys.length; i++) {
             saved[i] = System.getProperty(keys[i]);
@@ -124,11 +125,11 @@ class BridgeOptionsTest {
     void aSystemPropertyLibraryComesBeforeTheJarsDirectory() throws Exception {
         Path nativeDir = installed(dir.resolve("env"));
         withoutJvmProperties(() -> {
-            System.setProperty(Settings.LIBRARY, "/property/lib.so");
+            System.setProperty(SettingsTable.LIBRARY_PROPERTY.key(), "/property/lib.so");
             try {
                 assertEquals("/property/lib.so", new BridgeOptions().resolved(InstallLayout.of(nativeDir)).library());
             } finally {
-                System.clearProperty(Settings.LIBRARY);
+                System.clearProperty(SettingsTable.LIBRARY_PROPERTY.key());
             }
         });
     }

@@ -110,11 +110,11 @@ class BridgeStartFailureTest {
     void gateHoldOutOfRangeFailsBeforeTheLibraryIsLoaded() {
         assertNull(NativeBridge.loadedLibrary(), "no start before this one loaded the library");
         for (String value : new String[] {"abc", "0", "2000000"}) {
-            System.setProperty(Settings.GATE_HOLD_MICROS, value);
+            System.setProperty(SettingsTable.GATE_HOLD_MICROS_PROPERTY.key(), value);
             try {
                 assertFalse(CudaBridge.tryStart(BridgeOptions.fromSystemProperties()), value);
             } finally {
-                System.clearProperty(Settings.GATE_HOLD_MICROS);
+                System.clearProperty(SettingsTable.GATE_HOLD_MICROS_PROPERTY.key());
             }
             CudaBridgeException failure = CudaBridge.startFailure();
             assertNotNull(failure, value);

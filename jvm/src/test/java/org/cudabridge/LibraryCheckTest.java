@@ -43,8 +43,9 @@ class LibraryCheckTest {
 
     @BeforeEach
     void copyTheRealLibrary() throws IOException {
-        String built = System.getProperty(Settings.LIBRARY);
-        assertNotNull(built, "-D" + Settings.LIBRARY + " is not set: run the Java unit tests with dev/junit");
+        String built = System.getProperty(SettingsTable.LIBRARY_PROPERTY.key());
+        assertNotNull(built, "-D" + SettingsTable.LIBRARY_PROPERTY.key()
+                + " is not set: run the Java unit tests with dev/junit");
         lib = dir.resolve(NAME);
         Files.copy(Paths.get(built), lib);
         size = Files.size(lib);

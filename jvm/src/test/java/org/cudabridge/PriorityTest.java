@@ -44,7 +44,7 @@ class PriorityTest {
         for (Priority p : Priority.values()) {
             wires.add(p.wire());
         }
-        assertEquals(Settings.setting("taskPriority").values(), wires);
-        assertEquals(Priority.NORMAL.wire(), Settings.setting("taskPriority").defaultValue());
+        assertEquals(SettingsTable.TASK_PRIORITY.values(), wires);
+        assertEquals(Priority.NORMAL.wire(), SettingsTable.TASK_PRIORITY.defaultValue());
     }
 }

@@ -15,7 +15,8 @@ import java.util.Map;
 import org.junit.jupiter.api.Test;
 import org.junit.jupiter.api.function.Executable;
 
-/** Settings as read from the table inside cudabridge.jar (python/cudabridge/settings.json). */
+/** Settings over the table the build generated into cudabridge.jar ({@link SettingsTable}, from
+ *  python/cudabridge/settings.json): the checks by type, the typed readers, unknown names. */
 class SettingsTest {
 
     private static void refused(String sparkKey, String value, String expectedMessage) {
@@ -46,11 +47,13 @@ class SettingsTest {
     }
 
     @Test
-    void everySystemPropertyConstantIsAJvmSetting() {
-        for (String p : List.of(Settings.PYTHON, Settings.PYTHON_PATH, Settings.LIBRARY, Settings.GATE,
-                Settings.GATE_HOLD_MICROS)) {
-            assertEquals("jvm", Settings.setting(p).scope(), p);
-        }
+    void theSystemPropertiesAreTheJvmScopesConstants() {
+        assertEquals(List.of(SettingsTable.PYTHON_PROPERTY, SettingsTable.PYTHON_PATH_PROPERTY,
+                SettingsTable.LIBRARY_PROPERTY, SettingsTable.GATE_PROPERTY, SettingsTable.GATE_HOLD_MICROS_PROPERTY),
+                Settings.scope("jvm"));
+        assertEquals("cudabridge.gate.holdMicros", SettingsTable.GATE_HOLD_MICROS_PROPERTY.key());
+        assertSame(SettingsTable.POOL_LIMIT, Settings.setting("poolLimit"));
+        assertEquals(Settings.all(), SettingsTable.ALL);
     }
 
     @Test
@@ -72,7 +75,7 @@ class SettingsTest {
         assertEquals("spark.cudabridge.metrics.refreshMs", refresh.sparkKey());
         assertEquals("CUDABRIDGE_METRICS_REFRESH_MS", refresh.envName());
 
-        Settings.Setting gate = Settings.setting(Settings.GATE_HOLD_MICROS); // scope jvm: the key is the property
+        Settings.Setting gate = SettingsTable.GATE_HOLD_MICROS_PROPERTY;  // scope jvm: the key is the property
         assertNull(gate.sparkKey());
         assertNull(gate.envName());
         assertEquals("cudabridge.gate.holdMicros", gate.name());
@@ -83,18 +86,9 @@ class SettingsTest {
     }
 
     @Test
-    void envNameSplitsAtCapitalsAndDotsButNotInsideAcronyms() {
-        assertEquals("CUDABRIDGE_STREAMS_PER_GPU", Settings.envNameOf("streamsPerGpu"));
-        assertEquals("CUDABRIDGE_A_B", Settings.envNameOf("a.b"));
-        assertEquals("CUDABRIDGE_GPU_ADDRESS_MAP", Settings.envNameOf("gpuAddressMap"));
-        assertEquals("CUDABRIDGE_CUDA_URL", Settings.envNameOf("cudaURL"));
-        assertEquals("CUDABRIDGE_LEVEL2_CACHE", Settings.envNameOf("level2Cache"));
-    }
-
-    @Test
     void namedFindsEachSpellingUsersWrite() {
         assertSame(Settings.setting("poolLimit"), Settings.named("spark.cudabridge.poolLimit"));
-        assertSame(Settings.setting(Settings.GATE), Settings.named("cudabridge.gate"));
+        assertSame(SettingsTable.GATE_PROPERTY, Settings.named("cudabridge.gate"));
         assertSame(Settings.setting("nativeFastPath"), Settings.named("CUDABRIDGE_NATIVE_FAST_PATH"));
         assertNull(Settings.named("poolLimit"));      // a bare service key is not a spelling users write
         assertNull(Settings.named("spark.cudabridge.nope"));
@@ -111,8 +105,8 @@ class SettingsTest {
         refused(key, "1.0", key + "=1.0: expected an integer");
         refused(key, "", key + "=: expected an integer");
         refused(key, "99999999999999999999999", key + "=99999999999999999999999: expected an integer in [1, 1024]");
-        assertEquals(12L, Settings.setting("streamsPerGpu").longValue(" 12 "));
-        assertEquals(32L, Settings.setting("streamsPerGpu").longValue(null)); // the table's default
+        assertEquals(12L, SettingsTable.STREAMS_PER_GPU.intValue(" 12 "));
+        assertEquals(32L, SettingsTable.STREAMS_PER_GPU.intValue(null)); // the table's default
     }
 
     @Test
@@ -124,17 +118,17 @@ class SettingsTest {
     @Test
     void byteValuesWithUnits() {
         Settings.Setting memory = Settings.setting("emulatedMemory"); // bytes, at least 2 MiB
-        assertEquals(512L << 20, memory.longValue("512m"));
-        assertEquals(3L << 30, memory.longValue("3GB"));
-        assertEquals(1L << 40, memory.longValue(" 1t "));
-        assertEquals(16L << 30, memory.longValue(null));
+        assertEquals(512L << 20, memory.bytesValue("512m"));
+        assertEquals(3L << 30, memory.bytesValue("3GB"));
+        assertEquals(1L << 40, memory.bytesValue(" 1t "));
+        assertEquals(16L << 30, memory.bytesValue(null));
         String key = spark("emulatedMemory");
         refused(key, "1m", key + "=1m: 1048576 bytes is below the least accepted, 2097152 (2 MiB)");
         refused(key, "5x", key + "=5x: expected bytes such as 1073741824, 512m or 8g");
         refused(key, "-5m", key + "=-5m: expected bytes such as 1073741824, 512m or 8g");
         refused(key, "9000000000000t", key + "=9000000000000t: 9895604649984000000000000 bytes is 2**63 or more");
         // at most the emulated backend's address window of one GPU
-        assertEquals(1L << 40, memory.longValue("1t"));
+        assertEquals(1L << 40, memory.bytesValue("1t"));
         refused(key, "2t", key + "=2t: 2199023255552 bytes is above the most accepted, 1099511627776 (1 TiB)");
         String slot = spark("stagingSlotBytes");
         refused(slot, "16g", slot + "=16g: 17179869184 bytes is above the most accepted, 1073741824 (1 GiB)");
@@ -155,16 +149,19 @@ class SettingsTest {
         assertAll(accepted(key, "0.000001"), accepted(key, "0.1e-5"));
         refused(key, "0.5g", key + "=0.5g: expected bytes (1073741824, 512m, 8g) or a fraction of free memory "
                 + "in [0.000001, 1] such as 0.9");
+        assertEquals(new Settings.Limit(null, 0.9), SettingsTable.POOL_LIMIT.limitValue(null)); // the default
+        assertEquals(new Settings.Limit(8L << 30, 1.0), SettingsTable.POOL_LIMIT.limitValue("8g"));
+        assertEquals(new Settings.Limit(null, 0.5), SettingsTable.POOL_LIMIT.limitValue(".5"));
     }
 
     @Test
     void boolValues() {
         Settings.Setting race = Settings.setting("emulatedRaceCheck");
-        assertTrue(race.booleanValue("TRUE"));
-        assertTrue(race.booleanValue("1"));
-        assertFalse(race.booleanValue(" false "));
-        assertFalse(race.booleanValue("0"));
-        assertFalse(race.booleanValue(null)); // default false
+        assertTrue(race.boolValue("TRUE"));
+        assertTrue(race.boolValue("1"));
+        assertFalse(race.boolValue(" false "));
+        assertFalse(race.boolValue("0"));
+        assertFalse(race.boolValue(null)); // default false
         String key = spark("emulatedRaceCheck");
         refused(key, "yes", key + "=yes: expected true or false (or 1 or 0)");
     }
@@ -186,19 +183,34 @@ class SettingsTest {
         for (String bad : List.of("0", "-1", "inf", "NaN", "1e999", "5s")) {
             refused(key, bad, key + "=" + bad + ": expected a positive number of seconds such as 300 or 0.5");
         }
+        assertEquals(0.5, SettingsTable.HOST_WAIT_TIMEOUT.secondsValue(" .5 "));
+        assertEquals(300.0, SettingsTable.HOST_WAIT_TIMEOUT.secondsValue(null)); // the table's default
+    }
+
+    @Test
+    void listsAreSplitAtCommas() {
+        Settings.Setting addresses = SettingsTable.GPU_ADDRESSES;
+        assertEquals(List.of("0", "1"), addresses.listValue("0, 1"));
+        assertEquals(List.of("GPU-1a", "", "2"), addresses.listValue("GPU-1a,,2 "));
+        assertEquals(List.of(), addresses.listValue(" "));
+        // no default (every visible GPU, computed): nothing to read when it is not set
+        IllegalStateException unset = assertThrows(IllegalStateException.class, () -> addresses.listValue(null));
+        assertEquals("spark.cudabridge.gpuAddresses has no default (every visible GPU) and is not set", unset.getMessage());
     }
 
     @Test
     void typedReadersRefuseOtherTypesAndMissingDefaults() {
-        IllegalStateException notNumber = assertThrows(IllegalStateException.class,
-                () -> Settings.setting("backend").longValue("1"));
-        assertEquals("spark.cudabridge.backend is of type enum, not a number", notNumber.getMessage());
-        assertThrows(IllegalStateException.class, () -> Settings.setting("streamsPerGpu").booleanValue("1"));
-        assertThrows(IllegalStateException.class, () -> Settings.setting("streamsPerGpu").enumValue("1"));
+        IllegalStateException notInt = assertThrows(IllegalStateException.class,
+                () -> SettingsTable.BACKEND.intValue("1"));
+        assertEquals("spark.cudabridge.backend is of type enum, not int", notInt.getMessage());
+        assertThrows(IllegalStateException.class, () -> SettingsTable.STREAMS_PER_GPU.boolValue("1"));
+        assertThrows(IllegalStateException.class, () -> SettingsTable.STREAMS_PER_GPU.enumValue("1"));
+        assertThrows(IllegalStateException.class, () -> SettingsTable.STREAMS_PER_GPU.bytesValue("1"));
+        assertThrows(IllegalStateException.class, () -> SettingsTable.POOL_INITIAL.intValue("1"));
         // a string setting has no typed reader; valueOr gives the value or the (possibly null) default
-        Settings.Setting addresses = Settings.setting("gpuAddresses");
+        Settings.Setting addresses = SettingsTable.GPU_ADDRESS_MAP;
         assertNull(addresses.valueOr(null));
-        assertEquals("0,1", addresses.valueOr("0,1"));
+        assertEquals("0:1,1:0", addresses.valueOr("0:1,1:0"));
         assertEquals("1", Settings.setting("emulatedDevices").valueOr(null));
         assertThrows(IllegalArgumentException.class, () -> Settings.setting("emulatedDevices").valueOr("0"));
     }
@@ -344,58 +356,34 @@ class SettingsTest {
         }
     }
 
+    private static final Settings.Setting HOLD = SettingsTable.GATE_HOLD_MICROS_PROPERTY;
+    private static final Settings.Setting GATE = SettingsTable.GATE_PROPERTY;
+
     @Test
     void propertyFallsBackToTheTablesDefault() {
-        withProperty(Settings.GATE_HOLD_MICROS, null, () -> {
-            assertEquals("1000", Settings.property(Settings.GATE_HOLD_MICROS));
-            assertEquals(1000L, Settings.longProperty(Settings.GATE_HOLD_MICROS));
+        withProperty(HOLD.key(), null, () -> {
+            assertEquals("1000", Settings.property(HOLD));
+            assertEquals(1000L, Settings.intProperty(HOLD));
         });
-        withProperty(Settings.GATE, null, () -> assertTrue(Settings.booleanProperty(Settings.GATE)));
+        withProperty(GATE.key(), null, () -> assertTrue(Settings.boolProperty(GATE)));
     }
 
     @Test
     void propertyIsReadAndChecked() {
-        withProperty(Settings.GATE_HOLD_MICROS, "250", () -> assertEquals(250L, Settings.longProperty(Settings.GATE_HOLD_MICROS)));
-        withProperty(Settings.GATE, "0", () -> assertFalse(Settings.booleanProperty(Settings.GATE)));
-        withProperty(Settings.GATE_HOLD_MICROS, "abc", () -> {
-            IllegalArgumentException e = assertThrows(IllegalArgumentException.class,
-                    () -> Settings.property(Settings.GATE_HOLD_MICROS));
+        withProperty(HOLD.key(), "250", () -> assertEquals(250L, Settings.intProperty(HOLD)));
+        withProperty(GATE.key(), "0", () -> assertFalse(Settings.boolProperty(GATE)));
+        withProperty(HOLD.key(), "abc", () -> {
+            IllegalArgumentException e = assertThrows(IllegalArgumentException.class, () -> Settings.property(HOLD));
             assertEquals("-Dcudabridge.gate.holdMicros must be an integer in [1, 1000000], got 'abc'", e.getMessage());
         });
-        withProperty(Settings.GATE_HOLD_MICROS, "2000000",
-                () -> assertThrows(IllegalArgumentException.class, () -> Settings.longProperty(Settings.GATE_HOLD_MICROS)));
+        withProperty(HOLD.key(), "2000000",
+                () -> assertThrows(IllegalArgumentException.class, () -> Settings.intProperty(HOLD)));
     }
 
     @Test
     void propertyOnlyForJvmScope() {
-        IllegalArgumentException e = assertThrows(IllegalArgumentException.class, () -> Settings.property("poolLimit"));
+        IllegalArgumentException e = assertThrows(IllegalArgumentException.class,
+                () -> Settings.property(SettingsTable.POOL_LIMIT));
         assertEquals("poolLimit is of scope service, not a system property", e.getMessage());
-    }
-
-    // --- the strict JSON reader -------------------------------------------------------------------------
-
-    @Test
-    void jsonReadsEveryKindOfValue() {
-        Object v = Settings.parseJson("\ufeff {\"a\": [1, -2.5, 1e2, true, false, null], \"s\": \"x\\u00e9\\n\\\"\","
-                + " \"big\": 123456789012345678901234567890}", "test");
-        Map<?, ?> m = (Map<?, ?>) v;
-        assertEquals(List.of(1L, -2.5, 100.0, true, false), ((List<?>) m.get("a")).subList(0, 5));
-        assertNull(((List<?>) m.get("a")).get(5));
-        assertEquals("x\u00e9\n\"", m.get("s"));
-        assertEquals(1.2345678901234568E29, m.get("big")); // an integer too large for a long becomes a double
-        assertEquals(List.of("a", "s", "big"), List.copyOf(m.keySet()));   // in document order
-    }
-
-    @Test
-    void jsonErrorsNameLineColumnAndWhatWasFound() {
-        IllegalStateException twice = assertThrows(IllegalStateException.class,
-                () -> Settings.parseJson("{\n  \"a\": 1,\n  \"a\": 2}", "t.json"));
-        assertEquals("t.json: line 3, column 3 (offset 14): key \"a\" appears twice in one object, found '\"'",
-                twice.getMessage());
-        IllegalStateException trailing = assertThrows(IllegalStateException.class, () -> Settings.parseJson("[1] x", "t"));
-        assertEquals("t: line 1, column 5 (offset 4): expected the end of the document, found 'x'", trailing.getMessage());
-        for (String bad : List.of("[1,]", "{'a': 1}", "01", "1.", "\"tab\there\"", "\"\\x\"", "nul", "[1", "")) {
-            assertThrows(IllegalStateException.class, () -> Settings.parseJson(bad, "t"), "accepted: " + bad);
-        }
     }
 }

@@ -8,43 +8,45 @@ import java.util.TreeMap;
 import org.cudabridge.BridgeOptions;
 import org.cudabridge.Priority;
 import org.cudabridge.Settings;
+import org.cudabridge.SettingsTable;
 
 /**
  * The plugin's own configuration keys (the settings table's plugin scope, all under
  * {@code spark.cudabridge.}) and how a Spark configuration becomes {@link BridgeOptions}.
- * Types, defaults and docs are the table's ({@link Settings}): none is written here.
+ * Types, defaults and docs are the table's ({@link SettingsTable}, generated from it): none is
+ * written here; the accessors read each value once, by its type.
  *
  * <p>The service keys ({@code backend}, {@code streamsPerGpu}, {@code poolLimit}, ...; the
  * table's service scope, {@code python -m cudabridge config} lists them) are passed to the Python
  * service as they are. No Spark class is used: the Java harness (no Spark) shares this code.
  */
 public final class PluginConf {
-    public static final String PREFIX = Settings.prefix();
+    public static final String PREFIX = SettingsTable.PREFIX;
 
     /** The Python executable of the virtual environment each executor starts in-process. */
-    public static final String PYTHON = pluginKey("python");
+    public static final String PYTHON = SettingsTable.PYTHON.sparkKey();
     /** Extra {@code sys.path} entries, ':'-separated. */
-    public static final String PYTHON_PATH = pluginKey("pythonPath");
+    public static final String PYTHON_PATH = SettingsTable.PYTHON_PATH.sparkKey();
     /** Path of {@code libcudabridge_jni.so}. */
-    public static final String LIBRARY = pluginKey("library");
+    public static final String LIBRARY = SettingsTable.LIBRARY.sparkKey();
     /** Spark resource name whose addresses are the executor's and each task's GPUs. */
-    public static final String GPU_RESOURCE = pluginKey("gpuResource");
+    public static final String GPU_RESOURCE = SettingsTable.GPU_RESOURCE.sparkKey();
     /** Stream priority of task streams ({@link Priority}). */
-    public static final String TASK_PRIORITY = pluginKey("taskPriority");
+    public static final String TASK_PRIORITY = SettingsTable.TASK_PRIORITY.sparkKey();
     /** Release ended tasks on the executor's lifecycle thread (true) or on the task's thread (false). */
-    public static final String ASYNC_RELEASE = pluginKey("asyncRelease");
+    public static final String ASYNC_RELEASE = SettingsTable.ASYNC_RELEASE.sparkKey();
     /** When a starting task is bound in Python ({@link TaskBind}). */
-    public static final String TASK_BIND = pluginKey("taskBind");
+    public static final String TASK_BIND = SettingsTable.TASK_BIND.sparkKey();
     /** Most age (ms) of the statistics snapshot behind the gauges. */
-    public static final String METRICS_REFRESH_MS = pluginKey("metrics.refreshMs");
+    public static final String METRICS_REFRESH_MS = SettingsTable.METRICS_REFRESH_MS.sparkKey();
     /** Period (ms) of each executor's statistics report to the driver plugin; 0 disables. */
-    public static final String REPORT_INTERVAL_MS = pluginKey("reportIntervalMs");
+    public static final String REPORT_INTERVAL_MS = SettingsTable.REPORT_INTERVAL_MS.sparkKey();
     /** The service key {@link #toOptions} sets from the executor's GPU resource addresses unless it is set. */
-    public static final String GPU_ADDRESSES = Settings.setting("gpuAddresses").sparkKey();
+    public static final String GPU_ADDRESSES = SettingsTable.GPU_ADDRESSES.sparkKey();
 
     /** The service key {@link #toOptions} sets from the executor's task slots unless it (or its
      *  variable) is set: as many staging slots per GPU as tasks can copy at once. */
-    public static final String STAGING_COPIES = Settings.setting("stagingCopies").sparkKey();
+    public static final String STAGING_COPIES = SettingsTable.STAGING_COPIES.sparkKey();
 
     /** Every plugin key (the table's plugin scope, in its order) with its default (or, in
      *  parentheses, how it is computed) and its meaning, for {@code --help} texts. */
@@ -60,14 +62,6 @@ public final class PluginConf {
     }
 
     private static final PluginConf DEFAULTS = new PluginConf(Collections.emptyMap());
-
-    private static String pluginKey(String key) {
-        Settings.Setting s = Settings.setting(key);
-        if (!s.scope().equals("plugin")) {
-            throw new IllegalStateException("cudabridge: setting " + key + " is of scope " + s.scope() + ", not plugin");
-        }
-        return s.sparkKey();
-    }
 
     private final Map<String, String> entries;
 
@@ -105,21 +99,21 @@ public final class PluginConf {
         return setting(key).valueOr(entries.get(key));
     }
 
-    public String gpuResource() { return value(GPU_RESOURCE); }
+    public String gpuResource() { return SettingsTable.GPU_RESOURCE.valueOr(entries.get(GPU_RESOURCE)); }
 
     public Priority taskPriority() {
-        return Priority.fromWire(setting(TASK_PRIORITY).enumValue(entries.get(TASK_PRIORITY)));
+        return Priority.fromWire(SettingsTable.TASK_PRIORITY.enumValue(entries.get(TASK_PRIORITY)));
     }
 
-    public boolean asyncRelease() { return setting(ASYNC_RELEASE).booleanValue(entries.get(ASYNC_RELEASE)); }
+    public boolean asyncRelease() { return SettingsTable.ASYNC_RELEASE.boolValue(entries.get(ASYNC_RELEASE)); }
 
     public TaskBind taskBind() {
-        return TaskBind.fromWire(setting(TASK_BIND).enumValue(entries.get(TASK_BIND)));
+        return TaskBind.fromWire(SettingsTable.TASK_BIND.enumValue(entries.get(TASK_BIND)));
     }
 
-    public long metricsRefreshMs() { return setting(METRICS_REFRESH_MS).longValue(entries.get(METRICS_REFRESH_MS)); }
+    public long metricsRefreshMs() { return SettingsTable.METRICS_REFRESH_MS.intValue(entries.get(METRICS_REFRESH_MS)); }
 
-    public long reportIntervalMs() { return setting(REPORT_INTERVAL_MS).longValue(entries.get(REPORT_INTERVAL_MS)); }
+    public long reportIntervalMs() { return SettingsTable.REPORT_INTERVAL_MS.intValue(entries.get(REPORT_INTERVAL_MS)); }
 
     /** Checks every {@code spark.cudabridge.*} key, service keys included ({@link Settings#checkAll}):
      *  an unknown key (with the nearest known one) or a value its type refuses throws
@@ -201,7 +195,7 @@ public final class PluginConf {
         if (gpuAddresses != null && gpuAddresses.length > 0 && !service.containsKey(GPU_ADDRESSES)) {
             service.put(GPU_ADDRESSES, String.join(",", gpuAddresses));
         }
-        String stagingVar = Settings.setting("stagingCopies").envName();
+        String stagingVar = SettingsTable.STAGING_COPIES.envName();
         if (taskSlots > 0 && !service.containsKey(STAGING_COPIES)
                 && (System.getenv(stagingVar) == null || System.getenv(stagingVar).isBlank())) {
             service.put(STAGING_COPIES, Integer.toString(taskSlots));
