@@ -52,7 +52,10 @@ from rounds import fmt, interleave  # noqa: E402
 
 
 def env_for(tree: Path) -> dict:
-    return dict(os.environ, PYTHONPATH=str(tree / "python"))
+    """The tree's python/ first on the path; what PYTHONPATH held already after it (the GPU
+    machine's carried wheels, bench/gpu_setup.sh)."""
+    rest = os.environ.get("PYTHONPATH", "")
+    return dict(os.environ, PYTHONPATH=os.pathsep.join([str(tree / "python")] + ([rest] if rest else [])))
 
 
 def build(tree: Path, python: str, script: str) -> None:
