@@ -1,6 +1,7 @@
-"""The Java hot path's launch in C (jvm/_hotcore.c, issue 15 item 3) on a real GPU: the arguments
-marshalled in C, cuLaunchKernel through the driver table (jvm/cuda_driver.h), under the task
-guard. Every input is run through both twins of the hot path on one service: the C one and the
+"""The Java hot path's launch in C (jvm/_hotcore.c, issue 15 item 3), on a real GPU and on the
+emulated device (whose driver table, device/emulated_driver.py, the same C calls; its host kernels:
+host_kernels_for_tests and host_kernels_for_launch): the arguments marshalled in C, cuLaunchKernel
+through the driver table (jvm/cuda_driver.h), under the task guard. Every input is run through both twins of the hot path on one service: the C one and the
 Python reference must give the same outcome (a result on the device, or the same error type and
 words), and the C one must take every launch it can (counted) rather than refer it."""
 
@@ -21,8 +22,6 @@ from cudabridge.errors import CudaBridgeError
 from cudabridge.jvm.hot_path import KIND_CODES
 from cudabridge.kernels.modules import ModuleSource
 from cudabridge.service import CudaBridgeService
-
-pytestmark = pytest.mark.gpu
 
 SOURCE = r"""
 extern "C" __global__ void saxpy(const float* x, float* y, int n, float a) {
@@ -46,14 +45,21 @@ def f64_bits(v: float) -> int:
     return int(np.array([v], np.float64).view(np.int64)[0])
 
 
-@pytest.fixture(scope="module")
-def gpu():
+@pytest.fixture(scope="module", params=["emulated", pytest.param("cuda", marks=pytest.mark.gpu)])
+def gpu(request):
     from cudabridge.jvm.hot_path import JavaHotPath
-    service = CudaBridgeService(ServiceConfig(backend="cuda", streams_per_gpu=4, high_priority_streams=0))
+    from cudabridge.memory import native as c_paths
+    if request.param == "emulated" and (c_paths.load() is None or not c_paths.supported()[0]):
+        pytest.skip("the C paths are not built or switched off")
+    service = CudaBridgeService(ServiceConfig(backend=request.param, streams_per_gpu=4, high_priority_streams=0,
+                                              emulated_kernels="host_kernels_for_tests,host_kernels_for_launch",
+                                              emulated_memory="256m"))
     native, python = JavaHotPath(service, fast_path="native"), JavaHotPath(service, fast_path="python")
     assert native.native_api is not None and python.native_api is None
     yield service, native, python
     service.close()
+    # the C path's launches and copies, seen by the emulated device's race detector
+    assert not getattr(service.backend, "races", None), service.backend.races
 
 
 def read(service, stream, ptr, n, dtype):
@@ -214,6 +220,7 @@ def test_the_c_synchronize_waits_without_the_gil_and_clears_the_launch_log(gpu):
     service.release_task(6)
 
 
+@pytest.mark.gpu
 def test_a_faulting_kernel_is_named_at_the_next_synchronize_and_everything_fails_fast_after():
     """In a process of its own: the fault leaves the process's CUDA context unusable."""
     script = textwrap.dedent(f"""
