@@ -15,7 +15,8 @@ import org.cudabridge.TaskScope;
 /**
  * Java side of bench/bench_copies.py: for each size, the median time of a copy and the synchronize
  * after it (end to end: the asynchronous ones are only done then), both directions, from a Java heap
- * array, a pinned buffer of the pinned pool, registered off-heap memory, unregistered off-heap
+ * array, a pinned buffer of the pinned pool and registered off-heap memory (both with the asynchronous
+ * forms, copyFromAsync / copyFromAddressAsync and their copyTo twins), unregistered off-heap
  * memory and a plain direct ByteBuffer (allocateDirect), and allocatePinned + close; then, in the same round and process, the anchors timed from Python
  * (tools.copy_bench: the host's memcpy, and CuPy's pinned and pageable cudaMemcpyAsync on a GPU).
  * Prints one line {@code BENCH <json>}: per round, {candidate: {size: median ns}}.
@@ -92,10 +93,10 @@ public final class CopyBench {
                     long pa = plain[s];
                     ns[0][s] = median(b, () -> d.copyFrom(a), reps);
                     ns[1][s] = median(b, () -> d.copyTo(a), reps);
-                    ns[2][s] = median(b, () -> d.copyFrom(p, 0), reps);
-                    ns[3][s] = median(b, () -> d.copyTo(p, 0), reps);
-                    ns[4][s] = median(b, () -> d.copyFromAddress(ra, n, 0), reps);
-                    ns[5][s] = median(b, () -> d.copyToAddress(ra, n, 0), reps);
+                    ns[2][s] = median(b, () -> d.copyFromAsync(p, 0), reps);
+                    ns[3][s] = median(b, () -> d.copyToAsync(p, 0), reps);
+                    ns[4][s] = median(b, () -> d.copyFromAddressAsync(ra, n, 0), reps);
+                    ns[5][s] = median(b, () -> d.copyToAddressAsync(ra, n, 0), reps);
                     ns[6][s] = median(b, () -> d.copyFromAddress(pa, n, 0), reps);
                     ns[7][s] = median(b, () -> d.copyToAddress(pa, n, 0), reps);
                     ByteBuffer db = direct[s];

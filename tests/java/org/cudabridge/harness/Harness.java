@@ -286,7 +286,7 @@ public final class Harness {
                 b.callTool("fill_u32", "{\"handle\": " + a.handle() + ", \"value\": " + (patternA & 0xFFFFFFFFL)
                         + ", \"delay_s\": " + delay + "}");                                     // 2
                 b.callTool("spin", "{\"task\": 201, \"seconds\": " + delay + "}");
-                a.copyTo(host.buffer(), 0);                                                     // 3 (async: pinned)
+                a.copyToAsync(host.buffer(), 0);                                                // 3 (async: pinned)
                 ptrs[0] = a.address();
                 a.close();                                                                      // 4
                 aFreed.countDown();
@@ -305,7 +305,7 @@ public final class Harness {
                 ptrs[1] = buf.address();
                 b.callTool("fill_u32", "{\"handle\": " + buf.handle() + ", \"value\": " + patternB + "}"); // 6
                 b.callTool("spin", "{\"task\": 202, \"seconds\": " + (3 * delay) + "}");
-                buf.copyTo(host.buffer(), 0);
+                buf.copyToAsync(host.buffer(), 0);
                 b.synchronize();
                 intact[1] = allWords(host.buffer(), patternB);
                 buf.close();

@@ -216,21 +216,17 @@ public final class CudaBridge {
         return memory.free(buffers.toArray(new DeviceBuffer[0]));
     }
 
-    /** Page-locked host memory (a direct ByteBuffer in native order) for asynchronous copies. */
     /** Page-locks {@code bytes} of off-heap memory Java owns at {@code address} ({@code cudaHostRegister})
-     *  until the registration is closed: copies from and to it become asynchronous. The address is
-     *  not checked (a wrong one crashes the JVM); a range overlapping a registered or pinned one is
-     *  refused. */
+     *  until the registration is closed: copies from and to it may then be asynchronous
+     *  ({@link DeviceBuffer#copyFromAddressAsync}, {@link DeviceBuffer#copyToAddressAsync}). The
+     *  address is not checked (a wrong one crashes the JVM); a range overlapping a registered or
+     *  pinned one is refused. */
     public HostRegistration registerHost(long address, long bytes) {
-        if (address == 0 || bytes <= 0) {
-            throw new IllegalArgumentException("registerHost: a non-zero address and a positive size, got "
-                    + address + ", " + bytes);
-        }
-        checkRunning("registerHost");
-        control().registerHost(address, bytes);
-        return new HostRegistration(this, address, bytes);
+        return memory.registerHost(address, bytes);
     }
 
+    /** Page-locked host memory (a direct ByteBuffer in native order) for asynchronous copies
+     *  ({@link DeviceBuffer#copyFromAsync}, {@link DeviceBuffer#copyToAsync}). */
     public PinnedBuffer allocatePinned(long bytes) {
         return memory.allocatePinned(bytes);
     }

@@ -8,13 +8,24 @@ import java.util.Objects;
 /**
  * Device memory owned by a task, ordered on the task's stream.
  *
- * <p>Copies from and to Java heap arrays (the overloads of {@link HostArrayCopies}, shared with
- * {@link DeviceGlobal}) are complete when they return (the garbage collector moves heap arrays, so
- * they are staged through native memory). Copies from and to direct
- * {@link ByteBuffer}s are asynchronous on the buffer's stream when the memory is pinned
- * ({@link CudaBridge#allocatePinned}); keep the ByteBuffer alive and unchanged until
- * {@link CudaBridge#synchronize()}. Direct-buffer copies read {@code remaining()} bytes from
- * {@code position()} and do not move the position.
+ * <p>Copies between host memory and the buffer come in two forms, by name:
+ * <ul>
+ * <li>{@code copyFrom} / {@code copyTo} (and {@code copyFromAddress} / {@code copyToAddress})
+ *     complete on return, for every kind of host memory: the source may change, or the
+ *     destination be read, once the call returns, and work queued on the stream afterwards sees
+ *     the data. Heap arrays (the overloads of {@link HostArrayCopies}) and pageable memory are
+ *     staged; page-locked memory (a {@link PinnedBuffer}, a {@link HostRegistration}'s range) is
+ *     one DMA on the stream followed by a wait for that stream.</li>
+ * <li>{@code copyFromAsync} / {@code copyToAsync} (and {@code copyFromAddressAsync} /
+ *     {@code copyToAddressAsync}) are ordered on the task's stream and return once the copy is
+ *     queued: keep the memory unchanged, or read it, only after a {@link CudaBridge#synchronize()}.
+ *     They take page-locked memory only (the range inside a live pinned buffer or an open
+ *     registration) and refuse anything else with an {@link IllegalArgumentException} before
+ *     anything is copied.</li>
+ * </ul>
+ * Direct-buffer copies read or write {@code remaining()} bytes from {@code position()} and do not
+ * move the position. Device to device ({@link #copyFrom(DeviceBuffer, long, long, long)}) and
+ * {@link #memset} involve no host memory: they are queued on the stream.
  *
  * <p>{@link #close()} frees asynchronously (it never blocks); a second close has no effect. A
  * buffer whose task was released is dead: every use is refused, and close does nothing (the
@@ -160,7 +171,9 @@ public final class DeviceBuffer extends HostArrayCopies implements AutoCloseable
         NativeBridge.copyOut(handle, srcOffset, array, (long) index << shift, (long) length << shift, 1 << shift);
     }
 
-    // --- direct ByteBuffers -------------------------------------------------------------------
+    // --- host memory outside the heap: direct ByteBuffers, addresses ----------------------------
+    // copyFrom/copyTo complete on return for any memory; the Async forms take page-locked memory
+    // only, and return once the copy is queued on the stream.
 
     private static void requireDirect(String call, ByteBuffer b) {
         Objects.requireNonNull(b, call + ": ByteBuffer is null");
@@ -170,57 +183,10 @@ public final class DeviceBuffer extends HostArrayCopies implements AutoCloseable
         }
     }
 
-    /** Copies {@code src.remaining()} bytes from {@code src.position()} to byte {@code dstOffset},
-     *  asynchronously on the buffer's stream (when {@code src} is pinned). */
-    public void copyFrom(ByteBuffer src, long dstOffset) {
-        requireDirect("copyFrom(ByteBuffer)", src);
-        long bytes = src.remaining();
-        checkRange("copyFrom(ByteBuffer)", dstOffset, bytes);
-        check("copyFrom(ByteBuffer)");
-        memory.checkRunning("copyFrom(ByteBuffer)");
-        NativeBridge.copyInDirect(handle, dstOffset, src, src.position(), bytes);
-    }
-
-    /** Copies {@code dst.remaining()} bytes from byte {@code srcOffset} to {@code dst.position()},
-     *  asynchronously on the buffer's stream (when {@code dst} is pinned). */
-    public void copyTo(ByteBuffer dst, long srcOffset) {
-        requireDirect("copyTo(ByteBuffer)", dst);
-        if (dst.isReadOnly()) {
-            throw new IllegalArgumentException("copyTo(ByteBuffer): the ByteBuffer is read-only");
+    private static void requireWritable(String call, ByteBuffer b) {
+        if (b.isReadOnly()) {
+            throw new IllegalArgumentException(call + ": the ByteBuffer is read-only");
         }
-        long bytes = dst.remaining();
-        checkRange("copyTo(ByteBuffer)", srcOffset, bytes);
-        check("copyTo(ByteBuffer)");
-        memory.checkRunning("copyTo(ByteBuffer)");
-        NativeBridge.copyOutDirect(handle, srcOffset, dst, dst.position(), bytes);
-    }
-
-    // --- off-heap memory by address -------------------------------------------------------------
-
-    /** Copies {@code bytes} from off-heap memory at {@code hostAddress} (an Arrow buffer's
-     *  {@code memoryAddress()}, an off-heap column vector's, Unsafe's) to byte {@code dstOffset}.
-     *  The address cannot be checked: a wrong one crashes the JVM, as any native copy would.
-     *  From a region registered with {@link CudaBridge#registerHost} the copy is asynchronous on
-     *  the buffer's stream (keep the memory unchanged until a synchronize); from any other memory
-     *  it returns once the bytes are staged. */
-    public void copyFromAddress(long hostAddress, long bytes, long dstOffset) {
-        checkAddress("copyFromAddress", hostAddress, bytes);
-        checkRange("copyFromAddress", dstOffset, bytes);
-        check("copyFromAddress");
-        memory.checkRunning("copyFromAddress");
-        NativeBridge.copyInAddress(handle, dstOffset, hostAddress, bytes);
-    }
-
-    /** Copies {@code bytes} from byte {@code srcOffset} to off-heap memory at {@code hostAddress}
-     *  (not checked: see {@link #copyFromAddress}). Into a registered region the copy is
-     *  asynchronous (read the memory after a synchronize); into other memory the bytes are there
-     *  on return. */
-    public void copyToAddress(long hostAddress, long bytes, long srcOffset) {
-        checkAddress("copyToAddress", hostAddress, bytes);
-        checkRange("copyToAddress", srcOffset, bytes);
-        check("copyToAddress");
-        memory.checkRunning("copyToAddress");
-        NativeBridge.copyOutAddress(handle, srcOffset, hostAddress, bytes);
     }
 
     private static void checkAddress(String call, long address, long bytes) {
@@ -230,6 +196,171 @@ public final class DeviceBuffer extends HostArrayCopies implements AutoCloseable
         if (bytes < 0) {
             throw new IllegalArgumentException(call + ": negative size " + bytes);
         }
+    }
+
+    /** The address of a direct ByteBuffer's {@code position()} (JNI's GetDirectBufferAddress: no
+     *  call into Python, nothing changed). */
+    private static long positionAddress(ByteBuffer b) {
+        return NativeBridge.address(b) + b.position();
+    }
+
+    /** The asynchronous forms' admission: the range lies in page-locked memory, or the call is
+     *  refused here, before anything is copied. */
+    private void requirePageLocked(String call, String what, long address, long bytes, String instead) {
+        if (!memory.isPageLocked(address, bytes)) {
+            throw new IllegalArgumentException(call + ": " + what + " [0x" + Long.toHexString(address) + ", +"
+                    + bytes + ") is not page-locked: it lies inside no live pinned buffer (CudaBridge.allocatePinned, "
+                    + "isPinned() true) and no open registration (CudaBridge.registerHost); use " + instead
+                    + ", which completes on return for any memory");
+        }
+    }
+
+    /** Copies {@code src.remaining()} bytes from {@code src.position()} to byte {@code dstOffset};
+     *  complete on return: {@code src} may change once it returns, and later work on the stream
+     *  sees the data. Any direct ByteBuffer: pageable memory ({@code allocateDirect}) is staged,
+     *  page-locked memory (a {@link PinnedBuffer}'s, a registered region's) is one DMA on the
+     *  buffer's stream, then a wait for that stream. For a copy that returns at once, see
+     *  {@link #copyFromAsync(ByteBuffer, long)}. */
+    public void copyFrom(ByteBuffer src, long dstOffset) {
+        String call = "copyFrom(ByteBuffer)";
+        requireDirect(call, src);
+        long bytes = src.remaining();
+        checkRange(call, dstOffset, bytes);
+        check(call);
+        memory.checkRunning(call);
+        boolean dma = bytes > 0 && memory.isPageLocked(src, bytes);
+        NativeBridge.copyInDirect(handle, dstOffset, src, src.position(), bytes);
+        if (dma) {
+            memory.awaitStream(task, call);
+        }
+    }
+
+    /** Copies {@code dst.remaining()} bytes from byte {@code srcOffset} to {@code dst.position()};
+     *  complete on return: the bytes are in {@code dst} when it returns (after the work queued on
+     *  the stream before it). Any direct ByteBuffer, as {@link #copyFrom(ByteBuffer, long)}. */
+    public void copyTo(ByteBuffer dst, long srcOffset) {
+        String call = "copyTo(ByteBuffer)";
+        requireDirect(call, dst);
+        requireWritable(call, dst);
+        long bytes = dst.remaining();
+        checkRange(call, srcOffset, bytes);
+        check(call);
+        memory.checkRunning(call);
+        boolean dma = bytes > 0 && memory.isPageLocked(dst, bytes);
+        NativeBridge.copyOutDirect(handle, srcOffset, dst, dst.position(), bytes);
+        if (dma) {
+            memory.awaitStream(task, call);
+        }
+    }
+
+    /** Copies {@code src.remaining()} bytes from {@code src.position()} to byte {@code dstOffset},
+     *  asynchronously: one DMA queued on the buffer's stream (the task's), after its earlier work;
+     *  returns once it is queued. Keep {@code src}'s memory unchanged until a
+     *  {@link CudaBridge#synchronize()}. The memory must be page-locked: the whole range inside a
+     *  live {@link PinnedBuffer} (a slice of one's ByteBuffer is fine) or an open
+     *  {@link HostRegistration}; anything else (a heap or {@code allocateDirect} ByteBuffer, a
+     *  pinned buffer's pageable fallback, a closed one) is refused with an
+     *  {@link IllegalArgumentException} before anything is copied. */
+    public void copyFromAsync(ByteBuffer src, long dstOffset) {
+        String call = "copyFromAsync(ByteBuffer)";
+        requireDirectAsync(call, src, "copyFrom(ByteBuffer, long)");
+        long bytes = src.remaining();
+        checkRange(call, dstOffset, bytes);
+        check(call);
+        memory.checkRunning(call);
+        requirePageLocked(call, "the ByteBuffer's memory", positionAddress(src), bytes, "copyFrom(ByteBuffer, long)");
+        NativeBridge.copyInDirect(handle, dstOffset, src, src.position(), bytes);
+    }
+
+    /** Copies {@code dst.remaining()} bytes from byte {@code srcOffset} to {@code dst.position()},
+     *  asynchronously: one DMA queued on the buffer's stream; read {@code dst} only after a
+     *  {@link CudaBridge#synchronize()}. Page-locked memory only, as
+     *  {@link #copyFromAsync(ByteBuffer, long)}. */
+    public void copyToAsync(ByteBuffer dst, long srcOffset) {
+        String call = "copyToAsync(ByteBuffer)";
+        requireDirectAsync(call, dst, "copyTo(ByteBuffer, long)");
+        requireWritable(call, dst);
+        long bytes = dst.remaining();
+        checkRange(call, srcOffset, bytes);
+        check(call);
+        memory.checkRunning(call);
+        requirePageLocked(call, "the ByteBuffer's memory", positionAddress(dst), bytes, "copyTo(ByteBuffer, long)");
+        NativeBridge.copyOutDirect(handle, srcOffset, dst, dst.position(), bytes);
+    }
+
+    private static void requireDirectAsync(String call, ByteBuffer b, String instead) {
+        Objects.requireNonNull(b, call + ": ByteBuffer is null");
+        if (!b.isDirect()) {
+            throw new IllegalArgumentException(call + ": the ByteBuffer is not direct: heap memory is never "
+                    + "page-locked; use " + instead + " or the array overloads, which complete on return, or a "
+                    + "PinnedBuffer (CudaBridge.allocatePinned)");
+        }
+    }
+
+    /** Copies {@code bytes} from off-heap memory at {@code hostAddress} (an Arrow buffer's
+     *  {@code memoryAddress()}, an off-heap column vector's, Unsafe's) to byte {@code dstOffset};
+     *  complete on return: the memory may change once it returns. The address cannot be checked: a
+     *  wrong one crashes the JVM, as any native copy would. Pageable memory is staged; a range
+     *  inside a registered region ({@link CudaBridge#registerHost}) or a pinned buffer is one DMA on
+     *  the buffer's stream, then a wait for that stream. For a copy that returns at once, see
+     *  {@link #copyFromAddressAsync}. */
+    public void copyFromAddress(long hostAddress, long bytes, long dstOffset) {
+        String call = "copyFromAddress";
+        checkAddress(call, hostAddress, bytes);
+        checkRange(call, dstOffset, bytes);
+        check(call);
+        memory.checkRunning(call);
+        boolean dma = bytes > 0 && memory.isPageLocked(hostAddress, bytes);
+        NativeBridge.copyInAddress(handle, dstOffset, hostAddress, bytes);
+        if (dma) {
+            memory.awaitStream(task, call);
+        }
+    }
+
+    /** Copies {@code bytes} from byte {@code srcOffset} to off-heap memory at {@code hostAddress}
+     *  (not checked: see {@link #copyFromAddress}); complete on return: the bytes are there when it
+     *  returns, whatever the memory. */
+    public void copyToAddress(long hostAddress, long bytes, long srcOffset) {
+        String call = "copyToAddress";
+        checkAddress(call, hostAddress, bytes);
+        checkRange(call, srcOffset, bytes);
+        check(call);
+        memory.checkRunning(call);
+        boolean dma = bytes > 0 && memory.isPageLocked(hostAddress, bytes);
+        NativeBridge.copyOutAddress(handle, srcOffset, hostAddress, bytes);
+        if (dma) {
+            memory.awaitStream(task, call);
+        }
+    }
+
+    /** Copies {@code bytes} from page-locked memory at {@code hostAddress} to byte {@code dstOffset},
+     *  asynchronously: one DMA queued on the buffer's stream; keep the memory unchanged until a
+     *  {@link CudaBridge#synchronize()} (and close its registration only after it: close waits for
+     *  the copies queued from the region). The range must lie inside an open
+     *  {@link HostRegistration} (or a live pinned buffer); anything else is refused with an
+     *  {@link IllegalArgumentException} before anything is copied. The address is not checked
+     *  further: see {@link #copyFromAddress}. */
+    public void copyFromAddressAsync(long hostAddress, long bytes, long dstOffset) {
+        String call = "copyFromAddressAsync";
+        checkAddress(call, hostAddress, bytes);
+        checkRange(call, dstOffset, bytes);
+        check(call);
+        memory.checkRunning(call);
+        requirePageLocked(call, "the host memory", hostAddress, bytes, "copyFromAddress");
+        NativeBridge.copyInAddress(handle, dstOffset, hostAddress, bytes);
+    }
+
+    /** Copies {@code bytes} from byte {@code srcOffset} to page-locked memory at {@code hostAddress},
+     *  asynchronously: read the memory only after a {@link CudaBridge#synchronize()}. Page-locked
+     *  memory only, as {@link #copyFromAddressAsync}. */
+    public void copyToAddressAsync(long hostAddress, long bytes, long srcOffset) {
+        String call = "copyToAddressAsync";
+        checkAddress(call, hostAddress, bytes);
+        checkRange(call, srcOffset, bytes);
+        check(call);
+        memory.checkRunning(call);
+        requirePageLocked(call, "the host memory", hostAddress, bytes, "copyToAddress");
+        NativeBridge.copyOutAddress(handle, srcOffset, hostAddress, bytes);
     }
 
     // --- device to device, memset -----------------------------------------------------------------

@@ -6,14 +6,17 @@ import java.util.Objects;
 
 /**
  * The memory API behind {@link CudaBridge}: device buffers of the current task, ordered on its
- * stream, and page-locked host buffers. Every argument is checked here, in Java, before the JNI
- * call; Python checks the handles (it refuses any handle that is not live).
+ * stream, page-locked host buffers and host registrations (both kept in {@link PageLockedMemory},
+ * which tells the copies that are asynchronous from those that are not). Every argument is checked
+ * here, in Java, before the JNI call; Python checks the handles (it refuses any handle that is not
+ * live).
  */
 final class DeviceMemory {
     private static final ThreadLocal<long[]> SCRATCH = ThreadLocal.withInitial(() -> new long[2]);
 
     private final CudaBridge bridge;
     private final TaskTable tasks;
+    private final PageLockedMemory pageLocked = new PageLockedMemory();
 
     DeviceMemory(CudaBridge bridge, TaskTable tasks) {
         this.bridge = bridge;
@@ -96,7 +99,49 @@ final class DeviceMemory {
         TaskScope owner = tasks.currentTaskOrNull();   // the thread's task owns it: reclaimed at its release
         boolean[] pinned = new boolean[1];   // false: the pageable fallback
         ByteBuffer b = NativeBridge.allocPinned(owner == null ? 0 : owner.taskAttemptId(), bytes, pinned);
-        return new PinnedBuffer(b.order(ByteOrder.nativeOrder()), bytes, pinned[0], owner);
+        long address = NativeBridge.address(b);
+        PinnedBuffer buffer = new PinnedBuffer(b.order(ByteOrder.nativeOrder()), address, bytes, pinned[0], owner,
+                pageLocked);
+        if (pinned[0]) {
+            pageLocked.add(address, bytes, buffer);
+        }
+        return buffer;
+    }
+
+    HostRegistration registerHost(long address, long bytes) {
+        if (address == 0 || bytes <= 0) {
+            throw new IllegalArgumentException("registerHost: a non-zero address and a positive size, got "
+                    + address + ", " + bytes);
+        }
+        bridge.checkRunning("registerHost");
+        bridge.control().registerHost(address, bytes);
+        HostRegistration r = new HostRegistration(bridge, pageLocked, address, bytes);
+        pageLocked.add(address, bytes, r);
+        return r;
+    }
+
+    /** Whether [address, address + bytes) lies inside page-locked memory this bridge knows (a live
+     *  pinned buffer, an open registration): a copy of it is then asynchronous on the stream. */
+    boolean isPageLocked(long address, long bytes) {
+        return !pageLocked.isEmpty() && pageLocked.covers(address, bytes);
+    }
+
+    /** As {@link #isPageLocked(long, long)} for {@code bytes} of a direct ByteBuffer from its
+     *  position (its address read only when some memory is page-locked). */
+    boolean isPageLocked(ByteBuffer b, long bytes) {
+        return !pageLocked.isEmpty() && pageLocked.covers(NativeBridge.address(b) + b.position(), bytes);
+    }
+
+    /** The page-locked memory this bridge knows (tests). */
+    PageLockedMemory pageLocked() {
+        return pageLocked;
+    }
+
+    /** Waits for what is queued on {@code task}'s stream: after an asynchronous copy, for the copy
+     *  (it was queued last by this thread). Reports a kernel fault as {@link #synchronize()} does. */
+    void awaitStream(TaskScope task, String call) {
+        bridge.checkRunning(call);
+        NativeBridge.synchronize(task.taskAttemptId());
     }
 
     void synchronize() {

@@ -17,7 +17,9 @@ import java.util.Objects;
  *
  * <p>Every one completes on return: {@code copyFrom} has read the array (it may change at once)
  * and later work on the task's stream sees the data; {@code copyTo} has written it. The garbage
- * collector moves heap arrays, so they are staged through native memory.
+ * collector moves heap arrays, so they are never page-locked and have no asynchronous form:
+ * copies ordered on the stream that return at once take page-locked memory
+ * ({@link DeviceBuffer#copyFromAsync(java.nio.ByteBuffer, long)}).
  */
 abstract class HostArrayCopies {
     HostArrayCopies() {}

@@ -17,7 +17,9 @@ import org.junit.jupiter.api.Test;
 
 /**
  * Device buffers on the real bridge (emulated device): every copy kind round-trips its data
- * (heap arrays of each type at offsets, direct and pinned ByteBuffers, device to device), memset
+ * (heap arrays of each type at offsets, direct and pinned ByteBuffers, device to device), the
+ * copies without "Async" are complete on return for pinned memory too, the asynchronous ones
+ * take page-locked memory only and have the data after a synchronize, memset
  * sets only its range, every bad argument is refused in Java before anything changes, and a closed
  * or dead buffer (its task released) refuses every use. Each test works for a task of its own;
  * after it, the task is released and no allocation is left live.
@@ -121,12 +123,116 @@ class DeviceBufferTest extends RunningBridge {
              PinnedBuffer pinned = bridge.allocatePinned(4096)) {
             buf.copyFrom(direct, 0);
             other.copyFrom(buf, 0, 0, 4096);
-            other.copyTo(pinned.buffer(), 0);
+            other.copyToAsync(pinned.buffer(), 0);
             bridge.synchronize();
             ByteBuffer pb = pinned.buffer();
             for (int i = 0; i < 4096; i++) {
                 assertEquals((byte) (i * 7), pb.get(i), "byte " + i);
             }
+        }
+    }
+
+    /** Fills a pinned buffer's bytes with {@code seed + i}. */
+    static void fill(ByteBuffer b, int seed) {
+        for (int i = 0; i < b.capacity(); i++) {
+            b.put(i, (byte) (seed + i));
+        }
+    }
+
+    static byte[] pattern(int n, int seed) {
+        byte[] out = new byte[n];
+        for (int i = 0; i < n; i++) {
+            out[i] = (byte) (seed + i);
+        }
+        return out;
+    }
+
+    static byte[] bytes(ByteBuffer b) {
+        byte[] out = new byte[b.capacity()];
+        b.get(0, out);
+        return out;
+    }
+
+    @Test
+    void copyFromAndCopyToOfPinnedMemoryAreCompleteOnReturn() {
+        // Issue 25 item 7: the copies without "Async" complete on return for page-locked memory too.
+        // A long kernel is queued ahead of each copy: a copy that only queued its DMA would return
+        // long before it ran (the source then read after it changed, the destination not yet written).
+        int n = 1 << 16;
+        try (DeviceBuffer buf = bridge.allocate(n); PinnedBuffer pinned = bridge.allocatePinned(n)) {
+            assertTrue(pinned.isPinned());
+            ByteBuffer p = pinned.buffer();
+            fill(p, 3);
+            long syncs = stat("bridge_synchronizes");
+            bridge.callTool("spin", "{\"task\": " + task.taskAttemptId() + ", \"seconds\": 0.3}");
+            buf.copyFrom(p, 0);
+            fill(p, 100);                                       // at once: the copy has read it
+            byte[] back = new byte[n];
+            buf.copyTo(back);
+            assertArrayEquals(pattern(n, 3), back, "copyFrom read the pinned memory before it returned");
+            bridge.callTool("spin", "{\"task\": " + task.taskAttemptId() + ", \"seconds\": 0.3}");
+            buf.copyTo(p, 0);                                   // no synchronize after it
+            assertArrayEquals(pattern(n, 3), bytes(p), "copyTo wrote the pinned memory before it returned");
+            assertEquals(syncs + 2, stat("bridge_synchronizes"), "one wait for the stream per page-locked copy");
+        }
+    }
+
+    @Test
+    void asyncCopiesOfPinnedMemoryHaveTheDataAfterASynchronize() {
+        int n = 1 << 16;
+        try (DeviceBuffer buf = bridge.allocate(n);
+             PinnedBuffer src = bridge.allocatePinned(n);
+             PinnedBuffer dst = bridge.allocatePinned(n)) {
+            fill(src.buffer(), 5);
+            long syncs = stat("bridge_synchronizes");
+            long direct = stat("bridge_copies_direct");
+            buf.copyFromAsync(src.buffer(), 0);
+            buf.copyToAsync(dst.buffer(), 0);
+            assertEquals(syncs, stat("bridge_synchronizes"), "the asynchronous copies wait for nothing");
+            bridge.synchronize();
+            assertArrayEquals(pattern(n, 5), bytes(dst.buffer()));
+            ByteBuffer part = dst.buffer().slice(100, 50);      // a slice of a pinned buffer is page-locked too
+            buf.copyToAsync(part, 1000);
+            bridge.synchronize();
+            byte[] got = new byte[50];
+            part.get(0, got);
+            assertArrayEquals(Arrays.copyOfRange(pattern(n, 5), 1000, 1050), got);
+            assertEquals(direct + 3, stat("bridge_copies_direct"));
+        }
+    }
+
+    @Test
+    void asyncCopiesRefuseMemoryThatIsNotPageLockedAndChangeNothing() {
+        int n = 4096;
+        byte[] data = pattern(n, 9);
+        try (DeviceBuffer buf = bridge.allocate(n)) {
+            buf.copyFrom(data);
+            PinnedBuffer closed = bridge.allocatePinned(n);
+            ByteBuffer stale = closed.buffer().duplicate();
+            closed.close();
+            Map<String, Long> before = bridge.statistics();
+            ByteBuffer heap = ByteBuffer.wrap(new byte[n]);
+            ByteBuffer direct = ByteBuffer.allocateDirect(n);
+            assertRefused(IllegalArgumentException.class, () -> buf.copyFromAsync(heap, 0), "not direct",
+                    "never page-locked", "copyFrom(ByteBuffer, long)");
+            assertRefused(IllegalArgumentException.class, () -> buf.copyToAsync(heap, 0), "not direct",
+                    "copyTo(ByteBuffer, long)");
+            assertRefused(IllegalArgumentException.class, () -> buf.copyFromAsync(direct, 0),
+                    "copyFromAsync(ByteBuffer): the ByteBuffer's memory", "is not page-locked", "copyFrom(ByteBuffer, long)");
+            assertRefused(IllegalArgumentException.class, () -> buf.copyToAsync(direct, 0), "is not page-locked",
+                    "use copyTo(ByteBuffer, long)");
+            assertRefused(IllegalArgumentException.class, () -> buf.copyFromAsync(stale, 0), "is not page-locked");
+            assertRefused(IllegalArgumentException.class, () -> buf.copyToAsync(stale, 0), "is not page-locked");
+            assertRefused(NullPointerException.class, () -> buf.copyFromAsync(null, 0));
+            assertRefused(IndexOutOfBoundsException.class, () -> buf.copyFromAsync(ByteBuffer.allocateDirect(n + 1), 0),
+                    "outside");
+            Map<String, Long> after = bridge.statistics();
+            for (String key : new String[] {"bridge_calls_total", "bridge_copies_direct", "bridge_synchronizes"}) {
+                assertEquals(before.get(key), after.get(key), key + ": nothing reached Python");
+            }
+            byte[] back = new byte[n];
+            buf.copyTo(back);
+            assertArrayEquals(data, back, "the buffer holds its bytes after the refused copies");
         }
     }
 

@@ -7,6 +7,8 @@ import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import java.lang.reflect.Field;
 import java.lang.reflect.Method;
+import java.util.Arrays;
+import java.util.Map;
 
 import org.junit.jupiter.api.AfterEach;
 import org.junit.jupiter.api.BeforeAll;
@@ -16,7 +18,8 @@ import org.junit.jupiter.api.Test;
 /**
  * Off-heap memory by address (issue 16 item 3): copies from and to memory Java code owns outside
  * the heap (here Unsafe's, as Arrow's and Spark's off-heap vectors are), pageable and registered
- * with {@link CudaBridge#registerHost}; every bad input refused before it reaches the GPU.
+ * with {@link CudaBridge#registerHost}; copyFromAddress / copyToAddress complete on return for both,
+ * the asynchronous forms take registered memory only; every bad input refused before it reaches the GPU.
  */
 @Tag("own-jvm")
 class HostRegistrationTest extends RunningBridge {
@@ -57,8 +60,8 @@ class HostRegistrationTest extends RunningBridge {
             assertArrayEquals(read(src, n), read(dst, n));
             try (HostRegistration in = bridge.registerHost(src, n); HostRegistration out = bridge.registerHost(dst, n)) {
                 putByte.invoke(unsafe, src, (byte) 99);
-                buf.copyFromAddress(src, 1024, 0);              // registered: asynchronous
-                buf.copyToAddress(dst + 16, 512, 0);            // an interior range
+                buf.copyFromAddressAsync(src, 1024, 0);         // registered: asynchronous
+                buf.copyToAddressAsync(dst + 16, 512, 0);       // an interior range
                 bridge.synchronize();
                 byte[] want = new byte[512];
                 System.arraycopy(read(src, 1024), 0, want, 0, 512);
@@ -111,7 +114,7 @@ class HostRegistrationTest extends RunningBridge {
             setMemory.invoke(unsafe, mem, (long) n, (byte) 0x11);
             HostRegistration r = bridge.registerHost(mem, n);
             bridge.callTool("spin", "{\"task\": 7703, \"seconds\": 0.5}");   // a long kernel ahead of the copy
-            buf.copyFromAddress(mem, n, 0);                     // registered: queued, asynchronous
+            buf.copyFromAddressAsync(mem, n, 0);                // registered: queued, asynchronous
             r.close();
             setMemory.invoke(unsafe, mem, (long) n, (byte) 0x77);
             free.invoke(unsafe, mem);
@@ -120,11 +123,83 @@ class HostRegistrationTest extends RunningBridge {
             byte[] back = new byte[4096];
             buf.copyTo(back, 0, (long) n - back.length, back.length);
             byte[] want = new byte[4096];
-            java.util.Arrays.fill(want, (byte) 0x11);
+            Arrays.fill(want, (byte) 0x11);
             assertArrayEquals(want, back, "data written to the region after close() reached the device");
             assertEquals(7703, t.taskAttemptId());
         } finally {
             if (mem != 0) free.invoke(unsafe, mem);
+        }
+    }
+
+    @Test
+    void registeredMemoryCopiedByAddressIsCompleteOnReturn() throws Exception {
+        // Issue 25 item 7: copyFromAddress / copyToAddress complete on return for registered memory
+        // too (a DMA, then a wait for the stream); a long kernel ahead of each copy would show one
+        // that only queued its DMA.
+        int n = 1 << 16;
+        long mem = offHeap(n);
+        try (TaskScope t = bridge.bindTask(7704); DeviceBuffer buf = bridge.allocate(n);
+             HostRegistration r = bridge.registerHost(mem, n)) {
+            setMemory.invoke(unsafe, mem, (long) n, (byte) 0x21);
+            long syncs = stat("bridge_synchronizes");
+            bridge.callTool("spin", "{\"task\": 7704, \"seconds\": 0.3}");
+            buf.copyFromAddress(mem, n, 0);
+            setMemory.invoke(unsafe, mem, (long) n, (byte) 0x77);   // at once: the copy has read it
+            byte[] back = new byte[n];
+            buf.copyTo(back);
+            byte[] want = new byte[n];
+            Arrays.fill(want, (byte) 0x21);
+            assertArrayEquals(want, back, "copyFromAddress read the registered memory before it returned");
+            bridge.callTool("spin", "{\"task\": 7704, \"seconds\": 0.3}");
+            buf.copyToAddress(mem, n, 0);                       // no synchronize after it
+            assertArrayEquals(want, read(mem, n), "copyToAddress wrote the registered memory before it returned");
+            assertEquals(syncs + 2, stat("bridge_synchronizes"), "one wait for the stream per registered copy");
+            assertTrue(r.address() == mem && t.taskAttemptId() == 7704);
+        } finally {
+            free.invoke(unsafe, mem);
+        }
+    }
+
+    @Test
+    void asyncCopiesByAddressRefuseMemoryThatIsNotPageLockedAndChangeNothing() throws Exception {
+        int n = 4096;
+        long mem = offHeap(2 * n);
+        try (TaskScope t = bridge.bindTask(7705); DeviceBuffer buf = bridge.allocate(n)) {
+            byte[] data = new byte[n];
+            Arrays.fill(data, (byte) 5);
+            buf.copyFrom(data);
+            HostRegistration closed = bridge.registerHost(mem + n, n);
+            closed.close();
+            try (HostRegistration r = bridge.registerHost(mem, n)) {
+                Map<String, Long> before = bridge.statistics();
+                assertRefused(IllegalArgumentException.class, () -> buf.copyFromAddressAsync(mem + n, 64, 0),
+                        "copyFromAddressAsync: the host memory [0x" + Long.toHexString(mem + n), "is not page-locked",
+                        "use copyFromAddress");
+                assertRefused(IllegalArgumentException.class, () -> buf.copyToAddressAsync(mem + n, 64, 0),
+                        "is not page-locked", "use copyToAddress");
+                assertRefused(IllegalArgumentException.class,   // runs past the registration
+                        () -> buf.copyFromAddressAsync(mem + n - 8, 16, 0), "is not page-locked");
+                assertRefused(IllegalArgumentException.class, () -> buf.copyFromAddressAsync(0, 16, 0),
+                        "the host address is 0");
+                assertRefused(IndexOutOfBoundsException.class,
+                        () -> buf.copyToAddressAsync(mem, n + 1, 0), "outside");
+                Map<String, Long> after = bridge.statistics();
+                for (String key : new String[] {"bridge_calls_total", "bridge_copies_address", "bridge_synchronizes"}) {
+                    assertEquals(before.get(key), after.get(key), key + ": nothing reached Python");
+                }
+                buf.copyToAddressAsync(mem + 100, 200, 0);      // inside the registration: queued
+                bridge.synchronize();
+                byte[] want = new byte[200];
+                Arrays.fill(want, (byte) 5);
+                assertArrayEquals(want, read(mem + 100, 200));
+                assertEquals(n, r.bytes());
+            }
+            byte[] back = new byte[n];
+            buf.copyTo(back);
+            assertArrayEquals(data, back, "the buffer holds its bytes after the refused copies");
+            assertEquals(7705, t.taskAttemptId());
+        } finally {
+            free.invoke(unsafe, mem);
         }
     }
 

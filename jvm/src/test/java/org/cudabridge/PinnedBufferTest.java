@@ -27,11 +27,11 @@ class PinnedBufferTest extends RunningBridge {
             assertEquals(1L << 20, stat("pinned_in_use_bytes"));
             ByteBuffer b = a.buffer();
             for (int i = 0; i < b.capacity(); i++) b.put(i, (byte) (i * 13));
-            dev.copyFrom(b, 0);                                 // asynchronous from the pool's memory
+            dev.copyFromAsync(b, 0);                            // asynchronous from the pool's memory
             a.close();                                          // back to the pool; reused after the copy
             PinnedBuffer c = bridge.allocatePinned(1 << 20);
             ByteBuffer back = c.buffer();
-            dev.copyTo(back, 0);
+            dev.copyToAsync(back, 0);
             bridge.synchronize();
             byte[] want = new byte[1 << 20];
             for (int i = 0; i < want.length; i++) want[i] = (byte) (i * 13);

@@ -26,9 +26,10 @@ import org.cudabridge.executor.GpuTask;
 /**
  * Example (e): off-heap Arrow batches reduced on the GPU. Each task fills an Arrow
  * {@code BigIntVector} (off-heap memory, Arrow Java ships in Spark's jars) from its rows in batches,
- * registers the vector's value buffer once ({@link CudaBridge#registerHost}: its copies then run
- * asynchronously at the link's speed), copies each batch to the GPU from the buffer's address
- * ({@link DeviceBuffer#copyFromAddress}), and adds it into a device accumulator with a kernel of
+ * registers the vector's value buffer once ({@link CudaBridge#registerHost}: page-locked, so that its
+ * copies can be single DMAs at the link's speed), copies each batch to the GPU from the buffer's
+ * address asynchronously ({@link DeviceBuffer#copyFromAddressAsync}, ordered on the task's stream; the
+ * task synchronizes before refilling the vector), and adds it into a device accumulator with a kernel of
  * its own (atomics). The driver checks the sum of the tasks' results against Spark's own
  * {@code sum}. On the emulated device the kernel's host kernel runs
  * ({@code spark-examples/python/example_kernels.py}).
@@ -113,7 +114,7 @@ public final class GpuArrowSumJob {
                     while (n < batch && rows.hasNext()) {
                         values.set(n++, rows.next().getLong(0));
                     }
-                    staged.copyFromAddress(address, 8L * n, 0);   // asynchronous from registered memory
+                    staged.copyFromAddressAsync(address, 8L * n, 0);   // registered memory: queued on the task's stream
                     sum.launch(LaunchConfig.grid(Math.max(1, Math.min(64, (n + 255) / 256))).block(256), staged, n, acc);
                     count += n;
                     // the next batch overwrites the vector: its copy must have read it first
