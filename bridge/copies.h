@@ -23,8 +23,10 @@ static jboolean check_array(JNIEnv *env, jobject array, jlong byteOffset, jlong 
     return JNI_TRUE;
 }
 
-static void call_with_view(PyObject *fn, jlong handle, jlong devOffset, char *mem, size_t n, int direct,
-                           jlong address, captured_error *err) {
+/* Calls fn(handle, devOffset[, address], view of mem); returns its result's truth (the hot path's
+ * copies by address return whether they queued an asynchronous DMA), 0 with err set on an error. */
+static int call_with_view(PyObject *fn, jlong handle, jlong devOffset, char *mem, size_t n, int direct,
+                          jlong address, captured_error *err) {
     PyObject *args[4] = {NULL, NULL, NULL, NULL};
     int nargs = direct ? 4 : 3;
     args[0] = PyLong_FromLongLong(handle);
@@ -33,12 +35,18 @@ static void call_with_view(PyObject *fn, jlong handle, jlong devOffset, char *me
     PyObject **viewslot = &args[direct ? 3 : 2];
     int ok = args[0] && args[1] && (!direct || args[2]);
     if (ok) *viewslot = host_view(mem, n);
+    int queued = 0;
     if (!ok || *viewslot == NULL) {
         capture_python_error(err);
     } else {
-        call_void(fn, args, (size_t)nargs, err);
+        PyObject *r = PyObject_Vectorcall(fn, args, (size_t)nargs, NULL);
+        int truth = r == NULL ? -1 : PyObject_IsTrue(r);
+        Py_XDECREF(r);
+        if (truth < 0) capture_python_error(err);
+        queued = truth == 1;
     }
     decref_all(args, 4);
+    return queued;
 }
 
 /* A staged copy of at most CB_QUICK_COPY_BYTES that took one idle staging slot without waiting,
@@ -130,12 +138,12 @@ static int pageable_copy(const cb_driver *d, cb_host_side *h, jlong off, jlong n
  * staging slots of its GPU, taken for this copy and given back when it ends (staging_ring.h), the
  * chunks and DMAs without the GIL; with no slot free within the staging wait, through pageable
  * memory. The lease is left (and any driver error raised) with the GIL. Not gated: a copy waits. */
-static void gpu_copy(JNIEnv *env, jlong handle, jlong devOffset, cb_host_side *host, jlong byteOffset,
-                     jlong nbytes, int to_device, int kind) {
+static int gpu_copy(JNIEnv *env, jlong handle, jlong devOffset, cb_host_side *host, jlong byteOffset,
+                    jlong nbytes, int to_device, int kind) {
     const cb_driver *d = g_api->driver;
     gil_section g;
     captured_error err = {0};
-    if (gil_enter(env, &g) != 0) return;
+    if (gil_enter(env, &g) != 0) return 0;
     cb_copy_entry entry = {0};
     int entered = g_api->enter_copy(g_api->core, handle, devOffset, nbytes, to_device, kind,
                                     (unsigned long long)(uintptr_t)host->raw, &entry) == 0;
@@ -155,14 +163,17 @@ static void gpu_copy(JNIEnv *env, jlong handle, jlong devOffset, cb_host_side *h
             capture_python_error(&err);
         }
         gil_exit(&g);
-        if (rc != CB_CUDA_SUCCESS) throw_captured(env, &err);
-        return;
+        if (rc != CB_CUDA_SUCCESS) {
+            throw_captured(env, &err);
+            return 0;
+        }
+        return 1;   /* queued: one asynchronous DMA */
     }
     if (!entered) {
         capture_python_error(&err);
         gil_exit(&g);
         throw_captured(env, &err);
-        return;
+        return 0;
     }
     cb_ring slots;   /* the staging slots this copy holds */
     const char *call = NULL;
@@ -171,7 +182,7 @@ static void gpu_copy(JNIEnv *env, jlong handle, jlong devOffset, cb_host_side *h
     if (nbytes <= CB_QUICK_COPY_BYTES && (size_t)nbytes <= slot_bytes &&
         g_api->staging_take(g_api->core, entry.gpu, 1, 1, &slots, &rc, &call) == 1) {
         quick_copy(env, &g, &entry, &slots, host, byteOffset, nbytes, to_device);
-        return;
+        return 0;
     }
     gil_exit(&g);
     cb_CUcontext prev;
@@ -191,7 +202,7 @@ static void gpu_copy(JNIEnv *env, jlong handle, jlong devOffset, cb_host_side *h
         }
     }
     ctx_restore(d, entry.context, prev);
-    if (gil_enter(env, &g) != 0) return;   /* cannot happen: this thread has its Python state */
+    if (gil_enter(env, &g) != 0) return 0;   /* cannot happen: this thread has its Python state */
     g_api->leave_copy(g_api->core, &entry);
     if (rc > 0) {
         g_api->driver_failed(g_api->core, call, rc);
@@ -200,6 +211,7 @@ static void gpu_copy(JNIEnv *env, jlong handle, jlong devOffset, cb_host_side *h
     gil_exit(&g);
     if (rc > 0) throw_captured(env, &err);
     /* rc -1: the array could not be pinned; its Java exception is pending */
+    return 0;   /* staged (or through pageable memory): complete for the host memory on return */
 }
 
 /* A copy between a Java heap array and a device buffer (to_device: array -> device). On a GPU in C
@@ -293,66 +305,66 @@ static char *direct_range(JNIEnv *env, jobject buf, jlong bufOffset, jlong nbyte
  * CB_HOST_DIRECT, or an address: CB_HOST_ADDRESS). On a GPU it runs in C (gpu_copy: one DMA from or
  * into page-locked memory, the GPU's staging slots for pageable memory, the driver's own pageable copy
  * being one thread's memcpy with no overlap); elsewhere fn copies it (the hot path's Python). */
-static void host_memory_copy(JNIEnv *env, PyObject *fn, jlong handle, jlong devOffset, char *mem, jlong nbytes,
-                             int to_device, int kind) {
+static jboolean host_memory_copy(JNIEnv *env, PyObject *fn, jlong handle, jlong devOffset, char *mem, jlong nbytes,
+                                 int to_device, int kind) {
     if (atomic_load_explicit(&g_ready, memory_order_acquire) && g_api != NULL && g_api->driver != NULL && nbytes > 0) {
         cb_host_side host = {env, NULL, mem};
-        gpu_copy(env, handle, devOffset, &host, 0, nbytes, to_device, kind);
-        return;
+        return gpu_copy(env, handle, devOffset, &host, 0, nbytes, to_device, kind) ? JNI_TRUE : JNI_FALSE;
     }
-    HOT_ENTER(, 0)
-    call_with_view(fn, handle, devOffset, mem, (size_t)nbytes, 1, (jlong)(intptr_t)mem, &err);
+    HOT_ENTER(JNI_FALSE, 0)
+    int queued = call_with_view(fn, handle, devOffset, mem, (size_t)nbytes, 1, (jlong)(intptr_t)mem, &err);
     HOT_LEAVE()
     if (err.kind) throw_captured(env, &err);
+    return queued && !err.kind ? JNI_TRUE : JNI_FALSE;
 }
 
 /* Direct ByteBuffers: pinned ones (allocatePinned) asynchronously on the buffer's stream, others
- * staged (host_memory_copy). */
-static void direct_copy(JNIEnv *env, PyObject *fn, jlong handle, jlong devOffset, jobject buf, jlong bufOffset,
-                        jlong nbytes) {
+ * staged (host_memory_copy). Returns whether the copy was queued asynchronously (page-locked). */
+static jboolean direct_copy(JNIEnv *env, PyObject *fn, jlong handle, jlong devOffset, jobject buf, jlong bufOffset,
+                            jlong nbytes) {
     char *mem = direct_range(env, buf, bufOffset, nbytes);
-    if (mem == NULL) return;
-    host_memory_copy(env, fn, handle, devOffset, mem, nbytes, fn == m_copy_in_direct, CB_HOST_DIRECT);
+    if (mem == NULL) return JNI_FALSE;
+    return host_memory_copy(env, fn, handle, devOffset, mem, nbytes, fn == m_copy_in_direct, CB_HOST_DIRECT);
 }
 
 /* static native void copyInAddress(long handle, long devOffset, long address, long nbytes) and
  * copyOutAddress: memory Java code owns outside the heap (an Arrow buffer's memoryAddress(), an
  * off-heap column vector, Unsafe). The address cannot be checked: a wrong one crashes the JVM, as
  * any native copy would. Asynchronous from and into a registered region (registerHost). */
-static void address_copy(JNIEnv *env, PyObject *fn, jlong handle, jlong devOffset, jlong address, jlong nbytes) {
+static jboolean address_copy(JNIEnv *env, PyObject *fn, jlong handle, jlong devOffset, jlong address, jlong nbytes) {
     if (address == 0 || nbytes < 0) {
         throw_plain(env, c_iae, "java/lang/IllegalArgumentException",
                     "cudabridge copy: the host address must not be 0 and the size not negative");
-        return;
+        return JNI_FALSE;
     }
-    host_memory_copy(env, fn, handle, devOffset, (char *)(intptr_t)address, nbytes, fn == m_copy_in_address,
-                     CB_HOST_ADDRESS);
+    return host_memory_copy(env, fn, handle, devOffset, (char *)(intptr_t)address, nbytes, fn == m_copy_in_address,
+                            CB_HOST_ADDRESS);
 }
 
-JNIEXPORT void JNICALL Java_org_cudabridge_NativeBridge_copyInDirect(JNIEnv *env, jclass cls, jlong handle,
+JNIEXPORT jboolean JNICALL Java_org_cudabridge_NativeBridge_copyInDirect(JNIEnv *env, jclass cls, jlong handle,
                                                                      jlong devOffset, jobject buf, jlong bufOffset,
                                                                      jlong nbytes) {
     (void)cls;
-    direct_copy(env, m_copy_in_direct, handle, devOffset, buf, bufOffset, nbytes);
+    return direct_copy(env, m_copy_in_direct, handle, devOffset, buf, bufOffset, nbytes);
 }
 
-JNIEXPORT void JNICALL Java_org_cudabridge_NativeBridge_copyOutDirect(JNIEnv *env, jclass cls, jlong handle,
+JNIEXPORT jboolean JNICALL Java_org_cudabridge_NativeBridge_copyOutDirect(JNIEnv *env, jclass cls, jlong handle,
                                                                       jlong devOffset, jobject buf, jlong bufOffset,
                                                                       jlong nbytes) {
     (void)cls;
-    direct_copy(env, m_copy_out_direct, handle, devOffset, buf, bufOffset, nbytes);
+    return direct_copy(env, m_copy_out_direct, handle, devOffset, buf, bufOffset, nbytes);
 }
 
-JNIEXPORT void JNICALL Java_org_cudabridge_NativeBridge_copyInAddress(JNIEnv *env, jclass cls, jlong handle,
+JNIEXPORT jboolean JNICALL Java_org_cudabridge_NativeBridge_copyInAddress(JNIEnv *env, jclass cls, jlong handle,
                                                                       jlong devOffset, jlong address, jlong nbytes) {
     (void)cls;
-    address_copy(env, m_copy_in_address, handle, devOffset, address, nbytes);
+    return address_copy(env, m_copy_in_address, handle, devOffset, address, nbytes);
 }
 
-JNIEXPORT void JNICALL Java_org_cudabridge_NativeBridge_copyOutAddress(JNIEnv *env, jclass cls, jlong handle,
+JNIEXPORT jboolean JNICALL Java_org_cudabridge_NativeBridge_copyOutAddress(JNIEnv *env, jclass cls, jlong handle,
                                                                        jlong devOffset, jlong address, jlong nbytes) {
     (void)cls;
-    address_copy(env, m_copy_out_address, handle, devOffset, address, nbytes);
+    return address_copy(env, m_copy_out_address, handle, devOffset, address, nbytes);
 }
 
 /* static native long address(ByteBuffer buffer): a direct buffer's address, 0 otherwise. */

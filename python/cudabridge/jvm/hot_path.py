@@ -426,14 +426,15 @@ class JavaHotPath:
         finally:
             lease.inside.remove(me)
 
-    def copy_in_direct(self, hid: int, offset: int, address: int, view: memoryview) -> None:
+    def copy_in_direct(self, hid: int, offset: int, address: int, view: memoryview) -> bool:
         """Direct ByteBuffer to device, asynchronous on the buffer's stream when the memory is
-        pinned (the Java caller keeps the ByteBuffer alive and unchanged until a synchronize).
-        Refused, as a copy by address is, into a range the buffer's task unregistered."""
-        self._host_memory_copy("copies_direct", True, hid, offset, address, view)
+        page-locked (returns True: the Java caller keeps the ByteBuffer alive and unchanged until
+        a synchronize, or waits itself). Refused, as a copy by address is, into a range the
+        buffer's task unregistered."""
+        return self._host_memory_copy("copies_direct", True, hid, offset, address, view)
 
-    def copy_out_direct(self, hid: int, offset: int, address: int, view: memoryview) -> None:
-        self._host_memory_copy("copies_direct", False, hid, offset, address, view)
+    def copy_out_direct(self, hid: int, offset: int, address: int, view: memoryview) -> bool:
+        return self._host_memory_copy("copies_direct", False, hid, offset, address, view)
 
     def copy_device(self, dst: int, dst_offset: int, src: int, src_offset: int, nbytes: int) -> None:
         """Device to device, on the destination's stream; when the source lives on another
@@ -526,19 +527,19 @@ class JavaHotPath:
         the region, then unlocks it; copies into it are refused from then on."""
         self._regions.unregister(address, task)
 
-    def copy_in_address(self, hid: int, offset: int, address: int, view: memoryview) -> None:
+    def copy_in_address(self, hid: int, offset: int, address: int, view: memoryview) -> bool:
         """Off-heap memory at ``address`` to device: asynchronous on the buffer's stream from a
-        registered region (keep the memory unchanged until a synchronize), staged by the driver
-        before returning from pageable memory."""
-        self._host_memory_copy("copies_address", True, hid, offset, address, view)
+        page-locked region (returns True: keep the memory unchanged until a synchronize), staged
+        by the driver before returning from pageable memory (False)."""
+        return self._host_memory_copy("copies_address", True, hid, offset, address, view)
 
-    def copy_out_address(self, hid: int, offset: int, address: int, view: memoryview) -> None:
-        """Device to off-heap memory at ``address``: asynchronous into a registered region (read it
-        after a synchronize), complete on return into pageable memory."""
-        self._host_memory_copy("copies_address", False, hid, offset, address, view)
+    def copy_out_address(self, hid: int, offset: int, address: int, view: memoryview) -> bool:
+        """Device to off-heap memory at ``address``: asynchronous into a page-locked region (True:
+        read it after a synchronize), complete on return into pageable memory (False)."""
+        return self._host_memory_copy("copies_address", False, hid, offset, address, view)
 
     def _host_memory_copy(self, counter: str, to_device: bool, hid: int, offset: int, address: int,
-                          view: memoryview) -> None:
+                          view: memoryview) -> bool:
         """One copy between buffer ``hid`` and host memory Java owns outside the heap (a direct
         ByteBuffer's, or by address) over ``view``: refused as PageLockedRegions.lookup says,
         counted as ``counter``, queued on the buffer's stream inside its task's lease. A copy of a
@@ -563,6 +564,7 @@ class JavaHotPath:
                 self._copy(to_device, a, offset, view)
         finally:
             lease.inside.remove(me)
+        return region is not None   # queued asynchronously (page-locked): the caller may wait
 
     def _copy(self, to_device: bool, a: "Allocation", offset: int, host: Any) -> None:
         if to_device:

@@ -121,6 +121,19 @@ def spin(c: Control, task: int, seconds: float) -> None:
         lease.inside.remove(me)
 
 
+def register_host(c: Control, address: int, nbytes: int) -> None:
+    """Page-lock host memory as Python task code in the executor does, through the service
+    (``service.page_locked.register``): Java's copies then find it page-locked although Java never
+    registered it."""
+    c.service.page_locked.register(int(address), int(nbytes))
+
+
+def unregister_host(c: Control, address: int, task: int = 0) -> None:
+    """Undo :func:`register_host`, by ``task`` (0: none; copies into the range are then refused
+    for every task, PageLockedRegions.unregister)."""
+    c.service.page_locked.unregister(int(address), int(task))
+
+
 def pool_statistics(c: Control, gpu: int = 0) -> dict[str, int]:
     return c.service.memory_pool(int(gpu)).statistics().as_dict()
 
@@ -398,6 +411,6 @@ free (cudaHostAlloc + cudaFreeHost on a GPU), and on a GPU ``cupy_pinned_in/out`
 
 
 TOOLS: dict[str, Callable[..., Any]] = {
-    f.__name__: f for f in (fill_u32, spin, pool_statistics, interpreter, raise_error, python_bench,
+    f.__name__: f for f in (fill_u32, spin, register_host, unregister_host, pool_statistics, interpreter, raise_error, python_bench,
                                           python_threads, launch_bench, emulated_races, copy_bench)
 }

@@ -228,9 +228,9 @@ public final class DeviceBuffer extends HostArrayCopies implements AutoCloseable
         checkRange(call, dstOffset, bytes);
         check(call);
         memory.checkRunning(call);
-        boolean dma = bytes > 0 && memory.isPageLocked(src, bytes);
-        NativeBridge.copyInDirect(handle, dstOffset, src, src.position(), bytes);
-        if (dma) {
+        // the native side knows whether it queued an asynchronous DMA (page-locked memory, made
+        // by any front of the service): then wait for it, so that the copy is complete on return
+        if (NativeBridge.copyInDirect(handle, dstOffset, src, src.position(), bytes)) {
             memory.awaitStream(task, call);
         }
     }
@@ -246,9 +246,9 @@ public final class DeviceBuffer extends HostArrayCopies implements AutoCloseable
         checkRange(call, srcOffset, bytes);
         check(call);
         memory.checkRunning(call);
-        boolean dma = bytes > 0 && memory.isPageLocked(dst, bytes);
-        NativeBridge.copyOutDirect(handle, srcOffset, dst, dst.position(), bytes);
-        if (dma) {
+        // the native side knows whether it queued an asynchronous DMA (page-locked memory, made
+        // by any front of the service): then wait for it, so that the copy is complete on return
+        if (NativeBridge.copyOutDirect(handle, srcOffset, dst, dst.position(), bytes)) {
             memory.awaitStream(task, call);
         }
     }
@@ -310,9 +310,9 @@ public final class DeviceBuffer extends HostArrayCopies implements AutoCloseable
         checkRange(call, dstOffset, bytes);
         check(call);
         memory.checkRunning(call);
-        boolean dma = bytes > 0 && memory.isPageLocked(hostAddress, bytes);
-        NativeBridge.copyInAddress(handle, dstOffset, hostAddress, bytes);
-        if (dma) {
+        // the native side knows whether it queued an asynchronous DMA (page-locked memory, made
+        // by any front of the service): then wait for it, so that the copy is complete on return
+        if (NativeBridge.copyInAddress(handle, dstOffset, hostAddress, bytes)) {
             memory.awaitStream(task, call);
         }
     }
@@ -326,9 +326,9 @@ public final class DeviceBuffer extends HostArrayCopies implements AutoCloseable
         checkRange(call, srcOffset, bytes);
         check(call);
         memory.checkRunning(call);
-        boolean dma = bytes > 0 && memory.isPageLocked(hostAddress, bytes);
-        NativeBridge.copyOutAddress(handle, srcOffset, hostAddress, bytes);
-        if (dma) {
+        // the native side knows whether it queued an asynchronous DMA (page-locked memory, made
+        // by any front of the service): then wait for it, so that the copy is complete on return
+        if (NativeBridge.copyOutAddress(handle, srcOffset, hostAddress, bytes)) {
             memory.awaitStream(task, call);
         }
     }

@@ -120,16 +120,13 @@ final class DeviceMemory {
         return r;
     }
 
-    /** Whether [address, address + bytes) lies inside page-locked memory this bridge knows (a live
-     *  pinned buffer, an open registration): a copy of it is then asynchronous on the stream. */
+    /** Whether [address, address + bytes) lies inside page-locked memory this bridge handed out (a
+     *  live pinned buffer, an open registration): what the asynchronous copies accept, checked
+     *  before any native call. Whether a copy was in fact queued asynchronously is the native
+     *  side's answer (the service's regions, whichever front made them), which the copies that
+     *  complete on return wait on. */
     boolean isPageLocked(long address, long bytes) {
         return !pageLocked.isEmpty() && pageLocked.covers(address, bytes);
-    }
-
-    /** As {@link #isPageLocked(long, long)} for {@code bytes} of a direct ByteBuffer from its
-     *  position (its address read only when some memory is page-locked). */
-    boolean isPageLocked(ByteBuffer b, long bytes) {
-        return !pageLocked.isEmpty() && pageLocked.covers(NativeBridge.address(b) + b.position(), bytes);
     }
 
     /** The page-locked memory this bridge knows (tests). */

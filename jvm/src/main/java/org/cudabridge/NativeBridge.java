@@ -166,19 +166,24 @@ public final class NativeBridge {
     /** Device to heap array; complete on return. */
     public static native void copyOut(long handle, long devOffset, Object array, long byteOffset, long bytes, int elemSize);
 
-    /** Direct ByteBuffer to device; asynchronous on the buffer's stream when the memory is pinned. */
-    public static native void copyInDirect(long handle, long devOffset, ByteBuffer buffer, long bufOffset, long bytes);
+    /** Direct ByteBuffer to device; asynchronous on the buffer's stream when the memory is
+     *  page-locked (the service's pinned buffers and host registrations, whichever front made
+     *  them): returns true then (the caller waits for the stream, or keeps the memory unchanged
+     *  until a synchronize), false when the copy was staged (complete for the host memory). */
+    public static native boolean copyInDirect(long handle, long devOffset, ByteBuffer buffer, long bufOffset, long bytes);
 
-    public static native void copyOutDirect(long handle, long devOffset, ByteBuffer buffer, long bufOffset, long bytes);
+    /** The buffer to a direct ByteBuffer; returns true when queued asynchronously, as {@link #copyInDirect}. */
+    public static native boolean copyOutDirect(long handle, long devOffset, ByteBuffer buffer, long bufOffset, long bytes);
 
     /** The address of a direct ByteBuffer's memory (0 for a heap buffer). */
     public static native long address(ByteBuffer buffer);
 
-    /** Off-heap memory at {@code address} (not checked: a wrong address crashes the JVM) to the buffer. */
-    public static native void copyInAddress(long handle, long devOffset, long address, long bytes);
+    /** Off-heap memory at {@code address} (not checked: a wrong address crashes the JVM) to the
+     *  buffer; returns true when queued asynchronously, as {@link #copyInDirect}. */
+    public static native boolean copyInAddress(long handle, long devOffset, long address, long bytes);
 
-    /** The buffer to off-heap memory at {@code address} (not checked). */
-    public static native void copyOutAddress(long handle, long devOffset, long address, long bytes);
+    /** The buffer to off-heap memory at {@code address} (not checked); true when queued asynchronously. */
+    public static native boolean copyOutAddress(long handle, long devOffset, long address, long bytes);
 
     /** Host memory from the pinned pool (or its fallbacks), owned by {@code task} (0: none);
      *  {@code pinnedOut[0]} says whether it is page-locked (false: the pageable fallback). */

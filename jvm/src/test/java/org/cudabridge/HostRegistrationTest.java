@@ -161,6 +161,40 @@ class HostRegistrationTest extends RunningBridge {
     }
 
     @Test
+    void memoryPythonRegisteredIsCopiedCompleteOnReturnToo() throws Exception {
+        // The copies that complete on return wait for the stream whenever the native side queued
+        // an asynchronous DMA, whichever front page-locked the memory: here Python task code in
+        // the executor (the service's regions), which Java's own table never saw. Without the
+        // native side's answer the copy would return with its DMA still behind the kernel.
+        int n = 1 << 16;
+        long mem = offHeap(n);
+        try (TaskScope t = bridge.bindTask(7706); DeviceBuffer buf = bridge.allocate(n)) {
+            bridge.callTool("register_host", "{\"address\": " + mem + ", \"nbytes\": " + n + "}");
+            try {
+                setMemory.invoke(unsafe, mem, (long) n, (byte) 0x31);
+                long syncs = stat("bridge_synchronizes");
+                bridge.callTool("spin", "{\"task\": 7706, \"seconds\": 0.3}");
+                buf.copyFromAddress(mem, n, 0);
+                setMemory.invoke(unsafe, mem, (long) n, (byte) 0x66);   // at once: the copy has read it
+                byte[] back = new byte[n];
+                buf.copyTo(back);
+                byte[] want = new byte[n];
+                Arrays.fill(want, (byte) 0x31);
+                assertArrayEquals(want, back, "copyFromAddress read Python's registered memory before it returned");
+                bridge.callTool("spin", "{\"task\": 7706, \"seconds\": 0.3}");
+                buf.copyToAddress(mem, n, 0);
+                assertArrayEquals(want, read(mem, n), "copyToAddress wrote Python's registered memory after it returned");
+                assertEquals(syncs + 2, stat("bridge_synchronizes"), "one wait for the stream per page-locked copy");
+            } finally {
+                bridge.callTool("unregister_host", "{\"address\": " + mem + ", \"task\": 7706}");
+            }
+            assertEquals(7706, t.taskAttemptId());
+        } finally {
+            free.invoke(unsafe, mem);
+        }
+    }
+
+    @Test
     void asyncCopiesByAddressRefuseMemoryThatIsNotPageLockedAndChangeNothing() throws Exception {
         int n = 4096;
         long mem = offHeap(2 * n);
