@@ -95,6 +95,7 @@ class _DriverStandIn:
     driver refuse every PTX image (a damaged one)."""
 
     name = "cuda"
+    runs_host_kernels = False   # compiled kernels, as CudaBackend (DeviceBackend's property)
 
     def __init__(self) -> None:
         self.nvrtc = _FakeNvrtc()
