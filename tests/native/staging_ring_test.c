@@ -178,7 +178,8 @@ static cb_ring *make_in(cb_driver *d, int n, size_t slot, cb_staging_gpu **pool)
     const char *call = NULL;
     *pool = staging_gpu_new(malloc((size_t)n * slot), n, slot, 0.05);
     cb_ring *r = calloc(1, sizeof *r);
-    if (*pool == NULL || staging_take_gpu(d, *pool, 0, n, 0, r, &rc, &call) != n) {
+    if (*pool == NULL || (rc = staging_gpu_events(d, *pool, &call)) != 0 ||
+        staging_take_gpu(d, *pool, 0, n, 0, r, &rc, &call) != n) {
         fprintf(stderr, "staging_take_gpu: %s %d\n", call ? call : "", rc);
         exit(1);
     }
@@ -273,6 +274,7 @@ int main(void) {
     const char *c2 = NULL;
     int rc2 = 0;
     cb_staging_gpu *pool = staging_gpu_new(malloc(2 * k4), 2, k4, 0.05);
+    CHECK(pool != NULL && staging_gpu_events(&d, pool, &c2) == 0, "the pool's events: %s", c2 ? c2 : "");
     cb_ring a = {0}, b = {0};
     CHECK(staging_take_gpu(&d, pool, 0, 4, 0, &a, &rc2, &c2) == 2 && a.slot[0] == 0 && a.slot[1] == 1,
           "a take of 4 from 2 free slots got %d (slots %d, %d)", a.n, a.slot[0], a.slot[1]);
@@ -322,6 +324,7 @@ int main(void) {
     free(src2);
     /* ending the slots waits for their last DMAs and destroys their events */
     cb_staging_gpu *endp = staging_gpu_new(malloc(4 * k4), 4, k4, 0.05);
+    CHECK(endp != NULL && staging_gpu_events(&d, endp, &c2) == 0, "the pool's events: %s", c2 ? c2 : "");
     cb_ring e = {0};
     staging_take_gpu(&d, endp, 0, 4, 0, &e, &rc2, &c2);
     last_end = DEV_BASE;

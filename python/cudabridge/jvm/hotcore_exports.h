@@ -82,8 +82,25 @@ static PyObject *hc_enable_staging(HotCore *self, PyObject *args) {
         return NULL;
     }
     if (retain_context(self, gpu) < 0) return NULL;
-    self->staging[gpu] = staging_gpu_new((char *)(uintptr_t)address, slots, (size_t)slot_bytes, wait_s);
-    if (self->staging[gpu] == NULL) return PyErr_NoMemory();
+    cb_staging_gpu *sg = staging_gpu_new((char *)(uintptr_t)address, slots, (size_t)slot_bytes, wait_s);
+    if (sg == NULL) return PyErr_NoMemory();
+    /* every slot's event now, in the GPU's context: no copy makes one with the pool's mutex held */
+    const cb_driver *d = self->driver;
+    const char *call = "cuCtxGetCurrent";
+    cb_CUcontext prev = NULL;
+    int rc = d->cuCtxGetCurrent(&prev);
+    int switched = rc == CB_CUDA_SUCCESS && prev != self->contexts[gpu];
+    if (switched && (rc = d->cuCtxSetCurrent(self->contexts[gpu])) != CB_CUDA_SUCCESS) call = "cuCtxSetCurrent";
+    if (rc == CB_CUDA_SUCCESS) rc = staging_gpu_events(d, sg, &call);
+    if (rc != CB_CUDA_SUCCESS) staging_gpu_free(d, sg);   /* destroys the events made */
+    if (switched && prev != NULL) d->cuCtxSetCurrent(prev);
+    if (rc != CB_CUDA_SUCCESS) {
+        char buf[32];
+        PyErr_Format(PyExc_RuntimeError, "enable_staging: GPU %d: %s failed: %s", gpu, call,
+                     cb_driver_error_name(d, rc, buf, sizeof buf));
+        return NULL;
+    }
+    self->staging[gpu] = sg;
     Py_RETURN_NONE;
 }
 

@@ -23,6 +23,11 @@
  *    counted lost, and the GPU's sticky error is what follows in practice;
  *  - every field below the mutex changes only with it held; the GIL is not needed (the JNI side
  *    calls take and give without it);
+ *  - no driver call is made with the mutex held by a thread without the GIL: the events are all
+ *    made at enable (staging_gpu_events), and the calls under the mutex (the quick take's
+ *    cuEventQuery, close's waits) come from threads that hold the GIL. A driver whose entry points
+ *    take the GIL (the emulated device's, device/emulated_driver.py) would otherwise deadlock with
+ *    a thread that holds the GIL and waits for the mutex (a quick copy's take or give);
  *  - once closed (at shutdown, with no slot held) a GPU's slots are never taken again, so their
  *    memory may go; the struct itself lives as long as the hot path's C twin (a copy may still be
  *    about to lock it).
@@ -43,7 +48,7 @@ typedef struct {
     char *base;                               /* n x slot_bytes of page-locked memory (the hot path owns it) */
     int n;
     size_t slot_bytes;
-    cb_CUevent event[CB_STAGING_POOL_MAX];    /* made at the slot's first take, in the GPU's context */
+    cb_CUevent event[CB_STAGING_POOL_MAX];    /* made at enable (staging_gpu_events), in the GPU's context */
     int busy[CB_STAGING_POOL_MAX];
     int fifo[CB_STAGING_POOL_MAX];            /* the free slots, oldest first, from head */
     int head, nfree;
@@ -86,6 +91,21 @@ static cb_staging_gpu *staging_gpu_new(char *base, int n, size_t slot_bytes, dou
     for (int i = 0; i < n; i++) s->fifo[i] = i;
     s->nfree = n;
     return s;
+}
+
+/* Makes every slot's event (at enable, with the GPU's context current, before any copy can take a
+ * slot). 0, or a CUresult with *call naming the call (the events made so far stay, for close). */
+static int staging_gpu_events(const cb_driver *d, cb_staging_gpu *s, const char **call) {
+    for (int i = 0; i < s->n; i++) {
+        if (s->event[i] != NULL) continue;
+        int rc = d->cuEventCreate(&s->event[i], CB_EVENT_DISABLE_TIMING);
+        if (rc != CB_CUDA_SUCCESS) {
+            s->event[i] = NULL;
+            *call = "cuEventCreate(staging slot)";
+            return rc;
+        }
+    }
+    return CB_CUDA_SUCCESS;
 }
 
 /* Closes a GPU's slots unless a copy holds some (0, nothing changed): waits for every slot's last
@@ -132,19 +152,10 @@ static void staging_push(cb_staging_gpu *s, int i) {
     s->nfree++;
 }
 
-/* Up to `want` slots (at least one) into out, mutex held; their events made where missing (the
- * context current). Returns the number taken, or -1 with *rc, *call set (none taken). */
-static int staging_fill(const cb_driver *d, cb_staging_gpu *s, int gpu, int want, cb_staging_slots *out, int *rc,
-                        const char **call) {
+/* Up to `want` slots (at least one) into out, mutex held (no driver call: the events were made at
+ * enable). Returns the number taken. */
+static int staging_fill(cb_staging_gpu *s, int gpu, int want, cb_staging_slots *out) {
     int k = want < s->nfree ? want : s->nfree;
-    for (int j = 0; j < k; j++) {
-        int i = s->fifo[(s->head + j) % s->n];
-        if (s->event[i] == NULL && (*rc = d->cuEventCreate(&s->event[i], CB_EVENT_DISABLE_TIMING)) != CB_CUDA_SUCCESS) {
-            s->event[i] = NULL;
-            *call = "cuEventCreate(staging slot)";
-            return -1;
-        }
-    }
     out->gpu = gpu;
     out->n = k;
     out->slot_bytes = s->slot_bytes;
@@ -178,7 +189,7 @@ static int staging_take_gpu(const cb_driver *d, cb_staging_gpu *s, int gpu, int 
             int i = s->fifo[s->head];
             if (s->event[i] != NULL && (!s->busy[i] || d->cuEventQuery(s->event[i]) == CB_CUDA_SUCCESS)) {
                 s->busy[i] = 0;
-                taken = staging_fill(d, s, gpu, 1, out, rc, call);
+                taken = staging_fill(s, gpu, 1, out);
                 if (taken == 1) s->quick++;
             }
         }
@@ -200,8 +211,10 @@ static int staging_take_gpu(const cb_driver *d, cb_staging_gpu *s, int gpu, int 
             return 0;
         }
     }
-    int taken = staging_fill(d, s, gpu, want, out, rc, call);
+    int taken = staging_fill(s, gpu, want, out);
     pthread_mutex_unlock(&s->mu);
+    (void)rc;
+    (void)call;
     return taken;
 }
 
