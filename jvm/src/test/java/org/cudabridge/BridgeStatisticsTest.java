@@ -31,7 +31,11 @@ class BridgeStatisticsTest extends RunningBridge {
             // issue 23 item 8: the Java threads' states, as the glossary says, not every state in the
             // interpreter (the emulated device's stream workers are Python threads with their own)
             assertEquals(ts.created() - ts.deleted(), s.get("bridge_thread_states"), s + " " + ts);
-            assertTrue(s.get("bridge_thread_states") < ts.inInterpreter(), s + " " + ts);
+            assertTrue(s.get("bridge_thread_states") <= ts.inInterpreter(), s + " " + ts);
+            if ("emulated".equals(System.getProperty("spark.cudabridge.backend", "emulated"))) {
+                // its stream workers are Python threads with states of their own, which it leaves out
+                assertTrue(s.get("bridge_thread_states") < ts.inInterpreter(), s + " " + ts);
+            }
         }
         assertEquals(0L, bridge.statistics().get("bridge_java_tasks_bound"));
     }

@@ -11,8 +11,8 @@ import org.junit.jupiter.api.Tag;
 import org.junit.jupiter.api.Test;
 
 /**
- * A kernel that faults (issue 15, item 5), on the emulated device where the host kernel
- * {@code faults} reads past its buffer: the task's next synchronize reports it, naming the kernels
+ * A kernel that faults (issue 15, item 5): on a GPU {@code faults} stores to address 0x10, on the
+ * emulated device its host kernel reads past its buffer: the task's next synchronize reports it, naming the kernels
  * launched on its stream since the last completed synchronize, and from then on every GPU call
  * fails fast. The device is unusable afterwards, so this class has a JVM and a bridge of its own.
  */
@@ -20,7 +20,7 @@ import org.junit.jupiter.api.Test;
 class KernelFaultTest {
     static final String SOURCE = """
             extern "C" __global__ void histogram(const unsigned* data, int n, unsigned* bins) { }
-            extern "C" __global__ void faults(const unsigned* p) { }
+            extern "C" __global__ void faults(const unsigned* p) { *(volatile unsigned*)0x10 = p[0]; }
             """;
 
     @Test

@@ -101,7 +101,10 @@ class LaunchReleaseRaceTest {
                 }
             }
             assertTrue(unexpected.isEmpty(), "unexpected: " + unexpected);
-            assertEquals("0", bridge.callTool("emulated_races", "{}"), "a launch was queued after its task's release");
+            String races = bridge.callTool("emulated_races", "{}");   // -1: no detector (a GPU): the refusals alone
+            if (!"-1".equals(races)) {
+                assertEquals("0", races, "a launch was queued after its task's release");
+            }
             assertTrue(ran.get() > 0, "ran " + ran);
             assertEquals(20 * 4, refused.get(), "every launcher ends refused");
             // a task still bound when the bridge shuts down: its launches are refused after
