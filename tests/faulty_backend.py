@@ -59,13 +59,6 @@ class FaultyBackend:
                 self._driver = EmulatedDriver(self)
             return self._driver
 
-    def native_function(self, kernel: Any) -> int | None:
-        """The function handle of ``kernel`` in :attr:`native_driver` (this wrapper's table, not the
-        inner backend's, which would not know it)."""
-        handle = self.inner.native_function(kernel)
-        driver = self.native_driver
-        return driver.function(kernel) if handle is not None and isinstance(driver, EmulatedDriver) else handle
-
     # faults ------------------------------------------------------------------------------------
     def fail_next(self, call: str, times: int = 1) -> None:
         if call not in _FAILABLE:

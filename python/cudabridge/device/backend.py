@@ -40,12 +40,9 @@ class DeviceBackend(abc.ABC):
         """The driver table the service's C paths call (``cb_driver``, jvm/cuda_driver.h): an
         object whose ``address`` is the table's, kept alive by whoever uses it, or ``address`` 0
         for the installed CUDA driver, which the C code resolves itself (libcuda). None: this
-        backend has none, and the Python reference runs in their place."""
-        return None
-
-    def native_function(self, kernel: Any) -> int | None:
-        """The function handle the C launch queues ``kernel`` by through :attr:`native_driver`
-        (a ``CUfunction``), or None: that kernel is launched by the Python path."""
+        backend has none, and the Python reference runs in their place. Its ``function(kernel)``
+        gives the function handle the C launch queues a kernel by (a ``CUfunction``), or None: that
+        kernel is launched by the Python path."""
         return None
 
     def driver_error(self, call: str, code: int) -> CudaError:
@@ -219,6 +216,11 @@ class InstalledDriver(NamedTuple):
     points the C code resolves itself (cuGetProcAddress, jvm/cuda_driver.h)."""
 
     address: int = 0
+
+    def function(self, kernel: Any) -> int | None:
+        """A compiled kernel's ``CUfunction`` (kernels/cuda_module.py), or None."""
+        function = getattr(kernel, "function", None)
+        return None if function is None else int(function)
 
 
 INSTALLED_DRIVER = InstalledDriver()

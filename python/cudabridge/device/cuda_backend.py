@@ -30,10 +30,6 @@ class CudaBackend(DeviceBackend):
     def native_driver(self) -> InstalledDriver:
         return INSTALLED_DRIVER
 
-    def native_function(self, kernel: Any) -> int | None:
-        function = getattr(kernel, "function", None)
-        return None if function is None else int(function)
-
     def __init__(self) -> None:
         self.rt, self.drv, self.nvrtc = _load()
         rt = self.rt

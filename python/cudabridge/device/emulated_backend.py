@@ -142,13 +142,6 @@ class EmulatedBackend(DeviceBackend):
                 self._driver = EmulatedDriver(self)
             return self._driver
 
-    def native_function(self, kernel: Any) -> int | None:
-        """A host kernel of a loaded module (bound to its GPU, as a CUDA function is) gets a
-        function handle; a bare host kernel, which runs on any GPU, is launched by the Python path."""
-        if getattr(kernel, "fn", None) is None or getattr(kernel, "gpu", None) is None:
-            return None
-        return self.native_driver.function(kernel)
-
     def driver_error(self, call: str, code: int) -> CudaError:
         return CudaError(call, code, ERROR_NAMES.get(code, f"CUresult {code}"))
 

@@ -139,9 +139,13 @@ class EmulatedDriver:
         """From now on every entry point returns ``CUDA_ERROR_DEINITIALIZED`` (the backend closed)."""
         self._closed = True
 
-    def function(self, host_kernel: Any) -> int:
+    def function(self, host_kernel: Any) -> int | None:
         """The function handle ``cuLaunchKernel`` takes for ``host_kernel`` (one per kernel object,
-        kept while this driver lives, as a module keeps its functions)."""
+        kept while this driver lives, as a module keeps its functions): a host kernel of a loaded
+        module, bound to its GPU as a CUDA function is; None for anything else (a bare host kernel
+        runs on any GPU: the Python path launches it)."""
+        if getattr(host_kernel, "fn", None) is None or getattr(host_kernel, "gpu", None) is None:
+            return None
         with self._lock:
             handle = self._function_of.get(id(host_kernel))
             if handle is None or self._functions[handle] is not host_kernel:

@@ -633,7 +633,7 @@ class JavaHotPath:
         if kid in self._in_core:
             return kid
         self._in_core.add(kid)
-        function = self._backend.native_function(kernel)
+        function = self._driver.function(kernel) if self._driver is not None else None
         if self._core is not None and self._driver is not None and function is not None:
             d, k = self._backend.device_limits(kernel.gpu), kernel.limits
             try:
