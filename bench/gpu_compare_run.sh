@@ -14,5 +14,11 @@ for tree in bench/out/before bench/out/after; do
    PYTHONPATH=python:$PYTHONPATH python3 -m cudabridge build --native-only >/dev/null) || { echo "build failed in $tree"; exit 1; }
 done
 name=$(basename "$1" .py)
-python3 bench/compare_trees.py --no-build --before bench/out/before --after bench/out/after --rounds "$rounds" \
-  --json-out "$out/compare_$name.json" "$@" 2>&1 | tail -40
+# the log is written as it goes (a call cut off by the device tool's limit still brings back the
+# runs made); the table is printed last. Size it: the builds take about a minute, and a call ten
+# at most (bench_jvm: prefer --quick --threads 1 --seconds 0.1 --copies 10 --n 50000 --rounds 3).
+python3 -u bench/compare_trees.py --no-build --before bench/out/before --after bench/out/after --rounds "$rounds" \
+  --json-out "$out/compare_$name.json" "$@" >"$out/compare_$name.log" 2>&1
+status=$?
+tail -40 "$out/compare_$name.log"
+exit $status
