@@ -2,7 +2,7 @@
 # Before/after on the GPU machine (device tool, repository root): bench/compare_trees.py over two
 # trees carried under bench/out (carry = [.whl, bench/out]): bench/out/before and bench/out/after,
 # each a `git archive` of its commit with its jar and Java harness built where a JDK is
-# (python -m cudabridge build; javac of tests/java into <tree>/bench/out/jvm-classes). Here each
+# (bench/prepare_compare_trees.sh BEFORE [AFTER] makes both). Here each
 # tree's C parts are built against this machine's Python, then the script given runs in
 # interleaved rounds. Usage: bash bench/gpu_compare_run.sh ROUNDS SCRIPT [ARGS...]
 # (e.g. 5 bench/bench_jvm.py --backend cuda --quick). The table is printed last; JSON under $OUT.
