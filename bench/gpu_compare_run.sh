@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Before/after on the GPU machine (device tool, repository root): bench/compare_trees.py over two
-# trees carried under bench/out (carry = [.whl, bench/out]): bench/out/before and bench/out/after,
+# trees carried under bench/out (carry = [.whl, bench/out, python/cudabridge/_native]: gpu_setup.sh
+# builds this checkout too): bench/out/before and bench/out/after,
 # each a `git archive` of its commit with its jar and Java harness built where a JDK is
 # (bench/prepare_compare_trees.sh BEFORE [AFTER] makes both). Here each
 # tree's C parts are built against this machine's Python, then the script given runs in
