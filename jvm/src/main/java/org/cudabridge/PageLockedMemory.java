@@ -7,13 +7,12 @@ import java.util.concurrent.atomic.AtomicInteger;
 /**
  * The host memory this JVM's bridge page-locked, as Java knows it: the pinned buffers
  * ({@link CudaBridge#allocatePinned}; those that are page-locked) and the host registrations
- * ({@link CudaBridge#registerHost}) that are still live. It decides which copies of host memory
- * outside the heap are asynchronous: a copy whose whole host range lies inside one live region is
- * a DMA ordered on the buffer's stream (the Python side looks the same range up in the same
- * regions, and queues it so), any other is staged or copied before the call returns. So the
- * asynchronous copies ({@link DeviceBuffer#copyFromAsync}) are admitted here, and the copies that
- * complete on return ({@link DeviceBuffer#copyFrom(java.nio.ByteBuffer, long)}) wait for the
- * stream after one that was asynchronous.
+ * ({@link CudaBridge#registerHost}) that are still live. The asynchronous copies
+ * ({@link DeviceBuffer#copyFromAsync}) are admitted here, before any native call: their whole host
+ * range must lie inside one live region. Whether a copy was in fact queued as a DMA is the native
+ * side's answer (the service's regions, which also hold what Python task code page-locked), and the
+ * copies that complete on return ({@link DeviceBuffer#copyFrom(java.nio.ByteBuffer, long)}) wait
+ * for the stream on that answer, not on this table.
  *
  * <p>Regions never overlap while live (Python refuses a registration that overlaps a registered
  * range or a pinned buffer, and the pool's buffers are disjoint). A region is live while its
