@@ -51,7 +51,9 @@ SCOPES = ("service", "plugin", "jvm", "environment", "dev")
 EXECUTOR_ENV_PREFIX = "spark.executorEnv."   # Spark keys that set the executors' environment
 
 
-def _words(key: str) -> list[str]:
+def words(key: str) -> list[str]:
+    """The words of a key, from which every spelling is derived (``metrics.refreshMs`` ->
+    ``metrics``, ``refresh``, ``Ms``): the variable, the field, Java's constant."""
     return [w for part in key.split(".") for w in re.split(r"(?<=[a-z0-9])(?=[A-Z])", part) if w]
 
 
@@ -75,7 +77,7 @@ class Setting:
 
     @property
     def env_name(self) -> str | None:
-        return None if self.scope == "jvm" else ENV_PREFIX + "_".join(w.upper() for w in _words(self.key))
+        return None if self.scope == "jvm" else ENV_PREFIX + "_".join(w.upper() for w in words(self.key))
 
     @property
     def env_read(self) -> bool:
@@ -92,7 +94,7 @@ class Setting:
 
     @property
     def field(self) -> str:
-        return "_".join(w.lower() for w in _words(self.key))
+        return "_".join(w.lower() for w in words(self.key))
 
     @property
     def name(self) -> str:

@@ -113,7 +113,7 @@ def _load_arena_type(spec: str) -> type:
 class CudaBridgeService:
     def __init__(self, config: ServiceConfig | None = None, backend: DeviceBackend | None = None) -> None:
         self.config = config = config or ServiceConfig()
-        logging.getLogger("cudabridge").setLevel(config.log_level.upper())
+        logging.getLogger("cudabridge").setLevel(config.log_level)   # the table's spelling: DEBUG, INFO, ...
         self._owns_backend = backend is None
         if backend is None:
             ensure_hardware_queues(config.streams_per_gpu + config.high_priority_streams)

@@ -36,8 +36,8 @@ def constant_name(s: Setting) -> str:
     """The Java constant of setting ``s`` (see the module's doc)."""
     if s.scope == "jvm":
         key = s.key[len(JVM_PREFIX):] if s.key.startswith(JVM_PREFIX) else s.key
-        return "_".join(w.upper() for w in config._words(key)) + "_PROPERTY"
-    return "_".join(w.upper() for w in config._words(s.key))
+        return "_".join(w.upper() for w in config.words(key)) + "_PROPERTY"
+    return "_".join(w.upper() for w in config.words(s.key))
 
 
 def java_string(s: str | None) -> str:
