@@ -35,31 +35,10 @@ from typing import Any
 from cudabridge.device import DeviceBackend
 from cudabridge.kernels import HostKernel, LaunchConfig
 
-__all__ = ["fill_u32_async", "spin_async", "CUDA_SOURCE"]
+__all__ = ["fill_u32_async", "spin_async"]
 
-CUDA_SOURCE = r"""
-__device__ __forceinline__ unsigned long long cb_now() {
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-}
-extern "C" __global__ void cb_fill_u32(unsigned int* p, unsigned long long n, unsigned int v,
-                                       unsigned long long delay_ns) {
-    if (delay_ns) {
-        unsigned long long t0 = cb_now();
-        while (cb_now() - t0 < delay_ns) { }
-    }
-    unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
-    for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < n; i += stride)
-        p[i] = v;
-}
-extern "C" __global__ void cb_spin(unsigned long long ns) {
-    unsigned long long t0 = cb_now();
-    while (cb_now() - t0 < ns) { }
-}
-"""
-# declared: the PTX has .u64 for the counts, which it would take for pointers
-_SIGNATURES = {"cb_fill_u32": "ptr, i64, i32, i64", "cb_spin": "i64"}
+# On a GPU: the Java tools' two kernels (cudabridge.jvm.tools.TOOL_KERNELS, signatures declared),
+# the same CUDA source, not a copy of it.
 _THREADS = 256
 
 
@@ -132,10 +111,10 @@ _lock = threading.Lock()
 
 
 def _cuda_kernel(backend: Any, name: str) -> Any:
-    """Kernel ``name`` of the tests' module on the calling thread's current GPU, compiled and loaded
+    """Kernel ``name`` of the tools' module on the calling thread's current GPU, compiled and loaded
     once per backend and GPU."""
+    from cudabridge.jvm.tools import TOOL_KERNELS
     from cudabridge.kernels.cuda_module import CudaModule
-    from cudabridge.kernels.modules import ModuleSource
 
     base = backend
     while getattr(base, "inner", None) is not None:   # a test wrapper: the module is the device's
@@ -145,5 +124,5 @@ def _cuda_kernel(backend: Any, name: str) -> Any:
         per_gpu = _modules.setdefault(base, {})
         module = per_gpu.get(gpu)
         if module is None:
-            module = per_gpu[gpu] = CudaModule(base, ModuleSource.of(CUDA_SOURCE, signatures=_SIGNATURES), gpu)
+            module = per_gpu[gpu] = CudaModule(base, TOOL_KERNELS, gpu)
     return module.kernel(name)
