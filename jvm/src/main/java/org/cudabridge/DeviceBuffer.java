@@ -228,11 +228,7 @@ public final class DeviceBuffer extends HostArrayCopies implements AutoCloseable
         checkRange(call, dstOffset, bytes);
         check(call);
         memory.checkRunning(call);
-        // the native side knows whether it queued an asynchronous DMA (page-locked memory, made
-        // by any front of the service): then wait for it, so that the copy is complete on return
-        if (NativeBridge.copyInDirect(handle, dstOffset, src, src.position(), bytes)) {
-            memory.awaitStream(task, call);
-        }
+        completeOnReturn(NativeBridge.copyInDirect(handle, dstOffset, src, src.position(), bytes), call);
     }
 
     /** Copies {@code dst.remaining()} bytes from byte {@code srcOffset} to {@code dst.position()};
@@ -246,11 +242,7 @@ public final class DeviceBuffer extends HostArrayCopies implements AutoCloseable
         checkRange(call, srcOffset, bytes);
         check(call);
         memory.checkRunning(call);
-        // the native side knows whether it queued an asynchronous DMA (page-locked memory, made
-        // by any front of the service): then wait for it, so that the copy is complete on return
-        if (NativeBridge.copyOutDirect(handle, srcOffset, dst, dst.position(), bytes)) {
-            memory.awaitStream(task, call);
-        }
+        completeOnReturn(NativeBridge.copyOutDirect(handle, srcOffset, dst, dst.position(), bytes), call);
     }
 
     /** Copies {@code src.remaining()} bytes from {@code src.position()} to byte {@code dstOffset},
@@ -288,6 +280,15 @@ public final class DeviceBuffer extends HostArrayCopies implements AutoCloseable
         NativeBridge.copyOutDirect(handle, srcOffset, dst, dst.position(), bytes);
     }
 
+    /** After a copy that must be complete on return: {@code queued} is the native side's answer,
+     *  whether it queued an asynchronous DMA (page-locked memory, made by any front of the
+     *  service); then wait for the stream, so that the copy is done when the caller goes on. */
+    private void completeOnReturn(boolean queued, String call) {
+        if (queued) {
+            memory.awaitStream(task, call);
+        }
+    }
+
     private static void requireDirectAsync(String call, ByteBuffer b, String instead) {
         Objects.requireNonNull(b, call + ": ByteBuffer is null");
         if (!b.isDirect()) {
@@ -310,11 +311,7 @@ public final class DeviceBuffer extends HostArrayCopies implements AutoCloseable
         checkRange(call, dstOffset, bytes);
         check(call);
         memory.checkRunning(call);
-        // the native side knows whether it queued an asynchronous DMA (page-locked memory, made
-        // by any front of the service): then wait for it, so that the copy is complete on return
-        if (NativeBridge.copyInAddress(handle, dstOffset, hostAddress, bytes)) {
-            memory.awaitStream(task, call);
-        }
+        completeOnReturn(NativeBridge.copyInAddress(handle, dstOffset, hostAddress, bytes), call);
     }
 
     /** Copies {@code bytes} from byte {@code srcOffset} to off-heap memory at {@code hostAddress}
@@ -326,11 +323,7 @@ public final class DeviceBuffer extends HostArrayCopies implements AutoCloseable
         checkRange(call, srcOffset, bytes);
         check(call);
         memory.checkRunning(call);
-        // the native side knows whether it queued an asynchronous DMA (page-locked memory, made
-        // by any front of the service): then wait for it, so that the copy is complete on return
-        if (NativeBridge.copyOutAddress(handle, srcOffset, hostAddress, bytes)) {
-            memory.awaitStream(task, call);
-        }
+        completeOnReturn(NativeBridge.copyOutAddress(handle, srcOffset, hostAddress, bytes), call);
     }
 
     /** Copies {@code bytes} from page-locked memory at {@code hostAddress} to byte {@code dstOffset},
