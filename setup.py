@@ -47,6 +47,10 @@ def c_extensions() -> list[Extension]:
         out.append(Extension(module, [src.as_posix()], include_dirs=[src.parent.as_posix()],
                              depends=sorted(p.as_posix() for p in src.parent.glob("*.h")),
                              extra_compile_args=list(c_paths.COMPILE_ARGS), libraries=list(c_paths.LIBRARIES)))
+    for module, part in c_paths.ALLOCATOR_PARTS.items():   # C++, no Python twin: built wherever the C paths are
+        src = PACKAGE / part.source
+        out.append(Extension(module, [src.as_posix()], language="c++",
+                             extra_compile_args=[*c_paths.COMPILE_ARGS, "-fvisibility=hidden"]))
     return out
 
 

@@ -247,6 +247,9 @@ CASES = [
     (P + "hostWaitTimeout", "1_0", False), (P + "hostWaitTimeout", "infinity", False),
     # list and string: anything
     (P + "gpuAddresses", "0,1", True), (P + "gpuAddresses", "", True), (P + "gpuAddressMap", "0:1,1:0", True),
+    (P + "allocators", "cupy,torch", True), (P + "allocators", " numba , rmm ", True), (P + "allocators", "", True),
+    (P + "allocators", "cupy,tensorflow", False), (P + "allocators", "torch,torch", False),
+    (P + "allocators", "CuPy", False),
     (P + "backendWrapper", "faulty_backend:from_env", True), (P + "python", "/nonexistent/bin/python", True),
     (P + "pythonPath", "a:b", True), (P + "library", "", True), (P + "gpuResource", "gpu", True),
     ("cudabridge.python", "/x", True), ("cudabridge.pythonPath", "a:b", True), ("cudabridge.library", "/x.so", True),
@@ -596,7 +599,7 @@ def test_an_unknown_variable_is_refused_alike_with_the_nearest(jars):
                                           "(--conf spark.cudabridge.taskBind=...)")
     assert by["CUDABRIDGE_ZZZZZZZZ"].startswith("unknown environment variable CUDABRIDGE_ZZZZZZZZ; no variable is close")
     # every variable that is read passes (with its default, or a value of its type)
-    known = {s.env_name: "1" for s in SETTINGS if s.env_read}
+    known = {s.env_name: s.values[0] if s.type == "list" and s.values else "1" for s in SETTINGS if s.env_read}
     known.update({s.env_name: s.default for s in SETTINGS if s.default is not None and s.env_name in known})
     assert checkall_env_in_java(jars, [({}, known)])[0] == {"ok": True, "message": None}
 

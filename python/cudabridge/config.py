@@ -152,8 +152,8 @@ def _entry(e: Any, where: str) -> Setting:
     if type_ not in TYPES:
         raise TableError(f"{where}: type {type_} is none of {', '.join(TYPES)}")
     values = e.get("values", [])
-    if "values" in e and (type_ != "enum" or not isinstance(values, list)):
-        raise TableError(f"{where}: 'values' is an array, for type enum only")
+    if "values" in e and (type_ not in ("enum", "list") or not isinstance(values, list)):
+        raise TableError(f"{where}: 'values' is an array, for types enum and list only")
     if any(not isinstance(v, str) or not v for v in values) or len(set(values)) != len(values):
         raise TableError(f"{where}: 'values' must be distinct non-empty strings")
     if type_ == "enum" and not values:
@@ -330,7 +330,7 @@ def _parse(s: Setting, value: Any, name: str) -> Any:
     if s.type == "limit" and isinstance(value, Limit):
         return parse_limit(value, name)
     if s.type == "list" and isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
-        return tuple(value)
+        return _list_items(s, tuple(v.strip(BLANKS) for v in value), value, name)
     if not isinstance(value, str) and not (s.type == "bytes" and isinstance(value, int)):
         raise InvalidArgument(f"{name}={value!r}: expected {_expected(s)}")
     text = str(value)
@@ -349,8 +349,20 @@ def _parse(s: Setting, value: Any, name: str) -> Any:
         number = text.strip(BLANKS)
         return _seconds(float(number) if _NUMBER.fullmatch(number) else math.nan, value, name)
     if s.type == "list":
-        return tuple(item.strip(BLANKS) for item in text.split(",")) if text.strip(BLANKS) else ()
+        return _list_items(s, tuple(item.strip(BLANKS) for item in text.split(",")) if text.strip(BLANKS) else (),
+                           value, name)
     return text   # string
+
+
+def _list_items(s: Setting, items: tuple[str, ...], given: Any, name: str) -> tuple[str, ...]:
+    """A list's items; where the table names ``values``, each one of them, none twice."""
+    if s.values:
+        bad = [i for i in items if i not in s.values]
+        if bad:
+            raise InvalidArgument(f"{name}={given!r}: {', '.join(map(repr, bad))} not among {', '.join(s.values)}")
+        if len(set(items)) != len(items):
+            raise InvalidArgument(f"{name}={given!r}: an item named twice")
+    return items
 
 
 def _seconds(value: float, given: Any, name: str) -> float:

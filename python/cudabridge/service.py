@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import logging
 import threading
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from .allocators import LibraryAllocator, LibraryStatistics
+from .allocators import install as install_allocators
+from .allocators import statistic_names as allocator_statistic_names
 from .config import ServiceConfig
 from .device import DeviceBackend, open_backend
 from .errors import CudaError, DeviceUnusable, InvalidArgument, PoolClosed
@@ -41,12 +44,15 @@ class ServiceStatistics:
     tasks_bound_total: int
     c_paths_missing: int
     memory: dict[int, PoolStatistics]
+    # the Python GPU libraries whose allocations go through the pools (cudabridge.allocators)
+    libraries: dict[str, LibraryStatistics] = field(default_factory=dict)
 
     @staticmethod
     def total_names() -> tuple[str, ...]:
         """The keys of :meth:`totals`: the service's counts, then every pool statistic."""
         own = tuple(f.name for f in fields(ServiceStatistics) if f.type in ("int", int))
-        return own + tuple(f.name for f in fields(PoolStatistics) if f.name != "device")
+        return (own + tuple(f.name for f in fields(PoolStatistics) if f.name != "device")
+                + allocator_statistic_names())
 
     def totals(self) -> dict[str, int]:
         """Executor-level numbers: the per-GPU pool statistics summed (peaks too)."""
@@ -57,6 +63,11 @@ class ServiceStatistics:
             for key, value in stats.as_dict().items():
                 if key != "device":
                     out[key] = out.get(key, 0) + value
+        for name in allocator_statistic_names():   # every library's, installed or not: fixed names
+            out[name] = 0
+        for library, lib_stats in self.libraries.items():
+            for key, value in lib_stats.as_dict().items():
+                out[f"allocator_{library}_{key}"] = value
         return out
 
     def as_dict(self) -> dict[str, Any]:
@@ -164,6 +175,8 @@ class CudaBridgeService:
         self.page_locked = PageLockedRegions(backend, config.pinned_pool)
         self.registry.on_release(lambda b: self.page_locked.forget_task(b.task_id))
         self.kernels = KernelTable()
+        # library name -> its allocator (cudabridge.allocators), made by the library's install
+        self.library_allocators: dict[str, LibraryAllocator] = {}
         self._by_address = {res.address: res.ordinal for res in gpus.values()}
         self._closed = False
         self._unusable: CudaError | None = None   # the sticky error that made a GPU unusable
@@ -175,8 +188,15 @@ class CudaBridgeService:
             log.warning("cudabridge runs WITHOUT %d of its C paths, their Python twins instead (about 3x slower per "
                         "allocation): %s; `python -m cudabridge doctor` says how to fix it",
                         len(self._c_paths_missing), "; ".join(f"{m}: {why}" for m, why in self._c_paths_missing.items()))
-        log.info("cudabridge service up: backend %s, GPUs %s, %d+%d streams each",
-                 backend.name, {a: o for a, o in mapping.items()}, config.streams_per_gpu, config.high_priority_streams)
+        if config.allocators:   # last: a library's install may allocate (from the pools, set up above)
+            try:
+                install_allocators(self, config.allocators)
+            except BaseException:
+                self.close()
+                raise
+        log.info("cudabridge service up: backend %s, GPUs %s, %d+%d streams each%s",
+                 backend.name, {a: o for a, o in mapping.items()}, config.streams_per_gpu, config.high_priority_streams,
+                 f"; allocators of {', '.join(config.allocators)}" if config.allocators else "")
 
     # tasks -----------------------------------------------------------------------------------
     def ordinal_of(self, address: str) -> int:
@@ -314,6 +334,8 @@ class CudaBridgeService:
 
     # statistics and lifetime -----------------------------------------------------------------
     def statistics(self) -> ServiceStatistics:
+        # the libraries' first: reading them makes their queued frees, which the pools' then count
+        libraries = {name: a.statistics() for name, a in list(self.library_allocators.items())}
         return ServiceStatistics(
             backend=self.backend.name,
             gpus=len(self.gpus),
@@ -323,6 +345,7 @@ class CudaBridgeService:
             tasks_bound_total=self.registry.tasks_bound_total,
             c_paths_missing=len(self._c_paths_missing),
             memory={o: r.memory.statistics() for o, r in self.gpus.items()},
+            libraries=libraries,
         )
 
     def _check_open(self, call: str) -> None:
@@ -348,6 +371,11 @@ class CudaBridgeService:
             reports = self.registry.close(deadline_s=self.config.host_wait_timeout)
         except Exception as exc:   # noqa: BLE001 - the pools and streams are closed all the same
             errors.append(exc)
+        for allocator in list(self.library_allocators.values()):   # their queued frees, before the pools go
+            try:
+                allocator.close()
+            except Exception as exc:   # noqa: BLE001
+                errors.append(exc)
         for res in self.gpus.values():
             for part in (res.memory, res.streams):
                 try:

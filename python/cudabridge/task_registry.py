@@ -371,6 +371,24 @@ class TaskRegistry:
     def detach(self) -> None:
         self._local.task = None
 
+    def attached_task(self) -> int | None:
+        """The task the calling thread is attached to (:meth:`attach`), or None; never raises."""
+        return self._local.__dict__.get("task")
+
+    def task_on_stream(self, gpu: int, stream: int) -> int | None:
+        """The one bound task whose stream on ``gpu`` is ``stream``; None when no task or several
+        have it (a stream pool deals its streams round-robin, so one may serve two tasks at once).
+        A library that names the stream but runs on a thread of its own, as PyTorch's autograd
+        does, works for that task. O(tasks bound): for a thread not attached to a task."""
+        found = None
+        for lease in list(self._leases._by_id.values()):
+            b = lease.binding
+            if b.stream == stream and b.gpu == gpu:
+                if found is not None:
+                    return None
+                found = b.task_id
+        return found
+
     def current(self) -> TaskBinding:
         task_id = getattr(self._local, "task", None)
         if task_id is None:

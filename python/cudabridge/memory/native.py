@@ -47,6 +47,12 @@ EXTENSIONS = {
     "cudabridge._registry_core": CPath("_registry_core.c", "the task registry's"),
     "cudabridge.jvm._hotcore": CPath("jvm/_hotcore.c", "the Java hot path's"),
 }
+# The allocator plug-ins' compiled parts: Python extensions with no Python twin, loaded by a
+# library by path (PyTorch's CUDAPluggableAllocator loads its functions by name), built with the
+# C paths as required parts of an install. C++: a failed allocation throws into the library.
+ALLOCATOR_PARTS = {
+    "cudabridge.allocators._torch_allocator": CPath("allocators/_torch_allocator.cpp", "PyTorch's pluggable allocator"),
+}
 # The compiler flags of every extension (setup.py and build() use these, so that both make the
 # same code). -UNDEBUG: setuptools adds Python's own CFLAGS, -DNDEBUG among them, which measured
 # 3-6% slower on the pool's alloc+free pair here (bench_core, 11 interleaved rounds: code layout,
@@ -79,7 +85,7 @@ def build(force: bool = False, cc: str | None = None, source: Path = SOURCE) -> 
     inputs = [source, *source.parent.glob("*.h")]   # the headers beside it (jvm/cuda_driver.h, ...)
     if not force and out.exists() and all(out.stat().st_mtime >= p.stat().st_mtime for p in inputs):
         return out
-    cc = cc or os.environ.get("CC") or "gcc"
+    cc = cc or (os.environ.get("CXX") or "g++" if source.suffix == ".cpp" else os.environ.get("CC") or "gcc")
     include = sysconfig.get_paths()["include"]
     cmd = [*shlex.split(cc), *COMPILE_ARGS, "-fPIC", "-shared", f"-I{include}", f"-I{source.parent}", str(source),
            "-o", str(out) + ".tmp", *(f"-l{lib}" for lib in LIBRARIES)]

@@ -268,7 +268,14 @@ public final class Settings {
                     List<String> items = new ArrayList<>();
                     if (!asciiTrim(value).isEmpty()) {
                         for (String item : value.split(",", -1)) {
-                            items.add(asciiTrim(item));
+                            String it = asciiTrim(item);
+                            if (!values.isEmpty() && !values.contains(it)) {   // a list of named values
+                                throw refused(spelling, value, "'" + it + "' not among " + String.join(", ", values));
+                            }
+                            if (!values.isEmpty() && items.contains(it)) {
+                                throw refused(spelling, value, "an item named twice");
+                            }
+                            items.add(it);
                         }
                     }
                     return Collections.unmodifiableList(items);

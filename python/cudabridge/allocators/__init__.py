@@ -1,0 +1,64 @@
+"""Python GPU libraries' device memory from the service's pools: one small module per library
+(``cupy``, ``torch``, ``numba``, ``rmm``), each with ``install(service)``, over the shared rules of
+:mod:`.library_allocator` (whose an allocation is, on which stream, frees from finalizers).
+
+Installed at the service's start by the ``allocators`` setting
+(``spark.cudabridge.allocators=cupy,torch``), or in plain Python::
+
+    service = CudaBridgeService(...)
+    cudabridge.allocators.cupy.install(service)
+
+docs/allocators.md says what each library gets and what it gives up.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from ..errors import InvalidArgument
+from .library_allocator import LibraryAllocator, LibraryStatistics
+
+if TYPE_CHECKING:
+    from ..service import CudaBridgeService
+
+# The libraries with a plug-in here, in the order the setting's doc and the statistics name them.
+LIBRARIES = ("cupy", "torch", "numba", "rmm")
+
+__all__ = ["LIBRARIES", "LibraryAllocator", "LibraryStatistics", "allocator_for", "install", "statistic_names"]
+
+
+def allocator_for(service: "CudaBridgeService", library: str, *, by_stream: bool = False) -> LibraryAllocator:
+    """The service's allocator for ``library`` (one per service and library, made at the first
+    call; ``by_stream`` as :class:`LibraryAllocator` takes it)."""
+    if library not in LIBRARIES:
+        raise InvalidArgument(f"no cudabridge allocator for library {library!r} (known: {', '.join(LIBRARIES)})")
+    table = service.library_allocators
+    found = table.get(library)
+    if found is None:
+        found = table.setdefault(library, LibraryAllocator(service, library, by_stream=by_stream))
+    return found
+
+
+def import_library(module: str, library: str) -> Any:
+    """``module`` imported for the ``library`` plug-in; its absence refused with InvalidArgument."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise InvalidArgument(f"the {library} allocator needs {module} in the executor's Python: {exc}") from exc
+
+
+def install(service: "CudaBridgeService", libraries: "tuple[str, ...] | list[str]") -> None:
+    """Install the plug-ins of ``libraries`` (names from :data:`LIBRARIES`), in that order. An
+    unknown name is refused before anything is installed."""
+    unknown = [name for name in libraries if name not in LIBRARIES]
+    if unknown:
+        raise InvalidArgument(f"no cudabridge allocator for {', '.join(map(repr, unknown))} (known: {', '.join(LIBRARIES)})")
+    for name in libraries:
+        importlib.import_module(f"{__name__}.{name}").install(service)
+
+
+def statistic_names() -> tuple[str, ...]:
+    """The executor statistics of the plug-ins: ``allocator_<library>_<statistic>``, every library
+    and statistic, whether installed or not (metric names are fixed when an executor starts)."""
+    return tuple(f"allocator_{lib}_{name}" for lib in LIBRARIES for name in LibraryStatistics.names())

@@ -1,0 +1,114 @@
+"""CuPy's device memory from the service's pools: ``install(service)`` sets CuPy's allocator
+(``cupy.cuda.set_allocator``, process-wide) to one over the service's ``cupy`` allocator
+(library_allocator.py says whose each allocation is and how frees are made).
+
+CuPy passes no stream: an allocation is ordered on CuPy's current stream of the thread and device
+(``cupy.cuda.get_current_stream()``), so task code runs CuPy on the task's stream::
+
+    with cudabridge.allocators.cupy.task_stream(service):   # the thread's task (attach)
+        y = cupy.asarray(x) * 2                             # allocated and run on the task's stream
+
+On CuPy's default stream, allocations are still safe (ordered on the legacy default stream) but
+the work does not run on the task's stream. Another stream of the user's own is refused unless it
+is registered with the GPU's pool (``service.memory_pool(gpu).register_stream(s.ptr)``).
+
+Each allocation is a ``cupy.cuda.UnownedMemory`` whose owner frees it (queued: safe in CuPy's
+``__dealloc__`` on any thread) when CuPy drops the memory: the free is tied to the allocation
+itself, not to its address, so a late free of memory reclaimed at its task's release is counted
+and dropped. A Python callable, not ``CFunctionAllocator``: the callable keeps that identity,
+which a C function given only the address cannot; what each costs is in bench/RESULTS.md.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from . import allocator_for, import_library
+from .library_allocator import LibraryAllocator
+
+if TYPE_CHECKING:
+    from ..service import CudaBridgeService
+
+
+class _Release:
+    """The owner of one allocation's ``UnownedMemory``: dropped with it, it queues the free."""
+
+    __slots__ = ("allocator", "allocation")
+
+    def __init__(self, allocator: LibraryAllocator, allocation: Any) -> None:
+        self.allocator = allocator
+        self.allocation = allocation
+
+    def __del__(self) -> None:
+        self.allocator.free(self.allocation)
+
+
+# The cupy module install() set the allocator of (task_stream() makes its streams).
+_module: Any = None
+
+
+def _cupy() -> Any:
+    """The module installed into, else the library imported."""
+    return _module if _module is not None else _import_cupy()
+
+
+def _import_cupy() -> Any:
+    return import_library("cupy", "cupy")
+
+
+def make_malloc(allocator: LibraryAllocator, cupy: Any) -> Any:
+    """The callable CuPy calls for each allocation (``size`` -> ``MemoryPointer``)."""
+    memory = cupy.cuda.memory
+    unowned, pointer = memory.UnownedMemory, memory.MemoryPointer
+    get_device = cupy.cuda.runtime.getDevice
+    current_stream = cupy.cuda.get_current_stream
+    allocate = allocator.allocate
+
+    def malloc(size: int) -> Any:
+        device = get_device()
+        if size == 0:   # CuPy asks for empty arrays too; the pool refuses 0 bytes
+            return pointer(unowned(0, 0, None, device), 0)
+        a = allocate(size, device, current_stream().ptr)
+        return pointer(unowned(a.ptr, a.size, _Release(allocator, a), device), 0)
+
+    return malloc
+
+
+def install(service: "CudaBridgeService", *, module: Any = None) -> LibraryAllocator:
+    """Make CuPy allocate from ``service``'s pools, process-wide. Returns the library's allocator.
+    ``module``: the ``cupy`` module to install into (default: ``import cupy``; the tests pass a
+    stand-in with the same interface)."""
+    global _module
+    cupy = module if module is not None else _import_cupy()
+    allocator = allocator_for(service, "cupy")
+    cupy.cuda.set_allocator(make_malloc(allocator, cupy))
+    _module = cupy
+    return allocator
+
+
+def uninstall() -> None:
+    """Give CuPy its own memory pool back (memory already allocated stays with our pools)."""
+    cupy = _cupy()
+    cupy.cuda.set_allocator(cupy.get_default_memory_pool().malloc)
+
+
+class _TaskStream:
+    __slots__ = ("handle",)
+
+    def __init__(self, handle: int) -> None:
+        self.handle = handle
+
+    def __cuda_stream__(self) -> tuple[int, int]:   # the CUDA stream protocol (version 0)
+        return (0, self.handle)
+
+
+def task_stream(service: "CudaBridgeService", task_id: int | None = None) -> Any:
+    """The task's stream as a CuPy stream (a context manager: ``with task_stream(service):``),
+    for ``task_id`` or the calling thread's task. CuPy neither owns nor destroys it."""
+    cupy = _cupy()
+    registry = service.registry
+    binding = registry.current() if task_id is None else registry.binding(task_id)
+    from_external = getattr(cupy.cuda.Stream, "from_external", None)
+    if from_external is not None:   # CuPy 14: ExternalStream is deprecated
+        return from_external(_TaskStream(binding.stream))
+    return cupy.cuda.ExternalStream(binding.stream, binding.gpu)

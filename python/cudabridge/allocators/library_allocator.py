@@ -1,0 +1,247 @@
+"""One Python GPU library's allocations from the service's pools: what every plug-in shares.
+
+A plug-in (``cupy.py``, ``torch.py``, ``numba.py``, ``rmm.py`` beside this file) adapts its
+library's allocator interface to a :class:`LibraryAllocator`; the rules live here, once:
+
+* **Whose.** On a thread attached to a task (:meth:`TaskRegistry.attach`: the Java bridge's task
+  threads are, and Python task code attaches its own), an allocation is the task's: owned by it,
+  counted in its GPU's pool and in this library's statistics, reclaimed at its release. A plug-in
+  whose library allocates on threads of its own for a stream it names (PyTorch's autograd) finds
+  the task by that stream (``by_stream``). Anything else is the executor's: allocated on the
+  stream the library names, freed only when the library frees it, counted as
+  ``allocations_outside_tasks``. Not refused, because libraries allocate outside tasks by design:
+  at import and initialization (a context's first use, a BLAS workspace), in a driver-side
+  Python, in a warm-up; refusing would break them, and nothing would be reclaimed anyway.
+* **On which stream.** The one the library names (CuPy's current stream, PyTorch's, RMM's); a
+  library that names none (Numba) gets the task's stream on a task thread, else the legacy
+  default stream. It must be a stream the GPU's pool accepts (its own, the default streams, one
+  registered with ``register_stream``): the pool orders a free after the work of the streams it
+  records events on, and a stream it was never told of could be destroyed under it. Another is
+  refused with :class:`~cudabridge.errors.UnknownStream`, inside the library's call.
+* **Frees.** Libraries free from finalizers, on whatever thread drops the last reference, and a
+  garbage collection can run such a finalizer inside the pool's locked slow path. So
+  :meth:`free` only appends to a deque (one atomic step, no lock, no pool call); the frees are
+  made by :meth:`drain`: at this library's next allocation, at each task's release (before the
+  task's memory is reclaimed, so that what the task freed is not counted as leaked), in
+  :meth:`statistics` and at :meth:`close`. Each is the pool's free: ordered after the stream the
+  block was allocated on and every stream named through :meth:`record_stream`. A free of an
+  allocation reclaimed at its task's release is counted (``frees_after_reclaim``) and dropped.
+* **Pointers.** A library whose free names only the address (PyTorch, RMM) uses
+  :meth:`allocate_pointer` / :meth:`free_pointer`. An address the library still holds is never
+  handed to it again: when the pool hands out the address of a reclaimed allocation the library
+  has not freed yet, the new allocation is set aside (held, not handed out) and another taken; it
+  goes back to the pool when the library's late free of that address arrives. So a late free can
+  never free memory that has gone to someone else since.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from dataclasses import asdict, dataclass, fields
+from typing import TYPE_CHECKING, Any
+
+from ..device import LEGACY_STREAM
+from ..errors import InvalidArgument, InvalidFree
+
+if TYPE_CHECKING:
+    from ..memory import Allocation
+    from ..service import CudaBridgeService
+    from ..task_registry import TaskBinding
+
+
+@dataclass(frozen=True)
+class LibraryStatistics:
+    """One library's allocations through its plug-in (counts since the plug-in was installed)."""
+
+    allocations: int                  # handed to the library
+    allocations_outside_tasks: int    # of those, on threads working for no task (the executor's)
+    frees: int                        # frees made in the pool (drained)
+    frees_pending: int                # frees the library made that wait for the next drain
+    frees_after_reclaim: int          # frees of allocations reclaimed at their task's release: dropped
+    in_use_bytes: int                 # handed out, neither freed nor reclaimed
+    peak_in_use_bytes: int
+    leaks_reclaimed: int              # allocations still held at their task's release
+    leaked_bytes_reclaimed: int
+    allocations_set_aside: int        # held back now: their address is one the library still holds
+
+    @staticmethod
+    def names() -> tuple[str, ...]:
+        return tuple(f.name for f in fields(LibraryStatistics))
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+class LibraryAllocator:
+    """Allocations of one library (``library``: its name in statistics and errors) from
+    ``service``'s pools. Plug-ins build one with :func:`cudabridge.allocators.allocator_for`, which
+    keeps one per service and library; :meth:`close` drains and detaches it."""
+
+    def __init__(self, service: "CudaBridgeService", library: str, *, by_stream: bool = False) -> None:
+        self.library = library
+        self._service = service
+        self._registry = service.registry
+        self._leases = service.registry.leases
+        self._pools = {o: r.memory for o, r in service.gpus.items()}
+        self._by_stream = by_stream
+        self._frees: deque = deque()            # (allocation, counted): appended by free, popped by drain
+        self._by_owner: dict[Any, dict] = {}    # task id (None: the executor) -> its live allocations
+        self._by_pointer: dict[int, "Allocation"] = {}   # pointer libraries: address -> allocation held
+        self._set_aside: dict[int, "Allocation"] = {}    # address -> allocation held back for it
+        self._lock = threading.Lock()           # the counters below; held for arithmetic only
+        self._allocations = self._outside = self._frees_made = self._after_reclaim = 0
+        self._in_use = self._peak = self._leaks = self._leaked_bytes = 0
+        self._closed = False
+        service.registry.on_release(self._task_released)
+
+    # allocate ----------------------------------------------------------------------------------
+    def allocate(self, size: int, device: int, stream: int | None = None) -> "Allocation":
+        """``size`` bytes on GPU ``device`` for the calling thread's task (module docstring: whose,
+        which stream), ordered on ``stream`` (None: the task's stream, else the legacy default)."""
+        if self._frees:
+            self.drain()
+        if self._closed:
+            raise InvalidArgument(f"{self.library} allocation after its cudabridge allocator was closed")
+        pool = self._pools.get(device) if device.__class__ is int else None
+        if pool is None:
+            raise InvalidArgument(f"{self.library} asked for memory on GPU {device!r}, which this executor does not "
+                                  f"own (owned: {sorted(self._pools)})")
+        task = self._registry.attached_task()
+        if task is None and self._by_stream and stream is not None and len(self._leases):
+            task = self._registry.task_on_stream(device, stream)
+        if task is None:
+            a = pool.allocate(size, LEGACY_STREAM if stream is None else stream)
+        else:
+            lease = self._leases.enter(task)   # refused once the task's release has begun
+            try:
+                b: "TaskBinding" = lease.binding
+                if b.gpu != device:
+                    raise InvalidArgument(f"{self.library} asked for memory on GPU {device} on a thread of task {task}, "
+                                          f"which runs on GPU {b.gpu}: make the task's GPU current")
+                a = pool.allocate(size, b.stream if stream is None else stream, owner=task)
+            finally:
+                self._leases.leave(lease)
+        self._by_owner.setdefault(task, {})[a] = None
+        with self._lock:
+            self._allocations += 1
+            if task is None:
+                self._outside += 1
+            self._in_use += a.size
+            if self._in_use > self._peak:
+                self._peak = self._in_use
+        return a
+
+    def allocate_pointer(self, size: int, device: int, stream: int | None = None) -> int:
+        """:meth:`allocate` for a library that frees by address (:meth:`free_pointer`): the address."""
+        a = self.allocate(size, device, stream)
+        while a.ptr in self._by_pointer:   # reclaimed, not yet freed by the library: keep it from it
+            self._hold_back(a)
+            a = self.allocate(size, device, stream)
+        self._by_pointer[a.ptr] = a
+        return a.ptr
+
+    def _hold_back(self, a: "Allocation") -> None:
+        self._by_owner.get(a.owner, {}).pop(a, None)
+        self._set_aside[a.ptr] = a
+        with self._lock:
+            self._allocations -= 1
+            if a.owner is None:
+                self._outside -= 1
+            self._in_use -= a.size
+
+    # free --------------------------------------------------------------------------------------
+    def free(self, a: "Allocation") -> None:
+        """The library is done with ``a``: queued, made at the next drain. Safe in a finalizer, on
+        any thread, inside the pool's own calls: one deque append."""
+        self._frees.append((a, True))
+
+    def free_pointer(self, ptr: int) -> None:
+        """:meth:`free` by address, for what :meth:`allocate_pointer` handed out. An address it did
+        not hand out (or freed already) raises :class:`~cudabridge.errors.InvalidFree` and changes
+        nothing."""
+        a = self._by_pointer.pop(ptr, None)
+        if a is None:
+            raise InvalidFree(f"{self.library} freed address {ptr!r}, which its cudabridge allocator does not hold "
+                              f"(never handed out, or freed already)")
+        self._frees.append((a, True))
+        held = self._set_aside.pop(ptr, None)
+        if held is not None:   # the late free of a reclaimed one: what was held back for it goes back
+            self._frees.append((held, False))
+
+    def record_stream(self, a: "Allocation", stream: int) -> None:
+        """Work queued on ``stream`` uses ``a`` too: its free is ordered after that stream as well
+        (PyTorch's ``Tensor.record_stream``). ``stream`` must be one the pool accepts."""
+        a._pool.record_stream(a, stream)
+
+    def drain(self) -> int:
+        """Make the queued frees in the pool; returns how many were made. Any thread, any time
+        outside the pool's own calls (never from a finalizer)."""
+        made = after = 0
+        freed_bytes = 0
+        frees = self._frees
+        while frees:
+            try:
+                a, counted = frees.popleft()
+            except IndexError:   # another thread drained it first
+                break
+            if counted:
+                owned = self._by_owner.get(a.owner)
+                if owned is not None:
+                    owned.pop(a, None)
+            try:
+                if not a.alive:
+                    raise InvalidFree("reclaimed")
+                a._pool.free(a)
+            except InvalidFree:   # reclaimed at its task's release (or the pool closed): nothing to do
+                if counted:
+                    after += 1
+                continue
+            if counted:
+                made += 1
+                freed_bytes += a.size
+        if made or after:
+            with self._lock:
+                self._frees_made += made
+                self._after_reclaim += after
+                self._in_use -= freed_bytes
+        return made
+
+    # tasks ---------------------------------------------------------------------------------------
+    def _task_released(self, binding: "TaskBinding") -> None:
+        """The registry's release listener: the task's operations have drained and its memory is
+        about to be reclaimed. The frees queued so far are made first (what the task freed is not a
+        leak); what the task still holds of this library is counted as reclaimed."""
+        self.drain()
+        held = self._by_owner.pop(binding.task_id, None)
+        if not held:
+            return
+        count = nbytes = 0
+        for a in list(held):
+            if a.alive:
+                count += 1
+                nbytes += a.size
+        with self._lock:
+            self._leaks += count
+            self._leaked_bytes += nbytes
+            self._in_use -= nbytes
+
+    # reading -------------------------------------------------------------------------------------
+    def statistics(self) -> LibraryStatistics:
+        self.drain()
+        with self._lock:
+            return LibraryStatistics(
+                allocations=self._allocations, allocations_outside_tasks=self._outside, frees=self._frees_made,
+                frees_pending=len(self._frees), frees_after_reclaim=self._after_reclaim, in_use_bytes=self._in_use,
+                peak_in_use_bytes=self._peak, leaks_reclaimed=self._leaks, leaked_bytes_reclaimed=self._leaked_bytes,
+                allocations_set_aside=len(self._set_aside))
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        """Make the queued frees and refuse further allocations (frees are still taken: a library
+        drops its memory later); the service calls it before it closes its pools. Idempotent."""
+        self._closed = True
+        self.drain()

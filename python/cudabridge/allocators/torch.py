@@ -1,0 +1,137 @@
+"""PyTorch's CUDA memory from the service's pools: ``install(service)`` makes a
+``torch.cuda.memory.CUDAPluggableAllocator`` over this package's compiled part
+(``_torch_allocator.cpp``: ``cb_torch_alloc`` / ``cb_torch_free``, and the ``record_stream`` and
+``empty_cache`` hooks) PyTorch's current allocator, over the service's ``torch`` allocator
+(library_allocator.py says whose each allocation is and how frees are made).
+
+PyTorch takes a new allocator only before it has allocated (``change_current_allocator`` raises
+after), so the service installs it when it starts, where the ``allocators`` setting names torch.
+
+What PyTorch passes: the current stream of the device at each allocation, and the same stream at
+its free, which the pool already knows from the allocation (and any stream named since through
+``Tensor.record_stream``, which the hook forwards: without it ``record_stream`` would do nothing
+under a pluggable allocator). PyTorch allocates on threads of its own (autograd's backward): an
+allocation on a thread not attached to a task is the task's whose stream it names, if one task
+has that stream (``by_stream``). Streams PyTorch names that the pool does not know are registered
+with the GPU's pool for the service's life: PyTorch's own streams (``torch.cuda.Stream()``) come
+from its stream pool, made once and never destroyed; an ``ExternalStream`` over a stream of your
+own must outlive the service.
+
+What PyTorch gives up under a pluggable allocator: its caching (each tensor is one pool call; the
+pool's own free lists take that role), and its statistics, which raise there
+(``torch.cuda.memory_stats``, ``memory_allocated``, ``max_memory_allocated``,
+``reset_peak_memory_stats``, ``memory_snapshot``): read the service's instead
+(``allocator_torch_in_use_bytes``, ``allocator_torch_peak_in_use_bytes`` and the pool's, in
+``service.statistics()`` and the executor's metrics). ``torch.cuda.MemPool(allocator)`` would keep
+torch's caching above our pool for one thread's allocations; docs/allocators.md says why the
+global swap is the default.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ..errors import InvalidArgument
+from . import allocator_for, import_library
+from .library_allocator import LibraryAllocator
+
+if TYPE_CHECKING:
+    from ..service import CudaBridgeService
+
+# The compiled part's symbols (torch loads them by name).
+ALLOC, FREE = "cb_torch_alloc", "cb_torch_free"
+
+
+class _Target:
+    """What the compiled part's callables reach: the allocator of the service installed last
+    (the part is connected once per process; a later service, as in tests, takes its place)."""
+
+    allocator: LibraryAllocator | None = None
+
+    @classmethod
+    def alloc(cls, size: int, device: int, stream: int) -> int:
+        allocator = cls._open()
+        _accept_stream(allocator, device, stream)
+        return allocator.allocate_pointer(size, device, stream)
+
+    @classmethod
+    def free(cls, ptr: int) -> None:
+        allocator = cls.allocator
+        if allocator is not None:
+            allocator.free_pointer(ptr)
+
+    @classmethod
+    def record_stream(cls, ptr: int, stream: int) -> None:
+        allocator = cls._open()
+        a = allocator._by_pointer.get(ptr)
+        if a is None:
+            raise InvalidArgument(f"record_stream of address {ptr:#x}, which the torch allocator does not hold")
+        _accept_stream(allocator, a.device, stream)
+        allocator.record_stream(a, stream)
+
+    @classmethod
+    def reset(cls) -> None:
+        if cls.allocator is not None:
+            cls.allocator.drain()
+
+    @classmethod
+    def _open(cls) -> LibraryAllocator:
+        allocator = cls.allocator
+        if allocator is None:
+            raise InvalidArgument("torch allocates through cudabridge, but no service is installed "
+                                  "(cudabridge.allocators.torch.install)")
+        return allocator
+
+
+def _accept_stream(allocator: LibraryAllocator, device: int, stream: int) -> None:
+    """Register a stream of PyTorch's with the GPU's pool (module docstring: why it may be)."""
+    pool = allocator._pools.get(device)
+    if pool is None or pool.accepts(stream):
+        return
+    try:
+        pool.register_stream(stream)
+    except InvalidArgument:
+        if not pool.accepts(stream):   # not a race with another thread registering it: a real refusal
+            raise
+
+
+def compiled_part() -> Any:
+    """The compiled part (``cudabridge.allocators._torch_allocator``), connected to this module."""
+    try:
+        from . import _torch_allocator as part
+    except ImportError as exc:
+        raise InvalidArgument(f"the torch allocator's compiled part is not built ({exc}): reinstall "
+                              f"spark-cuda-bridge, or python -m cudabridge.memory.build_fastpath") from exc
+    if not getattr(part, "_connected", False):
+        part.connect(_Target.alloc, _Target.free, _Target.record_stream, _Target.reset)
+        part._connected = True
+    return part
+
+
+def attach(service: "CudaBridgeService") -> LibraryAllocator:
+    """Point the compiled part at ``service``'s torch allocator (without touching torch)."""
+    allocator = allocator_for(service, "torch", by_stream=True)
+    compiled_part()
+    _Target.allocator = allocator
+    return allocator
+
+
+def install(service: "CudaBridgeService") -> LibraryAllocator:
+    """Make PyTorch allocate from ``service``'s pools, process-wide. Before PyTorch's first CUDA
+    allocation: PyTorch refuses a new allocator after it."""
+    torch = import_library("torch", "torch")
+    part = compiled_part()
+    pluggable = torch.cuda.memory.CUDAPluggableAllocator(part.__file__, ALLOC, FREE)
+    native = pluggable.allocator()
+    addresses = part.addresses()
+    for hook, fn in (("set_record_stream_fn", "record_stream"), ("set_reset_fn", "reset")):
+        setter = getattr(native, hook, None)
+        if setter is not None:   # older PyTorch: record_stream does nothing, empty_cache drains nothing
+            setter(addresses[fn])
+    allocator = attach(service)
+    try:
+        torch.cuda.memory.change_current_allocator(pluggable)
+    except RuntimeError as exc:
+        raise InvalidArgument(f"PyTorch refused cudabridge's allocator ({exc}): it has allocated already; install "
+                              f"it first (spark.cudabridge.allocators=torch does, at the service's start)") from exc
+    return allocator

@@ -1,0 +1,378 @@
+"""cudabridge.allocators on the emulated device, through stand-ins that allocate and free the way
+CuPy, PyTorch, Numba and RMM do (standin_libraries.py, standin_torch.py): ownership by task,
+reclaim of what a task forgot, late frees, frees from finalizers and from other threads, stream
+order under the race detector, pointer reuse, statistics."""
+
+from __future__ import annotations
+
+import gc
+import threading
+
+import pytest
+from standin_libraries import StandinCupy, StandinNumbaCuda, StandinRmm
+from standin_torch import StandinTorch, build_caller
+
+from cudabridge.allocators import LIBRARIES, cupy as cb_cupy, numba as cb_numba, rmm as cb_rmm, torch as cb_torch
+from cudabridge.allocators import statistic_names
+from cudabridge.config import ServiceConfig
+from cudabridge.errors import InvalidArgument, InvalidFree, StreamOrderRace, UnknownStream, UnknownTask
+from cudabridge.service import CudaBridgeService
+
+MIB = 1 << 20
+
+
+@pytest.fixture(autouse=True)
+def _plugins_forgotten():
+    """What an install leaves process-wide (as in a real executor) is undone after each test."""
+    yield
+    cb_cupy._module = None
+    cb_numba._module = cb_numba._allocator = None
+    cb_torch._Target.allocator = None
+
+
+@pytest.fixture
+def service(emulated):
+    svc = CudaBridgeService(ServiceConfig(backend="emulated", streams_per_gpu=4, high_priority_streams=0), backend=emulated)
+    yield svc
+    svc.close()
+
+
+@pytest.fixture
+def tight_service(emulated):
+    """A pool of one 2 MiB chunk: a second 2 MiB allocation must reuse the first's block."""
+    svc = CudaBridgeService(ServiceConfig(backend="emulated", streams_per_gpu=4, high_priority_streams=0,
+                                          pool_limit="2m"), backend=emulated)
+    yield svc
+    svc.close()
+
+
+def _in_thread(fn, *args):
+    """Run fn on a thread of its own (a task's thread); return its result or raise its error."""
+    out: dict = {}
+
+    def run():
+        try:
+            out["result"] = fn(*args)
+        except BaseException as exc:   # noqa: BLE001 - re-raised on the caller's thread
+            out["error"] = exc
+
+    t = threading.Thread(target=run)
+    t.start()
+    t.join(30)
+    assert not t.is_alive(), "the thread hung"
+    if "error" in out:
+        raise out["error"]
+    return out.get("result")
+
+
+def _cupy(service, emulated):
+    cp = StandinCupy(emulated)
+    allocator = cb_cupy.install(service, module=cp)
+    return cp, allocator
+
+
+# ownership and reclaim ----------------------------------------------------------------------------
+def test_a_tasks_allocations_are_its_own_and_what_it_forgets_is_reclaimed_at_release(service, emulated):
+    cp, allocator = _cupy(service, emulated)
+    b = service.bind_task(7)
+
+    def task():
+        service.registry.attach(7)
+        with cb_cupy.task_stream(service):
+            kept = [cp.empty(MIB), cp.empty(3 * MIB)]
+            freed = cp.empty(MIB)
+            assert cp.get_current_stream().ptr == b.stream
+        owners = {a.owner for a in service.memory_pool(0).owned_by(7)}
+        del freed   # CuPy's __dealloc__: queued, made at the next drain (the release's, at the latest)
+        return kept, owners
+
+    kept, owners = _in_thread(task)
+    assert owners == {7}
+    report = service.release_task(7)
+    assert (report.leaks_reclaimed, report.leaked_bytes_reclaimed) == (2, 4 * MIB)
+    s = allocator.statistics()
+    assert (s.allocations, s.frees, s.leaks_reclaimed, s.leaked_bytes_reclaimed, s.in_use_bytes) == (3, 1, 2, 4 * MIB, 0)
+    assert s.peak_in_use_bytes == 5 * MIB
+    del kept   # CuPy frees them long after the task: counted, dropped, nothing freed twice
+    s = allocator.statistics()
+    assert (s.frees, s.frees_after_reclaim, s.frees_pending) == (1, 2, 0)
+    assert service.memory_pool(0).statistics().in_use_bytes == 0
+
+
+def test_outside_any_task_allocations_are_the_executors_and_no_release_takes_them(service, emulated):
+    cp, allocator = _cupy(service, emulated)
+    x = cp.empty(MIB)   # this thread is attached to no task: CuPy's null stream, owner None
+    service.bind_task(1)
+    assert service.release_task(1).leaks_reclaimed == 0
+    s = allocator.statistics()
+    assert (s.allocations, s.allocations_outside_tasks, s.in_use_bytes) == (1, 1, MIB)
+    assert x.data.mem._owner.allocation.owner is None
+    del x
+    assert allocator.statistics().in_use_bytes == 0
+    assert service.memory_pool(0).statistics().in_use_bytes == 0
+
+
+def test_a_stream_the_pool_does_not_know_is_refused_and_nothing_changes(service, emulated):
+    cp, allocator = _cupy(service, emulated)
+    foreign = emulated.stream_create()
+    try:
+        with cp.stream(foreign):
+            with pytest.raises(UnknownStream):
+                cp.empty(MIB)
+        assert allocator.statistics().allocations == 0
+        assert service.memory_pool(0).statistics().in_use_bytes == 0
+        service.memory_pool(0).register_stream(foreign)   # the documented way to use one's own stream
+        with cp.stream(foreign):
+            x = cp.empty(MIB)
+        assert x.data.ptr
+        del x
+        allocator.drain()
+        service.memory_pool(0).unregister_stream(foreign)
+    finally:
+        emulated.stream_destroy(foreign)
+
+
+def test_a_thread_left_attached_to_a_released_task_is_refused_with_unknown_task(service, emulated):
+    cp, allocator = _cupy(service, emulated)
+    service.bind_task(3)
+    attached, released = threading.Event(), threading.Event()
+
+    def task():
+        service.registry.attach(3)
+        attached.set()
+        released.wait(10)   # the task ends elsewhere (Spark's lifecycle thread) while this thread lingers
+        with pytest.raises(UnknownTask):
+            cp.empty(MIB)
+
+    t = threading.Thread(target=lambda: _in_thread(task))
+    t.start()
+    attached.wait(10)
+    service.release_task(3)
+    released.set()
+    t.join(30)
+    assert allocator.statistics().allocations == 0
+
+
+# frees from finalizers and other threads ----------------------------------------------------------
+def test_a_free_from_a_finalizer_inside_the_pools_locked_slow_path_only_queues(service, emulated):
+    cp, allocator = _cupy(service, emulated)
+    pool = service.memory_pool(0)
+    x = cp.empty(MIB)
+
+    def collect_inside_the_lock():
+        nonlocal x
+        with pool._lock:   # as a garbage collection running inside the pool's locked slow path
+            del x
+            gc.collect()
+            return allocator._frees.__len__()
+
+    assert _in_thread(collect_inside_the_lock) == 1   # queued, the lock never taken (else: a hang)
+    assert allocator.statistics().frees == 1
+
+
+@pytest.mark.parametrize("naive", [False, True], ids=["allocation-stream", "naive-freeing-thread-stream"])
+def test_a_free_on_another_thread_is_ordered_after_the_allocation_stream(tight_service, emulated, naive):
+    service = tight_service
+    cp, allocator = _cupy(service, emulated)
+    pool = service.memory_pool(0)
+    b1, b2 = service.bind_task(1), service.bind_task(2)
+    box: dict = {}
+
+    def task1():
+        service.registry.attach(1)
+        with cb_cupy.task_stream(service):
+            x = cp.empty(2 * MIB)
+            cp.fill(x, 0x11111111, delay_s=0.3)   # still writing when x is freed and reused
+        box["x"] = x
+
+    def other_thread():   # drops it with its own current stream (task 2's): CuPy passes none
+        with cp.stream(b2.stream):
+            x = box.pop("x")
+            if naive:   # an allocator that orders the free on the freeing thread's stream
+                pool.free(x.data.mem._owner.allocation, b2.stream)
+                box["late"] = x   # the plug-in's own free comes later: counted, dropped
+            del x
+
+    def task2():
+        service.registry.attach(2)
+        with cb_cupy.task_stream(service):
+            y = cp.empty(2 * MIB)
+            cp.fill(y, 0x22222222)
+        return y
+
+    _in_thread(task1)
+    ptr = pool.owned_by(1)[0].ptr
+    _in_thread(other_thread)
+    if naive:
+        with pytest.raises(StreamOrderRace):
+            _in_thread(task2)
+        emulated.races.clear()
+        return
+    y = _in_thread(task2)
+    assert y.data.ptr == ptr   # the freed block was reused, ordered after task 1's write
+    emulated.stream_synchronize(b2.stream)
+    del y
+    service.release_task(1)
+    service.release_task(2)
+
+
+# PyTorch's pluggable allocator ---------------------------------------------------------------------
+@pytest.fixture
+def torch_standin(service, emulated, tmp_path):
+    cb_torch.attach(service)
+    part = cb_torch.compiled_part()
+    yield StandinTorch(emulated, part, build_caller(tmp_path))
+    cb_torch._Target.allocator = None
+
+
+def test_torch_allocations_go_through_the_compiled_part_on_the_current_stream(service, torch_standin):
+    b = service.bind_task(5)
+
+    def task():
+        service.registry.attach(5)
+        torch_standin.set_stream(b.stream)
+        t = torch_standin.empty(MIB)
+        torch_standin.fill(t, 7)
+        return t
+
+    t = _in_thread(task)
+    assert [a.ptr for a in service.memory_pool(0).owned_by(5)] == [t.data_ptr]
+    assert torch_standin.empty(0).data_ptr == 0   # as torch's own: no memory, no call
+    del t
+    s = service.library_allocators["torch"].statistics()
+    assert (s.allocations, s.frees) == (1, 1)
+    service.release_task(5)
+
+
+def test_torch_autograd_threads_allocate_for_the_task_whose_stream_they_name(service, torch_standin):
+    b = service.bind_task(9)
+    torch_standin.set_stream(b.stream)   # this thread is attached to no task
+    t = torch_standin.empty(MIB)
+    assert service.memory_pool(0).owned_by(9)[0].ptr == t.data_ptr
+    report = service.release_task(9)
+    assert report.leaks_reclaimed == 1
+    del t   # a late free: counted, dropped
+    s = service.library_allocators["torch"].statistics()
+    assert (s.leaks_reclaimed, s.frees_after_reclaim) == (1, 1)
+
+
+def test_torch_record_stream_orders_the_free_after_that_stream_too(tight_service, emulated, tmp_path):
+    service = tight_service
+    cb_torch.attach(service)
+    torch_standin = StandinTorch(emulated, cb_torch.compiled_part(), build_caller(tmp_path))
+    pool = service.memory_pool(0)
+    b1, b2, b3 = service.bind_task(1), service.bind_task(2), service.bind_task(3)
+    torch_standin.set_stream(b1.stream)
+    t = torch_standin.empty(2 * MIB)
+    ptr = t.data_ptr
+    t.record_stream(b2.stream)
+    torch_standin.fill(t, 1, delay_s=0.3, stream=b2.stream)   # the side stream is still writing at the free
+    del t
+    torch_standin.set_stream(b3.stream)
+    u = torch_standin.empty(2 * MIB)   # reuses the block: after task 1's stream and the recorded one
+    assert u.data_ptr == ptr
+    torch_standin.fill(u, 3)
+    emulated.stream_synchronize(b3.stream)
+    del u
+    assert service.library_allocators["torch"].statistics().frees == 2   # statistics() makes the queued frees
+    assert pool.statistics().in_use_bytes == 0
+    for task in (1, 2, 3):
+        service.release_task(task)
+    cb_torch._Target.allocator = None
+
+
+def test_a_failed_torch_allocation_raises_in_torch_and_changes_nothing(service, torch_standin):
+    with pytest.raises(RuntimeError, match="cudabridge torch allocator: InvalidArgument: .*exceeds the pool limit"):
+        torch_standin.empty(1 << 40)
+    assert service.library_allocators["torch"].statistics().allocations == 0
+    with pytest.raises(RuntimeError, match="record_stream of address"):
+        torch_standin.record_stream(type("T", (), {"data_ptr": 0x1234})(), 0)
+
+
+# pointer libraries: a late free never frees someone else's memory ---------------------------------
+def test_an_address_the_library_still_holds_is_never_handed_out_again(service, emulated):
+    rmm = StandinRmm()
+    allocator = cb_rmm.install(service, module=rmm)
+    b = service.bind_task(4)
+
+    def task():
+        service.registry.attach(4)
+        return rmm.device_buffer(MIB, stream=b.stream)
+
+    held = _in_thread(task)   # the task forgets it; RMM still holds the address
+    assert service.release_task(4).leaks_reclaimed == 1
+    others = [rmm.device_buffer(MIB) for _ in range(3)]   # the pool would hand the same block out again
+    assert held.ptr not in {o.ptr for o in others}
+    assert allocator.statistics().allocations_set_aside == 1
+    del held   # the late free: counted and dropped; the block held back for it goes back to the pool
+    s = allocator.statistics()
+    assert (s.frees_after_reclaim, s.allocations_set_aside) == (1, 0)
+    with pytest.raises(InvalidFree):
+        allocator.free_pointer(0xDEAD000)
+    del others
+    allocator.drain()
+    assert service.memory_pool(0).statistics().in_use_bytes == 0
+
+
+# Numba's EMM plug-in ---------------------------------------------------------------------------------
+def test_numba_allocates_on_the_tasks_stream_and_frees_from_its_finalizer(service, emulated):
+    numba_cuda = StandinNumbaCuda(emulated)
+    allocator = cb_numba.install(service, module=numba_cuda)
+    b = service.bind_task(6)
+
+    def task():
+        service.registry.attach(6)
+        d = numba_cuda.device_array(MIB)
+        (a,) = service.memory_pool(0).owned_by(6)
+        return a.stream, a.ptr == d.device_pointer.value
+
+    assert _in_thread(task) == (b.stream, True)   # the finalizer ran when the pointer went
+    assert allocator.statistics().frees == 1
+    info = numba_cuda.get_memory_info()
+    assert info.total == service.memory_pool(0).limit
+    assert numba_cuda.device_array(0).size == 0
+    service.release_task(6)
+
+
+def test_numbas_manager_before_install_names_the_fix():
+    class Unconfigured(StandinNumbaCuda):
+        pass
+
+    saved, cb_numba._allocator = cb_numba._allocator, None
+    try:
+        numba_cuda = Unconfigured(None)
+        numba_cuda.set_memory_manager(cb_numba.manager_class(numba_cuda))
+        with pytest.raises(InvalidArgument, match="install"):
+            numba_cuda.device_array(16)
+    finally:
+        cb_numba._allocator = saved
+
+
+# setting, statistics -------------------------------------------------------------------------------
+def test_the_setting_names_only_known_libraries_and_an_absent_library_stops_the_start(emulated):
+    with pytest.raises(InvalidArgument, match="'tensorflow' not among cupy, torch, numba, rmm"):
+        ServiceConfig(backend="emulated", allocators="cupy,tensorflow")
+    with pytest.raises(InvalidArgument, match="named twice"):
+        ServiceConfig(backend="emulated", allocators="cupy,cupy")
+    try:
+        import cupy  # noqa: F401
+        pytest.skip("CuPy is installed here")
+    except ImportError:
+        pass
+    with pytest.raises(InvalidArgument, match="the cupy allocator needs cupy"):
+        CudaBridgeService(ServiceConfig(backend="emulated", allocators="cupy"), backend=emulated)
+
+
+def test_every_librarys_statistics_are_executor_statistics(service, emulated):
+    from cudabridge.jvm.control import BridgeControl
+
+    cp, _ = _cupy(service, emulated)
+    x = cp.empty(MIB)
+    totals = service.statistics().totals()
+    assert totals["allocator_cupy_allocations"] == 1
+    assert totals["allocator_cupy_in_use_bytes"] == MIB
+    assert totals["allocator_torch_allocations"] == 0   # not installed: zero, the name still there
+    names = set(statistic_names())
+    assert len(names) == len(LIBRARIES) * 10
+    assert names <= set(totals) and names <= set(BridgeControl.statistics_names())
+    del x
