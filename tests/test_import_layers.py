@@ -65,6 +65,9 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("kernels", ("cudabridge.kernels",)),
     # task attempt -> GPU and stream, leases, launches, release
     ("tasks", ("cudabridge.task_registry",)),
+    # Python GPU libraries' allocations through the pools and the registry; the service installs
+    # them (the allocators setting) and is reached through allocators.library_allocator.Service
+    ("library allocators", ("cudabridge.allocators",)),
     ("service", ("cudabridge.service",)),
     # what drives the service: the JVM bridge's Python side, Spark's jars, the CLI
     ("fronts", ("cudabridge.jvm", "cudabridge.spark", "cudabridge.doctor", "cudabridge.demo",

@@ -14,13 +14,11 @@ docs/allocators.md says what each library gets and what it gives up.
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..errors import InvalidArgument
-from .library_allocator import LibraryAllocator, LibraryStatistics
+from .library_allocator import LibraryAllocator, LibraryStatistics, Service
 
-if TYPE_CHECKING:
-    from ..service import CudaBridgeService
 
 # The libraries with a plug-in here, in the order the setting's doc and the statistics name them.
 LIBRARIES = ("cupy", "torch", "numba", "rmm")
@@ -28,7 +26,7 @@ LIBRARIES = ("cupy", "torch", "numba", "rmm")
 __all__ = ["LIBRARIES", "LibraryAllocator", "LibraryStatistics", "allocator_for", "install", "statistic_names"]
 
 
-def allocator_for(service: "CudaBridgeService", library: str, *, by_stream: bool = False) -> LibraryAllocator:
+def allocator_for(service: Service, library: str, *, by_stream: bool = False) -> LibraryAllocator:
     """The service's allocator for ``library`` (one per service and library, made at the first
     call; ``by_stream`` as :class:`LibraryAllocator` takes it)."""
     if library not in LIBRARIES:
@@ -48,7 +46,7 @@ def import_library(module: str, library: str) -> Any:
         raise InvalidArgument(f"the {library} allocator needs {module} in the executor's Python: {exc}") from exc
 
 
-def install(service: "CudaBridgeService", libraries: "tuple[str, ...] | list[str]") -> None:
+def install(service: Service, libraries: "tuple[str, ...] | list[str]") -> None:
     """Install the plug-ins of ``libraries`` (names from :data:`LIBRARIES`), in that order. An
     unknown name is refused before anything is installed."""
     unknown = [name for name in libraries if name not in LIBRARIES]

@@ -21,13 +21,11 @@ which a C function given only the address cannot; what each costs is in bench/RE
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from . import allocator_for, import_library
-from .library_allocator import LibraryAllocator
+from .library_allocator import LibraryAllocator, Service
 
-if TYPE_CHECKING:
-    from ..service import CudaBridgeService
 
 
 class _Release:
@@ -74,7 +72,7 @@ def make_malloc(allocator: LibraryAllocator, cupy: Any) -> Any:
     return malloc
 
 
-def install(service: "CudaBridgeService", *, module: Any = None) -> LibraryAllocator:
+def install(service: Service, *, module: Any = None) -> LibraryAllocator:
     """Make CuPy allocate from ``service``'s pools, process-wide. Returns the library's allocator.
     ``module``: the ``cupy`` module to install into (default: ``import cupy``; the tests pass a
     stand-in with the same interface)."""
@@ -102,7 +100,7 @@ class _TaskStream:
         return (0, self.handle)
 
 
-def task_stream(service: "CudaBridgeService", task_id: int | None = None) -> Any:
+def task_stream(service: Service, task_id: int | None = None) -> Any:
     """The task's stream as a CuPy stream (a context manager: ``with task_stream(service):``),
     for ``task_id`` or the calling thread's task. CuPy neither owns nor destroys it."""
     cupy = _cupy()

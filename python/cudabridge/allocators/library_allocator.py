@@ -39,15 +39,23 @@ from __future__ import annotations
 import threading
 from collections import deque
 from dataclasses import asdict, dataclass, fields
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Mapping, Protocol
 
 from ..device import LEGACY_STREAM
 from ..errors import InvalidArgument, InvalidFree
 
 if TYPE_CHECKING:
     from ..memory import Allocation
-    from ..service import CudaBridgeService
-    from ..task_registry import TaskBinding
+    from ..task_registry import GpuResources, TaskBinding, TaskRegistry
+
+
+class Service(Protocol):
+    """What the plug-ins need of the service (``CudaBridgeService`` is one; it imports this
+    package to install the plug-ins the ``allocators`` setting names, not the other way round)."""
+
+    registry: "TaskRegistry"
+    gpus: "Mapping[int, GpuResources]"
+    library_allocators: "dict[str, LibraryAllocator]"
 
 
 @dataclass(frozen=True)
@@ -78,7 +86,7 @@ class LibraryAllocator:
     ``service``'s pools. Plug-ins build one with :func:`cudabridge.allocators.allocator_for`, which
     keeps one per service and library; :meth:`close` drains and detaches it."""
 
-    def __init__(self, service: "CudaBridgeService", library: str, *, by_stream: bool = False) -> None:
+    def __init__(self, service: Service, library: str, *, by_stream: bool = False) -> None:
         self.library = library
         self._service = service
         self._registry = service.registry

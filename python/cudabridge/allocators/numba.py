@@ -24,14 +24,12 @@ from __future__ import annotations
 
 import contextlib
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..errors import InvalidArgument
 from . import allocator_for, import_library
-from .library_allocator import LibraryAllocator
+from .library_allocator import LibraryAllocator, Service
 
-if TYPE_CHECKING:
-    from ..service import CudaBridgeService
 
 # The allocator the manager class allocates through: Numba instantiates the class itself (once per
 # context), so it is found here, set by install().
@@ -108,7 +106,7 @@ def manager_class(cuda: Any) -> type:
     return CudaBridgeMemoryManager
 
 
-def install(service: "CudaBridgeService", *, module: Any = None) -> LibraryAllocator:
+def install(service: Service, *, module: Any = None) -> LibraryAllocator:
     """Make Numba allocate from ``service``'s pools, process-wide (before Numba's first context).
     ``module``: the ``numba.cuda`` module to install into (default: imported; the tests pass a
     stand-in with the same interface)."""
@@ -123,7 +121,7 @@ def install(service: "CudaBridgeService", *, module: Any = None) -> LibraryAlloc
     return allocator
 
 
-def task_stream(service: "CudaBridgeService", task_id: int | None = None) -> Any:
+def task_stream(service: Service, task_id: int | None = None) -> Any:
     """The task's stream as a Numba stream (``numba.cuda.external_stream``), for ``task_id`` or the
     calling thread's task."""
     cuda = _numba_cuda()

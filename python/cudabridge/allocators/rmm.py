@@ -16,14 +16,12 @@ address reclaimed at its task's release is never handed out again until RMM free
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..errors import InvalidArgument
 from . import allocator_for, import_library
-from .library_allocator import LibraryAllocator
+from .library_allocator import LibraryAllocator, Service
 
-if TYPE_CHECKING:
-    from ..service import CudaBridgeService
 
 
 def stream_handle(stream: Any) -> int:
@@ -56,7 +54,7 @@ def make_resource(allocator: LibraryAllocator, rmm: Any, device: int) -> Any:
     return rmm.mr.CallbackMemoryResource(on_allocate, on_deallocate)
 
 
-def install(service: "CudaBridgeService", *, module: Any = None) -> LibraryAllocator:
+def install(service: Service, *, module: Any = None) -> LibraryAllocator:
     """Make RMM (and cuDF) allocate from ``service``'s pools on every GPU the service owns.
     ``module``: the ``rmm`` module to install into (default: ``import rmm``; the tests pass a
     stand-in with the same interface)."""

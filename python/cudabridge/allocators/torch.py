@@ -29,14 +29,12 @@ global swap is the default.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..errors import InvalidArgument
 from . import allocator_for, import_library
-from .library_allocator import LibraryAllocator
+from .library_allocator import LibraryAllocator, Service
 
-if TYPE_CHECKING:
-    from ..service import CudaBridgeService
 
 # The compiled part's symbols (torch loads them by name).
 ALLOC, FREE = "cb_torch_alloc", "cb_torch_free"
@@ -108,7 +106,7 @@ def compiled_part() -> Any:
     return part
 
 
-def attach(service: "CudaBridgeService") -> LibraryAllocator:
+def attach(service: Service) -> LibraryAllocator:
     """Point the compiled part at ``service``'s torch allocator (without touching torch)."""
     allocator = allocator_for(service, "torch", by_stream=True)
     compiled_part()
@@ -116,7 +114,7 @@ def attach(service: "CudaBridgeService") -> LibraryAllocator:
     return allocator
 
 
-def install(service: "CudaBridgeService") -> LibraryAllocator:
+def install(service: Service) -> LibraryAllocator:
     """Make PyTorch allocate from ``service``'s pools, process-wide. Before PyTorch's first CUDA
     allocation: PyTorch refuses a new allocator after it."""
     torch = import_library("torch", "torch")

@@ -1,0 +1,204 @@
+"""Python GPU libraries on the service's pools against their own (issue 26), in interleaved rounds.
+
+    python bench/bench_allocators.py [--rounds 5] [--steps 30] [--out DIR]     (on a GPU)
+
+* CuPy, in this process: a step of elementwise chains and reductions over 1, 4, 16 and 64 MiB
+  arrays (many temporaries) on the task's stream, with CuPy's own memory pool against
+  cudabridge.allocators.cupy (the allocator is switched before each candidate runs); time per step,
+  the bytes each holds reserved after the step (CuPy's pool ``total_bytes()``, our pool's
+  ``reserved_bytes``: neither gives memory back, so that is each one's peak), and the allocation
+  pair (``cupy.cuda.alloc`` of 1 MiB, then dropped).
+* PyTorch, one process per candidate and round (an allocator is process-wide and set before the
+  first allocation): torch's caching allocator, cudabridge.allocators.torch (the global swap) and
+  ``torch.cuda.MemPool`` over the same pluggable allocator (torch's caching above our pool); a
+  step is a small MLP's forward and backward (1024-4096-1024, batch 256, SGD), then the pair
+  (``torch.empty`` of 1 MiB, dropped), and the peak reserved bytes (torch's
+  ``max_memory_reserved`` for its own allocator, our pool's ``peak_reserved_bytes`` otherwise).
+
+Targets (issue 26): time per step <= 1.1x the library's own, peak reserved <= 1.0x. Nothing is
+asserted; the table is printed last and written as JSON under --out (bench_allocators.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from rounds import Report, interleave, library_path
+
+sys.path.insert(0, str(library_path()))
+
+MIB = 1 << 20
+
+
+def _service():
+    from cudabridge.config import ServiceConfig
+    from cudabridge.service import CudaBridgeService
+
+    return CudaBridgeService(ServiceConfig(backend="cuda", streams_per_gpu=4, high_priority_streams=0))
+
+
+# CuPy -----------------------------------------------------------------------------------------------
+def cupy_rounds(report: Report, rounds: int, steps: int, pairs: int) -> None:
+    try:
+        import cupy
+    except ImportError as exc:
+        report.missing("cupy", f"not installed: {exc}")
+        return
+    from cudabridge.allocators import cupy as cb_cupy
+
+    service = _service()
+    ours = cb_cupy.make_malloc(cb_cupy.install(service), cupy)
+    own_pool = cupy.cuda.MemoryPool()
+    service.bind_task(1)
+    service.registry.attach(1)
+    stream = cb_cupy.task_stream(service)
+    pool = service.memory_pool(0)
+
+    def step() -> None:
+        for n in (MIB, 4 * MIB, 16 * MIB, 64 * MIB):
+            a = cupy.ones(n // 4, dtype=cupy.float32)
+            b = a * 2 + 1
+            c = cupy.sqrt(b) - a
+            d = (c * c).sum() + b.max()
+            e = cupy.exp(-c) * b
+            float(d + e.mean())   # a reduction read back: the step ends on the host
+
+    def run(malloc, reserved) -> dict:
+        cupy.cuda.set_allocator(malloc)
+        with stream:
+            step()   # warm
+            stream.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                step()
+            stream.synchronize()
+            per_step = (time.perf_counter() - t0) / steps * 1e6
+            t0 = time.perf_counter()
+            for _ in range(pairs):
+                cupy.cuda.alloc(MIB)
+            per_pair = (time.perf_counter() - t0) / pairs * 1e6
+        gc.collect()
+        return {"step": per_step, "pair": per_pair, "reserved": reserved()}
+
+    res = interleave({"cupy pool": lambda: run(own_pool.malloc, own_pool.total_bytes),
+                      "ours": lambda: run(ours, lambda: pool.statistics().reserved_bytes)}, rounds=rounds)
+    for what, unit in (("step", "us"), ("pair", "us"), ("reserved", "bytes")):
+        for name in ("cupy pool", "ours"):
+            report.values(f"cupy {what}: {name}", [r[name][what] for r in res], unit, better="lower")
+        report.ratio(f"cupy {what}: ours / cupy pool", [r["ours"][what] / r["cupy pool"][what] for r in res],
+                     better="lower", note={"step": "target <= 1.1", "reserved": "target <= 1.0"}.get(what, ""))
+    cupy.cuda.set_allocator(cupy.get_default_memory_pool().malloc)
+    service.registry.detach()
+    service.release_task(1)
+    service.close()
+
+
+# PyTorch ------------------------------------------------------------------------------------------
+TORCH_CHILD = r"""
+import json, sys, time
+sys.path.insert(0, sys.argv[1])
+import torch
+mode, steps, pairs = sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+MIB = 1 << 20
+service = None
+if mode != "caching":
+    from cudabridge.config import ServiceConfig
+    from cudabridge.service import CudaBridgeService
+    from cudabridge.allocators import torch as cb_torch
+    service = CudaBridgeService(ServiceConfig(backend="cuda", streams_per_gpu=4, high_priority_streams=0))
+    if mode == "ours":
+        cb_torch.install(service)
+    else:   # MemPool: torch's caching above our pool, for this thread's allocations
+        cb_torch.attach(service)
+        part = cb_torch.compiled_part()
+        pluggable = torch.cuda.memory.CUDAPluggableAllocator(part.__file__, cb_torch.ALLOC, cb_torch.FREE)
+        mempool = torch.cuda.MemPool(pluggable.allocator())
+        ctx = torch.cuda.use_mem_pool(mempool)
+        ctx.__enter__()
+    b = service.bind_task(1)
+    service.registry.attach(1)
+    torch.cuda.set_stream(torch.cuda.ExternalStream(b.stream))
+model = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.ReLU(), torch.nn.Linear(4096, 1024)).cuda()
+opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+x = torch.randn(256, 1024, device="cuda")
+def step():
+    opt.zero_grad(set_to_none=True)
+    model(x).square().mean().backward()
+    opt.step()
+for _ in range(5):
+    step()
+torch.cuda.synchronize()
+t0 = time.perf_counter()
+for _ in range(steps):
+    step()
+torch.cuda.synchronize()
+per_step = (time.perf_counter() - t0) / steps * 1e6
+t0 = time.perf_counter()
+for _ in range(pairs):
+    torch.empty(MIB, dtype=torch.uint8, device="cuda")
+torch.cuda.synchronize()
+per_pair = (time.perf_counter() - t0) / pairs * 1e6
+if service is None:
+    reserved = torch.cuda.max_memory_reserved()
+else:
+    reserved = service.memory_pool(0).statistics().peak_reserved_bytes
+print("RESULT " + json.dumps({"step": per_step, "pair": per_pair, "reserved": reserved}))
+"""
+
+
+def torch_rounds(report: Report, rounds: int, steps: int, pairs: int, log: Path) -> None:
+    try:
+        import torch  # noqa: F401
+    except ImportError as exc:
+        report.missing("torch", f"not installed: {exc}")
+        return
+
+    def child(mode: str):
+        def run() -> dict:
+            proc = subprocess.run([sys.executable, "-c", TORCH_CHILD, str(library_path()), mode, str(steps), str(pairs)],
+                                  capture_output=True, text=True, timeout=600)
+            with open(log, "a") as f:
+                f.write(f"--- {mode} rc {proc.returncode}\n{proc.stdout}\n{proc.stderr[-4000:]}\n")
+            lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+            if proc.returncode != 0 or not lines:
+                return {"step": float("nan"), "pair": float("nan"), "reserved": float("nan")}
+            return json.loads(lines[-1][len("RESULT "):])
+        return run
+
+    res = interleave({m: child(m) for m in ("caching", "ours", "mempool")}, rounds=rounds, warmup=0)
+    for what, unit in (("step", "us"), ("pair", "us"), ("reserved", "bytes")):
+        for name in ("caching", "ours", "mempool"):
+            report.values(f"torch {what}: {name}", [r[name][what] for r in res], unit, better="lower")
+        for name in ("ours", "mempool"):
+            report.ratio(f"torch {what}: {name} / caching", [r[name][what] / r["caching"][what] for r in res],
+                         better="lower", note={"step": "target <= 1.1", "reserved": "target <= 1.0"}.get(what, ""))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--pairs", type=int, default=2000)
+    parser.add_argument("--out", default=os.environ.get("OUT", "bench/out"))
+    args = parser.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    report = Report()
+    t = threading.Thread(target=cupy_rounds, args=(report, args.rounds, args.steps, args.pairs))
+    t.start()   # on a thread of its own: it attaches itself to a task, as a task's thread would
+    t.join()
+    torch_rounds(report, args.rounds, args.steps, args.pairs, out / "bench_allocators_torch.log")
+    (out / "bench_allocators.json").write_text(json.dumps({"summary": report.summary(), "argv": sys.argv}, indent=1))
+    print(report.text())
+
+
+if __name__ == "__main__":
+    main()
