@@ -6,6 +6,7 @@ order under the race detector, pointer reuse, statistics."""
 from __future__ import annotations
 
 import gc
+import sys
 import threading
 
 import pytest
@@ -376,3 +377,18 @@ def test_every_librarys_statistics_are_executor_statistics(service, emulated):
     assert len(names) == len(LIBRARIES) * 10
     assert names <= set(totals) and names <= set(BridgeControl.statistics_names())
     del x
+
+
+def test_the_setting_installs_the_plugins_at_the_services_start(emulated, monkeypatch):
+    cp = StandinCupy(emulated)
+    monkeypatch.setitem(sys.modules, "cupy", cp)   # `import cupy` finds the stand-in
+    svc = CudaBridgeService(ServiceConfig(backend="emulated", allocators="cupy"), backend=emulated)
+    try:
+        assert list(svc.library_allocators) == ["cupy"]
+        x = cp.empty(MIB)
+        assert svc.statistics().libraries["cupy"].in_use_bytes == MIB
+        del x
+    finally:
+        svc.close()
+    with pytest.raises(InvalidArgument, match="after its cudabridge allocator was closed"):
+        cp.empty(MIB)   # CuPy outlives the service: refused, typed

@@ -36,6 +36,7 @@ library's allocator interface to a :class:`LibraryAllocator`; the rules live her
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections import deque
 from dataclasses import asdict, dataclass, fields
@@ -47,6 +48,9 @@ from ..errors import InvalidArgument, InvalidFree
 if TYPE_CHECKING:
     from ..memory import Allocation
     from ..task_registry import GpuResources, TaskBinding, TaskRegistry
+
+
+log = logging.getLogger(__name__)
 
 
 class Service(Protocol):
@@ -120,16 +124,21 @@ class LibraryAllocator:
             task = self._registry.task_on_stream(device, stream)
         if task is None:
             a = pool.allocate(size, LEGACY_STREAM if stream is None else stream)
-        else:
-            lease = self._leases.enter(task)   # refused once the task's release has begun
-            try:
-                b: "TaskBinding" = lease.binding
-                if b.gpu != device:
-                    raise InvalidArgument(f"{self.library} asked for memory on GPU {device} on a thread of task {task}, "
-                                          f"which runs on GPU {b.gpu}: make the task's GPU current")
-                a = pool.allocate(size, b.stream if stream is None else stream, owner=task)
-            finally:
-                self._leases.leave(lease)
+            self._count(a, None)
+            return a
+        lease = self._leases.enter(task)   # refused once the task's release has begun
+        try:
+            b: "TaskBinding" = lease.binding
+            if b.gpu != device:
+                raise InvalidArgument(f"{self.library} asked for memory on GPU {device} on a thread of task {task}, "
+                                      f"which runs on GPU {b.gpu}: make the task's GPU current")
+            a = pool.allocate(size, b.stream if stream is None else stream, owner=task)
+            self._count(a, task)   # inside the lease: the release's listener sees it or it never happened
+        finally:
+            self._leases.leave(lease)
+        return a
+
+    def _count(self, a: "Allocation", task: int | None) -> None:
         self._by_owner.setdefault(task, {})[a] = None
         with self._lock:
             self._allocations += 1
@@ -138,7 +147,6 @@ class LibraryAllocator:
             self._in_use += a.size
             if self._in_use > self._peak:
                 self._peak = self._in_use
-        return a
 
     def allocate_pointer(self, size: int, device: int, stream: int | None = None) -> int:
         """:meth:`allocate` for a library that frees by address (:meth:`free_pointer`): the address."""
@@ -204,6 +212,11 @@ class LibraryAllocator:
             except InvalidFree:   # reclaimed at its task's release (or the pool closed): nothing to do
                 if counted:
                     after += 1
+                continue
+            except Exception as exc:   # noqa: BLE001 - a sticky CUDA error, say: the pool keeps it (reclaimed
+                # with its task, or at close); the drain goes on, and the caller's own call is not failed by it
+                log.warning("%s: a queued free of %r failed (%s: %s); the pool keeps it until its task's release "
+                            "or close", self.library, a, type(exc).__name__, exc)
                 continue
             if counted:
                 made += 1
