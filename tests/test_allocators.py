@@ -28,7 +28,7 @@ def _plugins_forgotten():
     yield
     cb_cupy._module = None
     cb_numba._module = cb_numba._allocator = None
-    cb_torch._Target.allocator = None
+    cb_torch.detach()
 
 
 @pytest.fixture
@@ -223,7 +223,7 @@ def torch_standin(service, emulated, tmp_path):
     cb_torch.attach(service)
     part = cb_torch.compiled_part()
     yield StandinTorch(emulated, part, build_caller(tmp_path))
-    cb_torch._Target.allocator = None
+    cb_torch.detach()
 
 
 def test_torch_allocations_go_through_the_compiled_part_on_the_current_stream(service, torch_standin):
@@ -279,7 +279,7 @@ def test_torch_record_stream_orders_the_free_after_that_stream_too(tight_service
     assert pool.statistics().in_use_bytes == 0
     for task in (1, 2, 3):
         service.release_task(task)
-    cb_torch._Target.allocator = None
+    cb_torch.detach()
 
 
 def test_a_failed_torch_allocation_raises_in_torch_and_changes_nothing(service, torch_standin):
@@ -288,6 +288,20 @@ def test_a_failed_torch_allocation_raises_in_torch_and_changes_nothing(service, 
     assert service.library_allocators["torch"].statistics().allocations == 0
     with pytest.raises(RuntimeError, match="record_stream of address"):
         torch_standin.record_stream(type("T", (), {"data_ptr": 0x1234})(), 0)
+    cb_torch.detach()
+    with pytest.raises(RuntimeError, match="not connected to a service"):
+        torch_standin.empty(16)
+
+
+def test_torch_streams_the_pool_does_not_know_are_registered_not_refused(service, emulated, torch_standin):
+    side = emulated.stream_create()   # as torch.cuda.Stream(): from torch's own pool, never destroyed
+    torch_standin.set_stream(side)
+    t = torch_standin.empty(MIB)
+    assert service.memory_pool(0).accepts(side)
+    torch_standin.fill(t, 5)
+    emulated.stream_synchronize(side)
+    del t
+    assert service.library_allocators["torch"].statistics().frees == 1
 
 
 # pointer libraries: a late free never frees someone else's memory ---------------------------------

@@ -26,15 +26,15 @@ LIBRARIES = ("cupy", "torch", "numba", "rmm")
 __all__ = ["LIBRARIES", "LibraryAllocator", "LibraryStatistics", "allocator_for", "install", "statistic_names"]
 
 
-def allocator_for(service: Service, library: str, *, by_stream: bool = False) -> LibraryAllocator:
+def allocator_for(service: Service, library: str, **options: bool) -> LibraryAllocator:
     """The service's allocator for ``library`` (one per service and library, made at the first
-    call; ``by_stream`` as :class:`LibraryAllocator` takes it)."""
+    call with ``options``: ``by_stream``, ``register_streams``, as :class:`LibraryAllocator` takes them)."""
     if library not in LIBRARIES:
         raise InvalidArgument(f"no cudabridge allocator for library {library!r} (known: {', '.join(LIBRARIES)})")
     table = service.library_allocators
     found = table.get(library)
     if found is None:
-        found = table.setdefault(library, LibraryAllocator(service, library, by_stream=by_stream))
+        found = table.setdefault(library, LibraryAllocator(service, library, **options))
     return found
 
 

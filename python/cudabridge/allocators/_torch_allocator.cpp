@@ -21,8 +21,8 @@
  *  - free never throws (torch calls it from destructors): a failure there is written with
  *    PyErr_WriteUnraisable and the memory stays with the pool (reclaimed at its task's release,
  *    or at close);
- *  - the callables are set once, before torch is told of this library, and never cleared while
- *    the process lives (torch may free a tensor during interpreter shutdown).
+ *  - the callables are read and replaced only with the GIL held (connect, disconnect), so a call
+ *    sees one complete set; a call with no set connected fails (alloc) or does nothing (the rest).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -31,7 +31,7 @@
 #include <stdexcept>
 #include <string>
 
-static PyObject *g_alloc, *g_free, *g_record, *g_reset;   // strong references, set by connect()
+static PyObject *g_alloc, *g_free, *g_record, *g_reset;   // strong references, set by connect(); GIL
 
 namespace {
 
@@ -68,7 +68,10 @@ __attribute__((visibility("default"))) void *cb_torch_alloc(size_t size, int dev
         PyGILState_Release(st);
         throw std::runtime_error("cudabridge torch allocator: not connected to a service (cudabridge.allocators.torch.install)");
     }
-    PyObject *r = PyObject_CallFunction(g_alloc, "nin", (Py_ssize_t)size, device, (Py_ssize_t)(uintptr_t)stream);
+    PyObject *fn = g_alloc;
+    Py_INCREF(fn);
+    PyObject *r = PyObject_CallFunction(fn, "nin", (Py_ssize_t)size, device, (Py_ssize_t)(uintptr_t)stream);
+    Py_DECREF(fn);
     void *ptr = nullptr;
     std::string why;
     if (r != nullptr) {
@@ -87,37 +90,67 @@ __attribute__((visibility("default"))) void cb_torch_free(void *ptr, size_t size
     (void)size;
     (void)device;
     (void)stream;   // the allocation knows its stream, and any recorded since
-    if (ptr == nullptr || g_free == nullptr) return;
+    if (ptr == nullptr) return;
     PyGILState_STATE st = PyGILState_Ensure();
-    PyObject *r = PyObject_CallFunction(g_free, "n", (Py_ssize_t)(uintptr_t)ptr);
-    if (r == nullptr) PyErr_WriteUnraisable(g_free);
-    Py_XDECREF(r);
+    if (g_free != nullptr) {
+        PyObject *fn = g_free;
+        Py_INCREF(fn);   // a disconnect inside the call must not free the callable under it
+        PyObject *r = PyObject_CallFunction(fn, "n", (Py_ssize_t)(uintptr_t)ptr);
+        if (r == nullptr) PyErr_WriteUnraisable(fn);
+        Py_XDECREF(r);
+        Py_DECREF(fn);
+    }
     PyGILState_Release(st);
 }
 
 __attribute__((visibility("default"))) void cb_torch_record_stream(void *ptr, void *stream) {
-    if (ptr == nullptr || g_record == nullptr) return;
+    if (ptr == nullptr) return;
     PyGILState_STATE st = PyGILState_Ensure();
-    PyObject *r = PyObject_CallFunction(g_record, "nn", (Py_ssize_t)(uintptr_t)ptr, (Py_ssize_t)(uintptr_t)stream);
     std::string why;
-    if (r == nullptr) why = take_error();
-    Py_XDECREF(r);
+    if (g_record != nullptr) {
+        PyObject *fn = g_record;
+        Py_INCREF(fn);
+        PyObject *r = PyObject_CallFunction(fn, "nn", (Py_ssize_t)(uintptr_t)ptr, (Py_ssize_t)(uintptr_t)stream);
+        if (r == nullptr) why = take_error();
+        Py_XDECREF(r);
+        Py_DECREF(fn);
+    }
     PyGILState_Release(st);
     if (!why.empty()) throw std::runtime_error("cudabridge torch allocator: record_stream: " + why);
 }
 
 __attribute__((visibility("default"))) void cb_torch_reset(void) {
-    if (g_reset == nullptr) return;
     PyGILState_STATE st = PyGILState_Ensure();
-    PyObject *r = PyObject_CallNoArgs(g_reset);
-    if (r == nullptr) PyErr_WriteUnraisable(g_reset);
-    Py_XDECREF(r);
+    if (g_reset != nullptr) {
+        PyObject *fn = g_reset;
+        Py_INCREF(fn);
+        PyObject *r = PyObject_CallNoArgs(fn);
+        if (r == nullptr) PyErr_WriteUnraisable(fn);
+        Py_XDECREF(r);
+        Py_DECREF(fn);
+    }
     PyGILState_Release(st);
 }
 
 }  // extern "C"
 
-// connect(alloc, free, record_stream, reset): the Python side of the four functions, once.
+// Replaces the four callables (GIL held: a call reads them only with the GIL, so it sees the old
+// set or the new one, never a mix); NULLs disconnect.
+static void set_callables(PyObject *a, PyObject *f, PyObject *rs, PyObject *rt) {
+    PyObject *old[4] = {g_alloc, g_free, g_record, g_reset};
+    Py_XINCREF(a);
+    Py_XINCREF(f);
+    Py_XINCREF(rs);
+    Py_XINCREF(rt);
+    g_alloc = a;
+    g_free = f;
+    g_record = rs;
+    g_reset = rt;
+    for (PyObject *o : old) Py_XDECREF(o);
+}
+
+// connect(alloc, free, record_stream, reset): the Python side of the four functions (a later
+// connect replaces an earlier one: torch keeps its allocator for the process, a service may change).
 static PyObject *connect(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *a, *f, *rs, *rt;
@@ -126,18 +159,15 @@ static PyObject *connect(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_TypeError, "connect: four callables");
         return nullptr;
     }
-    if (g_alloc != nullptr) {
-        PyErr_SetString(PyExc_RuntimeError, "connect: connected already (torch keeps one allocator per process)");
-        return nullptr;
-    }
-    Py_INCREF(a);
-    Py_INCREF(f);
-    Py_INCREF(rs);
-    Py_INCREF(rt);
-    g_free = f;
-    g_record = rs;
-    g_reset = rt;
-    g_alloc = a;   // last: a call that sees it sees the others
+    set_callables(a, f, rs, rt);
+    Py_RETURN_NONE;
+}
+
+// disconnect(): allocations fail ("not connected"), frees and hooks do nothing.
+static PyObject *disconnect(PyObject *self, PyObject *unused) {
+    (void)self;
+    (void)unused;
+    set_callables(nullptr, nullptr, nullptr, nullptr);
     Py_RETURN_NONE;
 }
 
@@ -151,7 +181,8 @@ static PyObject *addresses(PyObject *self, PyObject *unused) {
 }
 
 static PyMethodDef methods[] = {
-    {"connect", connect, METH_VARARGS, "connect(alloc, free, record_stream, reset): the Python side, once"},
+    {"connect", connect, METH_VARARGS, "connect(alloc, free, record_stream, reset): the Python side"},
+    {"disconnect", disconnect, METH_NOARGS, "disconnect(): no Python side (allocations fail)"},
     {"addresses", addresses, METH_NOARGS, "addresses() -> dict: the C functions' addresses"},
     {nullptr, nullptr, 0, nullptr},
 };

@@ -43,7 +43,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import TYPE_CHECKING, Any, Mapping, Protocol
 
 from ..device import LEGACY_STREAM
-from ..errors import InvalidArgument, InvalidFree
+from ..errors import InvalidArgument, InvalidFree, UnknownStream
 
 if TYPE_CHECKING:
     from ..memory import Allocation
@@ -90,13 +90,15 @@ class LibraryAllocator:
     ``service``'s pools. Plug-ins build one with :func:`cudabridge.allocators.allocator_for`, which
     keeps one per service and library; :meth:`close` drains and detaches it."""
 
-    def __init__(self, service: Service, library: str, *, by_stream: bool = False) -> None:
+    def __init__(self, service: Service, library: str, *, by_stream: bool = False,
+                 register_streams: bool = False) -> None:
         self.library = library
         self._service = service
         self._registry = service.registry
         self._leases = service.registry.leases
         self._pools = {o: r.memory for o, r in service.gpus.items()}
         self._by_stream = by_stream
+        self._register_streams = register_streams   # a stream the pool does not know is registered, not refused
         self._frees: deque = deque()            # (allocation, counted): appended by free, popped by drain
         self._by_owner: dict[Any, dict] = {}    # task id (None: the executor) -> its live allocations
         self._by_pointer: dict[int, "Allocation"] = {}   # pointer libraries: address -> allocation held
@@ -123,7 +125,7 @@ class LibraryAllocator:
         if task is None and self._by_stream and stream is not None and len(self._leases):
             task = self._registry.task_on_stream(device, stream)
         if task is None:
-            a = pool.allocate(size, LEGACY_STREAM if stream is None else stream)
+            a = self._take(pool, size, LEGACY_STREAM if stream is None else stream, None)
             self._count(a, None)
             return a
         lease = self._leases.enter(task)   # refused once the task's release has begun
@@ -132,11 +134,30 @@ class LibraryAllocator:
             if b.gpu != device:
                 raise InvalidArgument(f"{self.library} asked for memory on GPU {device} on a thread of task {task}, "
                                       f"which runs on GPU {b.gpu}: make the task's GPU current")
-            a = pool.allocate(size, b.stream if stream is None else stream, owner=task)
+            a = self._take(pool, size, b.stream if stream is None else stream, task)
             self._count(a, task)   # inside the lease: the release's listener sees it or it never happened
         finally:
             self._leases.leave(lease)
         return a
+
+    def _take(self, pool: Any, size: int, stream: int, owner: int | None) -> "Allocation":
+        try:
+            return pool.allocate(size, stream, owner)
+        except UnknownStream:
+            if not self._register_streams:
+                raise
+        self._accept(pool, stream)
+        return pool.allocate(size, stream, owner)
+
+    @staticmethod
+    def _accept(pool: Any, stream: int) -> None:
+        """Register ``stream`` with ``pool`` (a plug-in whose library's streams are never destroyed:
+        ``register_streams``); another thread registering it first is no error."""
+        try:
+            pool.register_stream(stream)
+        except InvalidArgument:
+            if not pool.accepts(stream):
+                raise
 
     def _count(self, a: "Allocation", task: int | None) -> None:
         self._by_owner.setdefault(task, {})[a] = None
@@ -187,8 +208,20 @@ class LibraryAllocator:
 
     def record_stream(self, a: "Allocation", stream: int) -> None:
         """Work queued on ``stream`` uses ``a`` too: its free is ordered after that stream as well
-        (PyTorch's ``Tensor.record_stream``). ``stream`` must be one the pool accepts."""
-        a._pool.record_stream(a, stream)
+        (PyTorch's ``Tensor.record_stream``). ``stream`` must be one the pool accepts (or is
+        registered, with ``register_streams``)."""
+        pool = a._pool
+        if self._register_streams and not pool.accepts(stream):
+            self._accept(pool, stream)
+        pool.record_stream(a, stream)
+
+    def record_stream_pointer(self, ptr: int, stream: int) -> None:
+        """:meth:`record_stream` by address, for what :meth:`allocate_pointer` handed out."""
+        a = self._by_pointer.get(ptr)
+        if a is None:
+            raise InvalidFree(f"{self.library}: record_stream of address {ptr:#x}, which its cudabridge allocator "
+                              f"does not hold")
+        self.record_stream(a, stream)
 
     def drain(self) -> int:
         """Make the queued frees in the pool; returns how many were made. Any thread, any time

@@ -40,78 +40,29 @@ from .library_allocator import LibraryAllocator, Service
 ALLOC, FREE = "cb_torch_alloc", "cb_torch_free"
 
 
-class _Target:
-    """What the compiled part's callables reach: the allocator of the service installed last
-    (the part is connected once per process; a later service, as in tests, takes its place)."""
-
-    allocator: LibraryAllocator | None = None
-
-    @classmethod
-    def alloc(cls, size: int, device: int, stream: int) -> int:
-        allocator = cls._open()
-        _accept_stream(allocator, device, stream)
-        return allocator.allocate_pointer(size, device, stream)
-
-    @classmethod
-    def free(cls, ptr: int) -> None:
-        allocator = cls.allocator
-        if allocator is not None:
-            allocator.free_pointer(ptr)
-
-    @classmethod
-    def record_stream(cls, ptr: int, stream: int) -> None:
-        allocator = cls._open()
-        a = allocator._by_pointer.get(ptr)
-        if a is None:
-            raise InvalidArgument(f"record_stream of address {ptr:#x}, which the torch allocator does not hold")
-        _accept_stream(allocator, a.device, stream)
-        allocator.record_stream(a, stream)
-
-    @classmethod
-    def reset(cls) -> None:
-        if cls.allocator is not None:
-            cls.allocator.drain()
-
-    @classmethod
-    def _open(cls) -> LibraryAllocator:
-        allocator = cls.allocator
-        if allocator is None:
-            raise InvalidArgument("torch allocates through cudabridge, but no service is installed "
-                                  "(cudabridge.allocators.torch.install)")
-        return allocator
-
-
-def _accept_stream(allocator: LibraryAllocator, device: int, stream: int) -> None:
-    """Register a stream of PyTorch's with the GPU's pool (module docstring: why it may be)."""
-    pool = allocator._pools.get(device)
-    if pool is None or pool.accepts(stream):
-        return
-    try:
-        pool.register_stream(stream)
-    except InvalidArgument:
-        if not pool.accepts(stream):   # not a race with another thread registering it: a real refusal
-            raise
-
-
 def compiled_part() -> Any:
-    """The compiled part (``cudabridge.allocators._torch_allocator``), connected to this module."""
+    """The compiled part (``cudabridge.allocators._torch_allocator``)."""
     try:
         from . import _torch_allocator as part
     except ImportError as exc:
         raise InvalidArgument(f"the torch allocator's compiled part is not built ({exc}): reinstall "
                               f"spark-cuda-bridge, or python -m cudabridge.memory.build_fastpath") from exc
-    if not getattr(part, "_connected", False):
-        part.connect(_Target.alloc, _Target.free, _Target.record_stream, _Target.reset)
-        part._connected = True
     return part
 
 
 def attach(service: Service) -> LibraryAllocator:
-    """Point the compiled part at ``service``'s torch allocator (without touching torch)."""
-    allocator = allocator_for(service, "torch", by_stream=True)
-    compiled_part()
-    _Target.allocator = allocator
+    """Point the compiled part at ``service``'s torch allocator, without touching torch: its four
+    functions call the allocator's bound methods directly (two Python frames per allocation). The
+    part serves one allocator at a time; a later service's attach takes the place of the last."""
+    allocator = allocator_for(service, "torch", by_stream=True, register_streams=True)
+    compiled_part().connect(allocator.allocate_pointer, allocator.free_pointer, allocator.record_stream_pointer,
+                            allocator.drain)
     return allocator
+
+
+def detach() -> None:
+    """Disconnect the compiled part: allocations through it fail, frees are dropped (tests)."""
+    compiled_part().disconnect()
 
 
 def install(service: Service) -> LibraryAllocator:
