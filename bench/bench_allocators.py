@@ -1,6 +1,9 @@
 """Python GPU libraries on the service's pools against their own (issue 26), in interleaved rounds.
 
-    python bench/bench_allocators.py [--rounds 5] [--steps 30] [--out DIR]     (on a GPU)
+    python bench/bench_allocators.py [--backend cuda|emulated] [--rounds 5] [--steps 30] [--out DIR]
+
+* The plug-ins' own layer, on either backend: the allocation pair through a LibraryAllocator
+  against the pool's own pair, on a task's thread and stream.
 
 * CuPy, in this process: a step of elementwise chains and reductions over 1, 4, 16 and 64 MiB
   arrays (many temporaries) on the task's stream, with CuPy's own memory pool against
@@ -43,6 +46,44 @@ def _service():
     from cudabridge.service import CudaBridgeService
 
     return CudaBridgeService(ServiceConfig(backend="cuda", streams_per_gpu=4, high_priority_streams=0))
+
+
+# the plug-ins' own layer ------------------------------------------------------------------------------
+def layer_rounds(report: Report, backend: str, rounds: int, pairs: int) -> None:
+    """The pair through a LibraryAllocator (the rules every plug-in runs: task lookup, lease,
+    bookkeeping, the queued free and its drain) against the pool's own pair, on a task's thread and
+    stream: what the plug-ins add before any library's own cost. Either backend."""
+    from cudabridge.allocators.library_allocator import LibraryAllocator
+    from cudabridge.config import ServiceConfig
+    from cudabridge.service import CudaBridgeService
+
+    service = CudaBridgeService(ServiceConfig(backend=backend, streams_per_gpu=4, high_priority_streams=0))
+    allocator = LibraryAllocator(service, "cupy")
+    b = service.bind_task(1)
+    service.registry.attach(1)
+    pool = service.memory_pool(0)
+
+    def pool_pair() -> float:
+        t0 = time.perf_counter()
+        for _ in range(pairs):
+            pool.allocate(MIB, b.stream, 1).free()
+        return (time.perf_counter() - t0) / pairs * 1e6
+
+    def plugin_pair() -> float:
+        alloc, free = allocator.allocate, allocator.free
+        t0 = time.perf_counter()
+        for _ in range(pairs):
+            free(alloc(MIB, 0, b.stream))   # the next allocate drains it
+        allocator.drain()
+        return (time.perf_counter() - t0) / pairs * 1e6
+
+    res = interleave({"pool": pool_pair, "plug-in": plugin_pair}, rounds=rounds)
+    report.values_of(res, "pool", "us", better="lower")
+    report.values_of(res, "plug-in", "us", better="lower")
+    report.ratio_of("pair: plug-in / pool", res, "plug-in", "pool", better="lower")
+    service.registry.detach()
+    service.release_task(1)
+    service.close()
 
 
 # CuPy -----------------------------------------------------------------------------------------------
@@ -188,14 +229,22 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--pairs", type=int, default=2000)
     parser.add_argument("--out", default=os.environ.get("OUT", "bench/out"))
+    parser.add_argument("--backend", choices=("cuda", "emulated"), default="cuda",
+                        help="emulated: only the plug-ins' own layer (the libraries need a GPU)")
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     report = Report()
-    t = threading.Thread(target=cupy_rounds, args=(report, args.rounds, args.steps, args.pairs))
-    t.start()   # on a thread of its own: it attaches itself to a task, as a task's thread would
-    t.join()
-    torch_rounds(report, args.rounds, args.steps, args.pairs, out / "bench_allocators_torch.log")
+    # each part on a thread of its own: it attaches itself to a task, as a task's thread would
+    parts = [(layer_rounds, (report, args.backend, args.rounds, args.pairs))]
+    if args.backend == "cuda":
+        parts.append((cupy_rounds, (report, args.rounds, args.steps, args.pairs)))
+    for fn, fn_args in parts:
+        t = threading.Thread(target=fn, args=fn_args)
+        t.start()
+        t.join()
+    if args.backend == "cuda":
+        torch_rounds(report, args.rounds, args.steps, args.pairs, out / "bench_allocators_torch.log")
     (out / "bench_allocators.json").write_text(json.dumps({"summary": report.summary(), "argv": sys.argv}, indent=1))
     print(report.text())
 

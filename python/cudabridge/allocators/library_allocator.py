@@ -39,6 +39,8 @@ from __future__ import annotations
 import logging
 import threading
 from collections import deque
+from itertools import count
+from threading import get_ident
 from dataclasses import asdict, dataclass, fields
 from typing import TYPE_CHECKING, Any, Mapping, Protocol
 
@@ -51,6 +53,11 @@ if TYPE_CHECKING:
 
 
 log = logging.getLogger(__name__)
+
+
+def _read(counter: "count[int]") -> int:
+    """How many numbers an itertools.count has handed out (its repr says the next one)."""
+    return int(repr(counter)[6:-1])
 
 
 class Service(Protocol):
@@ -71,8 +78,8 @@ class LibraryStatistics:
     frees: int                        # frees made in the pool (drained)
     frees_pending: int                # frees the library made that wait for the next drain
     frees_after_reclaim: int          # frees of allocations reclaimed at their task's release: dropped
-    in_use_bytes: int                 # handed out, neither freed nor reclaimed
-    peak_in_use_bytes: int
+    in_use_bytes: int                 # handed out, neither freed nor reclaimed (the pool's peak_in_use_bytes
+                                      # is the executor's peak, every library's and Java's together)
     leaks_reclaimed: int              # allocations still held at their task's release
     leaked_bytes_reclaimed: int
     allocations_set_aside: int        # held back now: their address is one the library still holds
@@ -103,42 +110,69 @@ class LibraryAllocator:
         self._by_owner: dict[Any, dict] = {}    # task id (None: the executor) -> its live allocations
         self._by_pointer: dict[int, "Allocation"] = {}   # pointer libraries: address -> allocation held
         self._set_aside: dict[int, "Allocation"] = {}    # address -> allocation held back for it
-        self._lock = threading.Lock()           # the counters below; held for arithmetic only
-        self._allocations = self._outside = self._frees_made = self._after_reclaim = 0
-        self._in_use = self._peak = self._leaks = self._leaked_bytes = 0
+        # counts: itertools.count objects (one next() is one atomic step; read with _read)
+        self._allocated, self._outside, self._held_back, self._outside_held_back = count(), count(), count(), count()
+        self._frees_made, self._after_reclaim = count(), count()
+        self._lock = threading.Lock()           # the leak totals below (a release at a time)
+        self._leaks = self._leaked_bytes = 0
         self._closed = False
+        self._attached_task = service.registry.attached_task
+        self._lease_of = service.registry.leases.get
         service.registry.on_release(self._task_released)
 
     # allocate ----------------------------------------------------------------------------------
     def allocate(self, size: int, device: int, stream: int | None = None) -> "Allocation":
         """``size`` bytes on GPU ``device`` for the calling thread's task (module docstring: whose,
-        which stream), ordered on ``stream`` (None: the task's stream, else the legacy default)."""
+        which stream), ordered on ``stream`` (None: the task's stream, else the legacy default).
+
+        The task's lease is entered as the registry's own allocate enters it (its protocol: one
+        append, a check, one remove), so that a release either sees the allocation or refuses it."""
         if self._frees:
             self.drain()
-        if self._closed:
-            raise InvalidArgument(f"{self.library} allocation after its cudabridge allocator was closed")
         pool = self._pools.get(device) if device.__class__ is int else None
-        if pool is None:
-            raise InvalidArgument(f"{self.library} asked for memory on GPU {device!r}, which this executor does not "
-                                  f"own (owned: {sorted(self._pools)})")
-        task = self._registry.attached_task()
+        if pool is None or self._closed:
+            raise self._refusal(device)
+        task = self._attached_task()
         if task is None and self._by_stream and stream is not None and len(self._leases):
             task = self._registry.task_on_stream(device, stream)
         if task is None:
             a = self._take(pool, size, LEGACY_STREAM if stream is None else stream, None)
-            self._count(a, None)
+            self._own(a, None)
+            next(self._outside)
+            next(self._allocated)
             return a
-        lease = self._leases.enter(task)   # refused once the task's release has begun
+        lease = self._lease_of(task)
+        if lease is None:
+            raise self._leases.refusal(task, None)
+        inside = lease.inside
+        me = get_ident()
+        inside.append(me)
         try:
+            if not lease.open:
+                raise self._leases.refusal(task, lease)
             b: "TaskBinding" = lease.binding
             if b.gpu != device:
                 raise InvalidArgument(f"{self.library} asked for memory on GPU {device} on a thread of task {task}, "
                                       f"which runs on GPU {b.gpu}: make the task's GPU current")
-            a = self._take(pool, size, b.stream if stream is None else stream, task)
-            self._count(a, task)   # inside the lease: the release's listener sees it or it never happened
+            try:
+                a = pool.allocate(size, b.stream if stream is None else stream, task)
+            except UnknownStream:
+                a = self._take(pool, size, b.stream if stream is None else stream, task)
+            # owned inside the lease: the release's listener sees it, or it never happened
+            owned = self._by_owner.get(task)
+            if owned is None:
+                owned = self._by_owner.setdefault(task, {})
+            owned[a] = None
         finally:
-            self._leases.leave(lease)
+            inside.remove(me)
+        next(self._allocated)
         return a
+
+    def _refusal(self, device: object) -> InvalidArgument:
+        if self._closed:
+            return InvalidArgument(f"{self.library} allocation after its cudabridge allocator was closed")
+        return InvalidArgument(f"{self.library} asked for memory on GPU {device!r}, which this executor does not "
+                               f"own (owned: {sorted(self._pools)})")
 
     def _take(self, pool: Any, size: int, stream: int, owner: int | None) -> "Allocation":
         try:
@@ -159,15 +193,11 @@ class LibraryAllocator:
             if not pool.accepts(stream):
                 raise
 
-    def _count(self, a: "Allocation", task: int | None) -> None:
-        self._by_owner.setdefault(task, {})[a] = None
-        with self._lock:
-            self._allocations += 1
-            if task is None:
-                self._outside += 1
-            self._in_use += a.size
-            if self._in_use > self._peak:
-                self._peak = self._in_use
+    def _own(self, a: "Allocation", task: int | None) -> None:
+        owned = self._by_owner.get(task)
+        if owned is None:
+            owned = self._by_owner.setdefault(task, {})
+        owned[a] = None
 
     def allocate_pointer(self, size: int, device: int, stream: int | None = None) -> int:
         """:meth:`allocate` for a library that frees by address (:meth:`free_pointer`): the address."""
@@ -181,11 +211,9 @@ class LibraryAllocator:
     def _hold_back(self, a: "Allocation") -> None:
         self._by_owner.get(a.owner, {}).pop(a, None)
         self._set_aside[a.ptr] = a
-        with self._lock:
-            self._allocations -= 1
-            if a.owner is None:
-                self._outside -= 1
-            self._in_use -= a.size
+        next(self._held_back)   # not handed out: not one of the allocations
+        if a.owner is None:
+            next(self._outside_held_back)
 
     # free --------------------------------------------------------------------------------------
     def free(self, a: "Allocation") -> None:
@@ -226,25 +254,22 @@ class LibraryAllocator:
     def drain(self) -> int:
         """Make the queued frees in the pool; returns how many were made. Any thread, any time
         outside the pool's own calls (never from a finalizer)."""
-        made = after = 0
-        freed_bytes = 0
-        frees = self._frees
+        made = 0
+        frees, by_owner = self._frees, self._by_owner
         while frees:
             try:
                 a, counted = frees.popleft()
             except IndexError:   # another thread drained it first
                 break
             if counted:
-                owned = self._by_owner.get(a.owner)
+                owned = by_owner.get(a.owner)
                 if owned is not None:
                     owned.pop(a, None)
             try:
-                if not a.alive:
-                    raise InvalidFree("reclaimed")
-                a._pool.free(a)
+                a._pool.free(a)   # refuses (InvalidFree) an allocation reclaimed or closed meanwhile
             except InvalidFree:   # reclaimed at its task's release (or the pool closed): nothing to do
                 if counted:
-                    after += 1
+                    next(self._after_reclaim)
                 continue
             except Exception as exc:   # noqa: BLE001 - a sticky CUDA error, say: the pool keeps it (reclaimed
                 # with its task, or at close); the drain goes on, and the caller's own call is not failed by it
@@ -252,13 +277,8 @@ class LibraryAllocator:
                             "or close", self.library, a, type(exc).__name__, exc)
                 continue
             if counted:
+                next(self._frees_made)
                 made += 1
-                freed_bytes += a.size
-        if made or after:
-            with self._lock:
-                self._frees_made += made
-                self._after_reclaim += after
-                self._in_use -= freed_bytes
         return made
 
     # tasks ---------------------------------------------------------------------------------------
@@ -270,25 +290,30 @@ class LibraryAllocator:
         held = self._by_owner.pop(binding.task_id, None)
         if not held:
             return
-        count = nbytes = 0
+        leaks = nbytes = 0
         for a in list(held):
             if a.alive:
-                count += 1
+                leaks += 1
                 nbytes += a.size
         with self._lock:
-            self._leaks += count
+            self._leaks += leaks
             self._leaked_bytes += nbytes
-            self._in_use -= nbytes
 
     # reading -------------------------------------------------------------------------------------
     def statistics(self) -> LibraryStatistics:
+        """Drains first. ``in_use_bytes`` is summed over the live allocations (O(live), at each read
+        rather than on each allocation)."""
         self.drain()
+        in_use = sum(a.size for owned in list(self._by_owner.values()) for a in list(owned) if a.alive)
         with self._lock:
-            return LibraryStatistics(
-                allocations=self._allocations, allocations_outside_tasks=self._outside, frees=self._frees_made,
-                frees_pending=len(self._frees), frees_after_reclaim=self._after_reclaim, in_use_bytes=self._in_use,
-                peak_in_use_bytes=self._peak, leaks_reclaimed=self._leaks, leaked_bytes_reclaimed=self._leaked_bytes,
-                allocations_set_aside=len(self._set_aside))
+            leaks, leaked_bytes = self._leaks, self._leaked_bytes
+        held_back = _read(self._held_back)
+        return LibraryStatistics(
+            allocations=_read(self._allocated) - held_back,
+            allocations_outside_tasks=_read(self._outside) - _read(self._outside_held_back),
+            frees=_read(self._frees_made), frees_pending=len(self._frees), frees_after_reclaim=_read(self._after_reclaim),
+            in_use_bytes=in_use, leaks_reclaimed=leaks, leaked_bytes_reclaimed=leaked_bytes,
+            allocations_set_aside=len(self._set_aside))
 
     @property
     def closed(self) -> bool:

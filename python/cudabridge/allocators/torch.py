@@ -21,7 +21,7 @@ What PyTorch gives up under a pluggable allocator: its caching (each tensor is o
 pool's own free lists take that role), and its statistics, which raise there
 (``torch.cuda.memory_stats``, ``memory_allocated``, ``max_memory_allocated``,
 ``reset_peak_memory_stats``, ``memory_snapshot``): read the service's instead
-(``allocator_torch_in_use_bytes``, ``allocator_torch_peak_in_use_bytes`` and the pool's, in
+(``allocator_torch_in_use_bytes``, and the pool's ``peak_in_use_bytes`` for the executor's peak, in
 ``service.statistics()`` and the executor's metrics). ``torch.cuda.MemPool(allocator)`` would keep
 torch's caching above our pool for one thread's allocations; docs/allocators.md says why the
 global swap is the default.
