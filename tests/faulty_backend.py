@@ -159,3 +159,22 @@ def from_env(backend: Any) -> "FaultyBackend":
 
         faulty.copy_to_device_async = copy_to_device_async  # type: ignore[method-assign]
     return faulty
+
+
+def slow_event_queries(backend: Any) -> "FaultyBackend":
+    """For the ``backend_wrapper`` test setting (``faulty_backend:slow_event_queries``): every
+    ``event_query`` first sleeps 2 ms, as a busy device's query can take a while. ``time.sleep`` drops the GIL, as any Python the emulated
+    driver runs may: a C path that made a driver call while holding a mutex that threads holding
+    the GIL also take would deadlock here (StagingDriverCallTest)."""
+    import time
+
+    faulty = FaultyBackend(backend)
+    pause = 0.002
+    inner_query = backend.event_query
+
+    def event_query(event: int) -> bool:
+        time.sleep(pause)
+        return inner_query(event)
+
+    faulty.event_query = event_query  # type: ignore[method-assign]
+    return faulty

@@ -23,11 +23,15 @@
  *    counted lost, and the GPU's sticky error is what follows in practice;
  *  - every field below the mutex changes only with it held; the GIL is not needed (the JNI side
  *    calls take and give without it);
- *  - no driver call is made with the mutex held by a thread without the GIL: the events are all
- *    made at enable (staging_gpu_events), and the calls under the mutex (the quick take's
- *    cuEventQuery, close's waits) come from threads that hold the GIL. A driver whose entry points
- *    take the GIL (the emulated device's, device/emulated_driver.py) would otherwise deadlock with
- *    a thread that holds the GIL and waits for the mutex (a quick copy's take or give);
+ *  - no driver call is ever made with the mutex held, and the mutex is held only for a few loads
+ *    and stores: threads that hold the GIL lock it (a quick copy's take and give, the statistics),
+ *    and a driver whose entry points run Python (the emulated device's, device/emulated_driver.py)
+ *    may drop the GIL inside any call, so a driver call under the mutex could leave the mutex
+ *    held by a thread waiting for the GIL while the GIL's holder waits for the mutex. The events
+ *    are all made at enable (staging_gpu_events); the quick take takes its slot out of the FIFO
+ *    (counted held) before it queries the slot's event, outside the mutex, and puts it back at the
+ *    head if it is busy; close takes the events out under the mutex and waits for and destroys
+ *    them after it;
  *  - once closed (at shutdown, with no slot held) a GPU's slots are never taken again, so their
  *    memory may go; the struct itself lives as long as the hot path's C twin (a copy may still be
  *    about to lock it).
@@ -117,18 +121,25 @@ static int staging_gpu_close(const cb_driver *d, cb_staging_gpu *s) {
         pthread_mutex_unlock(&s->mu);
         return 0;
     }
-    if (!s->closed) {
+    cb_CUevent events[CB_STAGING_POOL_MAX];
+    int busy[CB_STAGING_POOL_MAX];
+    int n = 0;
+    if (!s->closed) {   /* the events out under the mutex; their waits and destruction after it */
         s->closed = 1;
         for (int i = 0; i < s->n; i++) {
             if (s->event[i] == NULL) continue;
-            if (s->busy[i]) d->cuEventSynchronize(s->event[i]);
-            d->cuEventDestroy(s->event[i]);
+            events[n] = s->event[i];
+            busy[n++] = s->busy[i];
             s->event[i] = NULL;
             s->busy[i] = 0;
         }
     }
     pthread_cond_broadcast(&s->cv);   /* waiters give up: closed */
     pthread_mutex_unlock(&s->mu);
+    for (int k = 0; k < n; k++) {
+        if (busy[k]) d->cuEventSynchronize(events[k]);
+        d->cuEventDestroy(events[k]);
+    }
     return 1;
 }
 
@@ -149,6 +160,13 @@ static int staging_pop(cb_staging_gpu *s) {
 
 static void staging_push(cb_staging_gpu *s, int i) {
     s->fifo[(s->head + s->nfree) % s->n] = i;
+    s->nfree++;
+}
+
+/* Puts slot i back first in line (it was taken from the head and is wanted again at once). */
+static void staging_push_head(cb_staging_gpu *s, int i) {
+    s->head = (s->head + s->n - 1) % s->n;
+    s->fifo[s->head] = i;
     s->nfree++;
 }
 
@@ -184,17 +202,30 @@ static int staging_take_gpu(const cb_driver *d, cb_staging_gpu *s, int gpu, int 
         return 0;
     }
     if (quick) {   /* one slot, free and idle now, its event made already: else the caller's other path */
-        int taken = 0;
-        if (s->nfree > 0) {
-            int i = s->fifo[s->head];
-            if (s->event[i] != NULL && (!s->busy[i] || d->cuEventQuery(s->event[i]) == CB_CUDA_SUCCESS)) {
-                s->busy[i] = 0;
-                taken = staging_fill(s, gpu, 1, out);
-                if (taken == 1) s->quick++;
-            }
+        if (s->nfree == 0 || s->event[s->fifo[s->head]] == NULL) {
+            pthread_mutex_unlock(&s->mu);
+            return 0;
         }
+        int i = staging_pop(s);   /* out of the FIFO and counted held (close waits) while its event is asked */
+        s->held++;
+        cb_CUevent ev = s->event[i];
+        int busy = s->busy[i];
         pthread_mutex_unlock(&s->mu);
-        return taken < 0 ? 0 : taken;
+        int idle = !busy || d->cuEventQuery(ev) == CB_CUDA_SUCCESS;
+        pthread_mutex_lock(&s->mu);
+        s->held--;
+        if (!idle) {   /* back where it was, the oldest */
+            staging_push_head(s, i);
+            pthread_cond_broadcast(&s->cv);   /* a waiter that found none meanwhile: there is one again */
+            pthread_mutex_unlock(&s->mu);
+            return 0;
+        }
+        s->busy[i] = 0;
+        staging_push_head(s, i);
+        int taken = staging_fill(s, gpu, 1, out);   /* takes the head: slot i */
+        if (taken == 1) s->quick++;
+        pthread_mutex_unlock(&s->mu);
+        return taken;
     }
     if (s->nfree == 0) {
         double start = staging_now(), deadline = start + s->wait_s;
