@@ -5,7 +5,7 @@ why this backend). ``pip wheel .``, ``python -m build`` and ``pip install .`` al
 Besides the Python package it builds, as required parts, into the package's ``_native/``
 directory (the wheel's, or the source tree's for an editable install):
 
-* the service's three C extensions (``cudabridge/memory/native.py`` lists them): a failed compile
+* the service's four C extensions and the allocator plug-ins' compiled part (``cudabridge/memory/native.py`` lists them): a failed compile
   fails the build with the compiler's message. ``CUDABRIDGE_NATIVE_FAST_PATH=0`` in the build's
   environment is the one, explicit, opt-out: none is built, and the service runs their Python
   twins and says so (a WARN line at start, ``c_paths_missing`` in its statistics);

@@ -14,7 +14,7 @@ from standin_libraries import StandinCupy, StandinNumbaCuda, StandinRmm
 from standin_torch import StandinTorch, build_caller
 
 from cudabridge.allocators import LIBRARIES, cupy as cb_cupy, numba as cb_numba, rmm as cb_rmm, torch as cb_torch
-from cudabridge.allocators import LibraryStatistics, statistic_names
+from cudabridge.allocators import LibraryAllocator, LibraryStatistics, statistic_names
 from cudabridge.config import ServiceConfig
 from cudabridge.errors import InvalidArgument, InvalidFree, StreamOrderRace, UnknownStream, UnknownTask
 from cudabridge.service import CudaBridgeService
@@ -31,19 +31,34 @@ def _plugins_forgotten():
     cb_torch.detach()
 
 
+@pytest.fixture(params=["native", "python"])
+def twin(request):
+    """Every test on both twins of the allocation path: the C one (_library_core.c) and its
+    Python reference (LibraryAllocator's methods)."""
+    return request.param
+
+
+def _with_allocators(svc, twin):
+    """The service's library allocators made first, on the twin under test (install() then finds them)."""
+    for library in LIBRARIES:
+        options = {"by_stream": True, "register_streams": True} if library == "torch" else {}
+        svc.library_allocators[library] = LibraryAllocator(svc, library, fast_path=twin, **options)
+    return svc
+
+
 @pytest.fixture
-def service(emulated):
+def service(emulated, twin):
     svc = CudaBridgeService(ServiceConfig(backend="emulated", streams_per_gpu=4, high_priority_streams=0), backend=emulated)
-    yield svc
+    yield _with_allocators(svc, twin)
     svc.close()
 
 
 @pytest.fixture
-def tight_service(emulated):
+def tight_service(emulated, twin):
     """A pool of one 2 MiB chunk: a second 2 MiB allocation must reuse the first's block."""
     svc = CudaBridgeService(ServiceConfig(backend="emulated", streams_per_gpu=4, high_priority_streams=0,
                                           pool_limit="2m"), backend=emulated)
-    yield svc
+    yield _with_allocators(svc, twin)
     svc.close()
 
 
@@ -378,7 +393,8 @@ def test_the_setting_names_only_known_libraries_and_an_absent_library_stops_the_
         CudaBridgeService(ServiceConfig(backend="emulated", allocators="cupy"), backend=emulated)
 
 
-def test_every_librarys_statistics_are_executor_statistics(service, emulated):
+def test_every_librarys_statistics_are_executor_statistics(service, emulated, twin):
+    assert service.library_allocators["cupy"].fast_path == twin
     from cudabridge.jvm.control import BridgeControl
 
     cp, _ = _cupy(service, emulated)

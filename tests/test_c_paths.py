@@ -1,4 +1,4 @@
-"""The service's three C paths are required parts of an install (setup.py builds them): here they
+"""The service's C paths are required parts of an install (setup.py builds them): here they
 must all load, so that the differential and interruption tests that skip without them never skip
 silently. Switched off at run time, the service runs their Python twins and says so: a WARN line
 at start and ``c_paths_missing`` in its statistics (the opt-out build: test_wheel_install.py)."""
@@ -25,7 +25,7 @@ def test_every_c_path_setup_py_builds_has_its_source():
         assert (native.PACKAGE_DIR / c_path.source).is_file(), module
 
 
-@pytest.mark.parametrize("value, missing", [("0", 3), ("1", 0)])
+@pytest.mark.parametrize("value, missing", [("0", len(native.EXTENSIONS)), ("1", 0)])
 def test_the_service_says_when_it_runs_without_its_c_paths(value, missing):
     code = ("import logging; logging.basicConfig(level=logging.WARNING, format='%(levelname)s %(message)s'); "
             "from cudabridge import CudaBridgeService, ServiceConfig; "

@@ -170,6 +170,11 @@ class TaskLeases:
         self.get = self._by_id.get
 
     # reading -----------------------------------------------------------------------------------
+    @property
+    def table(self) -> dict[int, TaskLease]:
+        """Task id -> lease: the protocol's table itself, for the C twins that look leases up."""
+        return self._by_id
+
     def __contains__(self, task_id: object) -> bool:
         return task_id in self._by_id
 
@@ -370,6 +375,12 @@ class TaskRegistry:
 
     def detach(self) -> None:
         self._local.task = None
+
+    @property
+    def attachments(self) -> threading.local:
+        """The thread-local attachment (``attach``; its ``task``): read by the C twins that act
+        for the calling thread's task (the registry's own, the library allocators')."""
+        return self._local
 
     def attached_task(self) -> int | None:
         """The task the calling thread is attached to (:meth:`attach`), or None; never raises."""

@@ -45,6 +45,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import TYPE_CHECKING, Any, Mapping, Protocol
 
 from ..device import LEGACY_STREAM
+from ..memory.native import load as load_native
 from ..errors import InvalidArgument, InvalidFree, UnknownStream
 
 if TYPE_CHECKING:
@@ -98,7 +99,7 @@ class LibraryAllocator:
     keeps one per service and library; :meth:`close` drains and detaches it."""
 
     def __init__(self, service: Service, library: str, *, by_stream: bool = False,
-                 register_streams: bool = False) -> None:
+                 register_streams: bool = False, fast_path: str = "auto") -> None:
         self.library = library
         self._service = service
         self._registry = service.registry
@@ -119,6 +120,31 @@ class LibraryAllocator:
         self._attached_task = service.registry.attached_task
         self._lease_of = service.registry.leases.get
         service.registry.on_release(self._task_released)
+        # the C twin of allocate and allocate_pointer (_library_core.c) where it is built; these
+        # methods stay its reference, which it hands every call it does not take
+        self._core = None
+        if fast_path not in ("auto", "native", "python"):
+            raise InvalidArgument(f"fast_path={fast_path!r}: expected auto, native or python")
+        core = load_native("cudabridge.allocators._library_core") if fast_path != "python" else None
+        if core is None and fast_path == "native":
+            raise InvalidArgument("fast_path='native': the library allocators' C twin is not built here")
+        if core is not None:
+            cls = type(self)
+            self._core = core.LibraryCore(
+                pool_allocate={o: p.allocate for o, p in self._pools.items()}, leases=self._leases.table,
+                local=service.registry.attachments, by_owner=self._by_owner, by_pointer=self._by_pointer,
+                frees=self._frees, allocated=self._allocated, allocate_ref=cls.allocate.__get__(self, cls),
+                pointer_ref=cls.allocate_pointer.__get__(self, cls), hold_back=self._hold_back,
+                unknown_stream=UnknownStream, invalid_free=InvalidFree, frees_made=self._frees_made,
+                after_reclaim=self._after_reclaim, drain_ref=cls.drain.__get__(self, cls))
+            self.allocate = self._core.allocate                   # type: ignore[method-assign]
+            self.allocate_pointer = self._core.allocate_pointer   # type: ignore[method-assign]
+            self.drain = self._core.drain                         # type: ignore[method-assign]
+
+    @property
+    def fast_path(self) -> str:
+        """"native" (the C twin) or "python"."""
+        return "python" if self._core is None else "native"
 
     # allocate ----------------------------------------------------------------------------------
     def allocate(self, size: int, device: int, stream: int | None = None) -> "Allocation":
@@ -323,4 +349,6 @@ class LibraryAllocator:
         """Make the queued frees and refuse further allocations (frees are still taken: a library
         drops its memory later); the service calls it before it closes its pools. Idempotent."""
         self._closed = True
+        if self._core is not None:
+            self._core.close()
         self.drain()

@@ -1,4 +1,4 @@
-"""``python -m cudabridge.memory.build_fastpath [--force]``: compile the service's three C
+"""``python -m cudabridge.memory.build_fastpath [--force]``: compile the service's four C
 extensions and the allocator plug-ins' compiled parts in place with gcc and g++ (no setuptools),
 for a machine with a compiler and a Python but no package index; an install builds them with
 setup.py."""

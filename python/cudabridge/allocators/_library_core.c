@@ -1,0 +1,427 @@
+/*
+ * _library_core.c: the C twin of LibraryAllocator's allocation (library_allocator.py), so that a
+ * library's allocation reaches the pool's C fast path with no Python frame between: PyTorch's
+ * compiled part calls allocate_pointer here straight from C++, CuPy's callable calls allocate.
+ *
+ * The Python methods are the reference: this twin takes the common case (a thread attached to a
+ * bound task, on its GPU, no frees queued, a stream the pool accepts) and hands every other call,
+ * as it stands, to the reference, which then does everything (drains, the executor's allocations,
+ * refusals, stream registration). A call the twin began and then hands over has changed nothing:
+ * the task's lease is left and no allocation was made before it does.
+ *
+ * Invariants (as the reference's):
+ *  - the task's lease is entered as the registry's protocol says (one append of the thread's
+ *    ident to lease.inside, then the open check, one remove at the end), and the allocation is
+ *    recorded as the task's before the lease is left: a release either sees it or refused it;
+ *  - an address the library still holds is never handed out again (allocate_pointer: the
+ *    reference's hold-back runs for such an allocation);
+ *  - the GIL is held throughout; no lock is taken here.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <pythread.h>
+#include <string.h>
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *pool_allocate;   /* dict: GPU ordinal -> that pool's bound allocate */
+    PyObject *leases;          /* dict: task id -> lease (TaskLeases' table) */
+    PyObject *local;           /* the registry's threading.local (attach) */
+    PyObject *by_owner;        /* dict: task id -> {allocation: None} */
+    PyObject *by_pointer;      /* dict: address -> allocation the library holds */
+    PyObject *frees;           /* the deque of queued frees */
+    PyObject *allocated;       /* itertools.count of allocations handed out */
+    PyObject *allocate_ref;    /* the reference allocate (bound) */
+    PyObject *pointer_ref;     /* the reference allocate_pointer (bound) */
+    PyObject *hold_back;       /* the reference's _hold_back (bound) */
+    PyObject *unknown_stream;  /* errors.UnknownStream: the pool's refusal the reference may answer */
+    PyObject *invalid_free;    /* errors.InvalidFree: a queued free of memory reclaimed meanwhile */
+    PyObject *frees_made;      /* itertools.count of frees made */
+    PyObject *after_reclaim;   /* itertools.count of frees of reclaimed memory, dropped */
+    PyObject *drain_ref;       /* the reference drain (bound): a free that fails otherwise goes there */
+    int closed;
+} LibraryCore;
+
+static PyObject *s_dict, *s_task, *s_inside, *s_open, *s_binding, *s_ptr, *s_owner, *s_pool, *s_free,
+    *s_popleft, *s_appendleft;
+
+static int core_traverse(LibraryCore *self, visitproc visit, void *arg) {
+    Py_VISIT(self->pool_allocate); Py_VISIT(self->leases); Py_VISIT(self->local); Py_VISIT(self->by_owner);
+    Py_VISIT(self->by_pointer); Py_VISIT(self->frees); Py_VISIT(self->allocated); Py_VISIT(self->allocate_ref);
+    Py_VISIT(self->pointer_ref); Py_VISIT(self->hold_back); Py_VISIT(self->unknown_stream);
+    Py_VISIT(self->invalid_free); Py_VISIT(self->frees_made); Py_VISIT(self->after_reclaim); Py_VISIT(self->drain_ref);
+    return 0;
+}
+
+static int core_clear(LibraryCore *self) {
+    Py_CLEAR(self->pool_allocate); Py_CLEAR(self->leases); Py_CLEAR(self->local); Py_CLEAR(self->by_owner);
+    Py_CLEAR(self->by_pointer); Py_CLEAR(self->frees); Py_CLEAR(self->allocated); Py_CLEAR(self->allocate_ref);
+    Py_CLEAR(self->pointer_ref); Py_CLEAR(self->hold_back); Py_CLEAR(self->unknown_stream);
+    Py_CLEAR(self->invalid_free); Py_CLEAR(self->frees_made); Py_CLEAR(self->after_reclaim); Py_CLEAR(self->drain_ref);
+    return 0;
+}
+
+static void core_dealloc(LibraryCore *self) {
+    PyObject_GC_UnTrack(self);
+    core_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int core_init(LibraryCore *self, PyObject *args, PyObject *kwds) {
+    static char *kw[] = {"pool_allocate", "leases", "local", "by_owner", "by_pointer", "frees", "allocated",
+                         "allocate_ref", "pointer_ref", "hold_back", "unknown_stream", "invalid_free", "frees_made",
+                         "after_reclaim", "drain_ref", NULL};
+    PyObject *pa, *le, *lo, *bo, *bp, *fr, *al, *ar, *pr, *hb, *us, *inf, *fm, *afr, *dr;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!O!OO!O!OOOOOOOOOO", kw, &PyDict_Type, &pa, &PyDict_Type, &le,
+                                     &lo, &PyDict_Type, &bo, &PyDict_Type, &bp, &fr, &al, &ar, &pr, &hb, &us, &inf, &fm,
+                                     &afr, &dr))
+        return -1;
+#define TAKE(field, v) do { Py_INCREF(v); Py_XSETREF(self->field, v); } while (0)
+    TAKE(pool_allocate, pa); TAKE(leases, le); TAKE(local, lo); TAKE(by_owner, bo); TAKE(by_pointer, bp);
+    TAKE(frees, fr); TAKE(allocated, al); TAKE(allocate_ref, ar); TAKE(pointer_ref, pr); TAKE(hold_back, hb);
+    TAKE(unknown_stream, us); TAKE(invalid_free, inf); TAKE(frees_made, fm); TAKE(after_reclaim, afr);
+    TAKE(drain_ref, dr);
+#undef TAKE
+    self->closed = 0;
+    return 0;
+}
+
+/* The calling thread's task (borrowed; NULL: none, no error set), or NULL with an error. */
+static PyObject *attached_task(LibraryCore *self, int *failed) {
+    *failed = 0;
+    PyObject *d = PyObject_GetAttr(self->local, s_dict);
+    if (d == NULL) {
+        *failed = 1;
+        return NULL;
+    }
+    PyObject *task = PyDict_GetItemWithError(d, s_task);   /* borrowed: the dict keeps it while we hold d */
+    if (task == NULL && PyErr_Occurred()) *failed = 1;
+    Py_XINCREF(task);
+    Py_DECREF(d);
+    if (task == Py_None) {
+        Py_DECREF(task);
+        return NULL;
+    }
+    return task;   /* new reference */
+}
+
+/* Removes the last `me` from `inside` (the lease protocol's one remove). */
+static int leave(PyObject *inside, PyObject *me) {
+    for (Py_ssize_t i = PyList_GET_SIZE(inside) - 1; i >= 0; i--) {
+        int eq = PyObject_RichCompareBool(PyList_GET_ITEM(inside, i), me, Py_EQ);
+        if (eq < 0) return -1;
+        if (eq) return PyList_SetSlice(inside, i, i + 1, NULL);
+    }
+    PyErr_SetString(PyExc_RuntimeError, "library allocator: the thread's lease entry is gone");
+    return -1;
+}
+
+static int count_one(PyObject *counter) {
+    PyObject *n = PyIter_Next(counter);
+    if (n == NULL) return -1;
+    Py_DECREF(n);
+    return 0;
+}
+
+/* drain() -> int: LibraryAllocator.drain. Each queued (allocation, counted) is freed in the pool
+ * (the pool's free refuses, with InvalidFree, one reclaimed meanwhile: counted when `counted`,
+ * dropped); a free that fails otherwise is put back first in the queue and the reference drain
+ * takes over from there (it logs it and goes on). */
+static PyObject *core_drain(LibraryCore *self, PyObject *unused) {
+    (void)unused;
+    long made = 0;
+    for (;;) {
+        Py_ssize_t queued = PyObject_Size(self->frees);
+        if (queued < 0) return NULL;
+        if (queued == 0) break;
+        PyObject *item = PyObject_CallMethodNoArgs(self->frees, s_popleft);
+        if (item == NULL) {
+            if (PyErr_ExceptionMatches(PyExc_IndexError)) {   /* another thread drained it first */
+                PyErr_Clear();
+                break;
+            }
+            return NULL;
+        }
+        if (!PyTuple_CheckExact(item) || PyTuple_GET_SIZE(item) != 2) {
+            Py_DECREF(item);
+            PyErr_SetString(PyExc_TypeError, "library allocator: a queued free is not (allocation, counted)");
+            return NULL;
+        }
+        PyObject *a = PyTuple_GET_ITEM(item, 0);
+        int counted = PyObject_IsTrue(PyTuple_GET_ITEM(item, 1));
+        if (counted == 1) {
+            PyObject *owner = PyObject_GetAttr(a, s_owner);
+            PyObject *owned = owner == NULL ? NULL : PyDict_GetItemWithError(self->by_owner, owner);
+            Py_XDECREF(owner);
+            if (owned != NULL && PyDict_Check(owned) && PyDict_DelItem(owned, a) < 0) {
+                if (!PyErr_ExceptionMatches(PyExc_KeyError)) {
+                    Py_DECREF(item);
+                    return NULL;
+                }
+            }
+            PyErr_Clear();
+        }
+        PyObject *pool = PyObject_GetAttr(a, s_pool);
+        PyObject *r = pool == NULL ? NULL : PyObject_CallMethodOneArg(pool, s_free, a);
+        Py_XDECREF(pool);
+        if (r == NULL) {
+            if (PyErr_ExceptionMatches(self->invalid_free)) {   /* reclaimed at its task's release, or closed */
+                PyErr_Clear();
+                if (counted == 1 && count_one(self->after_reclaim) < 0) {
+                    Py_DECREF(item);
+                    return NULL;
+                }
+                Py_DECREF(item);
+                continue;
+            }
+            PyErr_Clear();   /* the reference logs it: back first in line, and the rest is its */
+            PyObject *back = PyObject_CallMethodOneArg(self->frees, s_appendleft, item);
+            Py_DECREF(item);
+            if (back == NULL) return NULL;
+            Py_DECREF(back);
+            PyObject *rest = PyObject_CallNoArgs(self->drain_ref);
+            if (rest == NULL) return NULL;
+            long more = PyLong_AsLong(rest);
+            Py_DECREF(rest);
+            return PyLong_FromLong(made + (more > 0 ? more : 0));
+        }
+        Py_DECREF(r);
+        if (counted == 1) {
+            if (count_one(self->frees_made) < 0) {
+                Py_DECREF(item);
+                return NULL;
+            }
+            made++;
+        }
+        Py_DECREF(item);
+    }
+    return PyLong_FromLong(made);
+}
+
+#define HAND_OVER 2   /* not taken here: the reference does the whole call */
+
+/* The common case; 0 with *out set, HAND_OVER (nothing changed), or -1 with an error (the pool's). */
+static int allocate_common(LibraryCore *self, PyObject *size, PyObject *device, PyObject *stream, PyObject **out) {
+    if (self->closed || !PyLong_CheckExact(device)) return HAND_OVER;
+    Py_ssize_t queued = PyObject_Size(self->frees);
+    if (queued != 0) {   /* frees to make first */
+        PyObject *made = queued < 0 ? NULL : core_drain(self, NULL);
+        if (made == NULL) {
+            PyErr_Clear();
+            return HAND_OVER;   /* the reference drains and says what failed */
+        }
+        Py_DECREF(made);
+    }
+    PyObject *pool_allocate = PyDict_GetItemWithError(self->pool_allocate, device);
+    if (pool_allocate == NULL) {
+        if (PyErr_Occurred()) PyErr_Clear();
+        return HAND_OVER;
+    }
+    int failed;
+    PyObject *task = attached_task(self, &failed);
+    if (task == NULL) {
+        if (failed) PyErr_Clear();
+        return HAND_OVER;   /* the executor's allocation, or a stream-named task: the reference */
+    }
+    int rc = HAND_OVER;
+    PyObject *lease = PyDict_GetItemWithError(self->leases, task);   /* borrowed */
+    PyObject *inside = NULL, *me = NULL, *binding = NULL, *a = NULL;
+    if (lease == NULL) {
+        if (PyErr_Occurred()) PyErr_Clear();
+        goto done;
+    }
+    Py_INCREF(lease);
+    inside = PyObject_GetAttr(lease, s_inside);
+    if (inside == NULL || !PyList_CheckExact(inside)) {
+        PyErr_Clear();
+        goto done;
+    }
+    me = PyLong_FromUnsignedLong(PyThread_get_thread_ident());
+    if (me == NULL || PyList_Append(inside, me) < 0) {
+        PyErr_Clear();
+        Py_CLEAR(me);
+        goto done;
+    }
+    /* inside the lease from here: every way out leaves it */
+    PyObject *open = PyObject_GetAttr(lease, s_open);
+    int is_open = open == NULL ? -1 : PyObject_IsTrue(open);
+    Py_XDECREF(open);
+    binding = is_open == 1 ? PyObject_GetAttr(lease, s_binding) : NULL;
+    if (binding == NULL || !PyTuple_Check(binding) || PyTuple_GET_SIZE(binding) < 4) {
+        PyErr_Clear();   /* refused (its release has begun) or not as expected: the reference says why */
+        goto leave_lease;
+    }
+    int same_gpu = PyObject_RichCompareBool(PyTuple_GET_ITEM(binding, 1), device, Py_EQ);
+    if (same_gpu != 1) {
+        PyErr_Clear();
+        goto leave_lease;
+    }
+    PyObject *on = stream == NULL || stream == Py_None ? PyTuple_GET_ITEM(binding, 3) : stream;
+    PyObject *argv[3] = {size, on, task};
+    a = PyObject_Vectorcall(pool_allocate, argv, 3, NULL);
+    if (a == NULL) {
+        /* a stream the pool does not know goes to the reference (which may register it); the
+         * pool's other refusals (size, out of memory) are the call's own */
+        if (PyErr_ExceptionMatches(self->unknown_stream)) {
+            PyErr_Clear();
+            rc = HAND_OVER;
+        } else {
+            rc = -1;
+        }
+        goto leave_lease;
+    }
+    PyObject *owned = PyDict_GetItemWithError(self->by_owner, task);   /* borrowed */
+    if (owned == NULL && !PyErr_Occurred()) {   /* the task's first: its dict (setdefault: one step) */
+        PyObject *fresh = PyDict_New();
+        owned = fresh == NULL ? NULL : PyDict_SetDefault(self->by_owner, task, fresh);
+        Py_XDECREF(fresh);
+    }
+    if (owned == NULL || PyDict_SetItem(owned, a, Py_None) < 0) {
+        rc = -1;   /* out of memory: the allocation goes back below */
+        goto leave_lease;
+    }
+    rc = 0;
+leave_lease:
+    if (leave(inside, me) < 0 && rc != -1) rc = -1;
+    if (rc == 0) {
+        PyObject *n = PyIter_Next(self->allocated);
+        if (n == NULL) {
+            rc = -1;
+        } else {
+            Py_DECREF(n);
+            *out = a;
+            a = NULL;
+        }
+    }
+    if (a != NULL) {   /* made but not handed out (an error after it): freed again at once */
+        PyObject *t, *v, *tb;
+        PyErr_Fetch(&t, &v, &tb);
+        PyObject *r = PyObject_CallMethod(a, "free", NULL);
+        Py_XDECREF(r);
+        PyErr_Clear();
+        PyErr_Restore(t, v, tb);
+        Py_DECREF(a);
+    }
+done:
+    Py_XDECREF(binding);
+    Py_XDECREF(me);
+    Py_XDECREF(inside);
+    Py_XDECREF(lease);
+    Py_DECREF(task);
+    return rc;
+}
+
+static int parse(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, PyObject **size, PyObject **device,
+                 PyObject **stream) {
+    if (kwnames != NULL || nargs < 2 || nargs > 3) return 0;
+    *size = args[0];
+    *device = args[1];
+    *stream = nargs == 3 ? args[2] : NULL;
+    return 1;
+}
+
+/* allocate(size, device, stream=None) -> Allocation: LibraryAllocator.allocate. */
+static PyObject *core_allocate(LibraryCore *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    PyObject *size, *device, *stream, *a = NULL;
+    if (parse(args, nargs, kwnames, &size, &device, &stream)) {
+        int rc = allocate_common(self, size, device, stream, &a);
+        if (rc == 0) return a;
+        if (rc < 0) return NULL;
+    }
+    return PyObject_Vectorcall(self->allocate_ref, args, nargsf, kwnames);
+}
+
+/* allocate_pointer(size, device, stream=None) -> int: LibraryAllocator.allocate_pointer. */
+static PyObject *core_allocate_pointer(LibraryCore *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    PyObject *size, *device, *stream, *a = NULL;
+    if (!parse(args, nargs, kwnames, &size, &device, &stream)) return PyObject_Vectorcall(self->pointer_ref, args, nargsf, kwnames);
+    int rc = allocate_common(self, size, device, stream, &a);
+    if (rc < 0) return NULL;
+    if (rc == HAND_OVER) return PyObject_Vectorcall(self->pointer_ref, args, nargsf, kwnames);
+    PyObject *ptr = PyObject_GetAttr(a, s_ptr);
+    int held = ptr == NULL ? -1 : PyDict_Contains(self->by_pointer, ptr);
+    if (held == 0 && PyDict_SetItem(self->by_pointer, ptr, a) < 0) held = -1;
+    if (held != 0) {   /* an address the library still holds (or an error): the reference's loop does it */
+        PyObject *t = NULL, *v = NULL, *tb = NULL;
+        if (held < 0) PyErr_Fetch(&t, &v, &tb);
+        PyObject *r = PyObject_CallOneArg(self->hold_back, a);
+        Py_XDECREF(r);
+        Py_DECREF(a);
+        Py_XDECREF(ptr);
+        if (held < 0) {
+            if (r != NULL) PyErr_Restore(t, v, tb);
+            else {
+                Py_XDECREF(t);
+                Py_XDECREF(v);
+                Py_XDECREF(tb);
+            }
+            return NULL;
+        }
+        if (r == NULL) return NULL;
+        return PyObject_Vectorcall(self->pointer_ref, args, nargsf, kwnames);
+    }
+    Py_DECREF(a);
+    return ptr;
+}
+
+static PyObject *core_close(LibraryCore *self, PyObject *unused) {
+    (void)unused;
+    self->closed = 1;   /* every later call goes to the reference, which refuses it */
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef core_methods[] = {
+    {"allocate", (PyCFunction)(void (*)(void))core_allocate, METH_FASTCALL | METH_KEYWORDS,
+     "allocate(size, device, stream=None) -> Allocation (LibraryAllocator.allocate)"},
+    {"allocate_pointer", (PyCFunction)(void (*)(void))core_allocate_pointer, METH_FASTCALL | METH_KEYWORDS,
+     "allocate_pointer(size, device, stream=None) -> int (LibraryAllocator.allocate_pointer)"},
+    {"drain", (PyCFunction)core_drain, METH_NOARGS, "drain() -> int (LibraryAllocator.drain)"},
+    {"close", (PyCFunction)core_close, METH_NOARGS, "close(): every later call goes to the reference"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject LibraryCoreType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "cudabridge.allocators._library_core.LibraryCore",
+    .tp_basicsize = sizeof(LibraryCore),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "LibraryAllocator's allocation in C (its Python methods are the reference)",
+    .tp_traverse = (traverseproc)core_traverse,
+    .tp_clear = (inquiry)core_clear,
+    .tp_dealloc = (destructor)core_dealloc,
+    .tp_init = (initproc)core_init,
+    .tp_new = PyType_GenericNew,
+    .tp_methods = core_methods,
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_library_core",
+                                    "the C twin of cudabridge.allocators' LibraryAllocator allocation", -1, NULL};
+
+PyMODINIT_FUNC PyInit__library_core(void) {
+    s_dict = PyUnicode_InternFromString("__dict__");
+    s_task = PyUnicode_InternFromString("task");
+    s_inside = PyUnicode_InternFromString("inside");
+    s_open = PyUnicode_InternFromString("open");
+    s_binding = PyUnicode_InternFromString("binding");
+    s_ptr = PyUnicode_InternFromString("ptr");
+    s_owner = PyUnicode_InternFromString("owner");
+    s_pool = PyUnicode_InternFromString("_pool");
+    s_free = PyUnicode_InternFromString("free");
+    s_popleft = PyUnicode_InternFromString("popleft");
+    s_appendleft = PyUnicode_InternFromString("appendleft");
+    if (!s_dict || !s_task || !s_inside || !s_open || !s_binding || !s_ptr || !s_owner || !s_pool || !s_free ||
+        !s_popleft || !s_appendleft)
+        return NULL;
+    if (PyType_Ready(&LibraryCoreType) < 0) return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL) return NULL;
+    Py_INCREF(&LibraryCoreType);
+    if (PyModule_AddObject(m, "LibraryCore", (PyObject *)&LibraryCoreType) < 0) {
+        Py_DECREF(&LibraryCoreType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
