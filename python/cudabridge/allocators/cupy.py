@@ -15,8 +15,15 @@ is registered with the GPU's pool (``service.memory_pool(gpu).register_stream(s.
 Each allocation is a ``cupy.cuda.UnownedMemory`` whose owner frees it (queued: safe in CuPy's
 ``__dealloc__`` on any thread) when CuPy drops the memory: the free is tied to the allocation
 itself, not to its address, so a late free of memory reclaimed at its task's release is counted
-and dropped. A Python callable, not ``CFunctionAllocator``: the callable keeps that identity,
-which a C function given only the address cannot; what each costs is in bench/RESULTS.md.
+and dropped.
+
+A Python callable, not ``cupy.cuda.memory.CFunctionAllocator``, although the C route would save
+the callable's frame: CuPy gives a C ``malloc`` no way to fail. ``CFunctionAllocatorMemory``
+stores whatever address it returns (``self.ptr = _call_malloc(...)``, cupy/cuda/memory.pyx), so
+an allocation the pool refuses (out of memory, a task being released, a stream it does not know)
+would become an array at address 0 with an exception left pending, not an error at the call;
+and its free names only the address. The callable raises CuPy's caller a typed error. What it
+costs against CuPy's own pool pair is measured by bench/bench_allocators.py.
 """
 
 from __future__ import annotations
