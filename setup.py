@@ -72,8 +72,9 @@ class BuildExtAndBridge(build_ext):
 
     @staticmethod
     def _preflight() -> None:
-        """What every native part needs, named before anything compiles: a C compiler and a
-        Python built with a shared libpython (which the JVM loads)."""
+        """What every native part needs, named before anything compiles: a C compiler (and a C++
+        one for the torch allocator's part) and a Python built with a shared libpython (which the
+        JVM loads)."""
         import shlex
         import shutil
         import sysconfig
@@ -82,6 +83,11 @@ class BuildExtAndBridge(build_ext):
         if shutil.which(shlex.split(cc)[0]) is None:
             raise SystemExit(f"spark-cuda-bridge: no C compiler: {cc!r} is not found (install gcc, or set CC); the "
                              f"C extensions and the bridge library are required parts of this package")
+        cxx = os.environ.get("CXX") or sysconfig.get_config_var("CXX") or "g++"
+        if c_paths.supported()[0] and shutil.which(shlex.split(cxx)[0]) is None:
+            raise SystemExit(f"spark-cuda-bridge: no C++ compiler: {cxx!r} is not found (install g++, or set CXX); "
+                             f"the torch allocator's part (cudabridge/allocators/_torch_allocator.cpp) is built with "
+                             f"the C extensions")
         try:
             bridge_build.libpython()
         except bridge_build.BuildError as exc:
