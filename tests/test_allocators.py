@@ -422,3 +422,45 @@ def test_the_setting_installs_the_plugins_at_the_services_start(emulated, monkey
         svc.close()
     with pytest.raises(InvalidArgument, match="after its cudabridge allocator was closed"):
         cp.empty(MIB)   # CuPy outlives the service: refused, typed
+
+
+@pytest.mark.parametrize("size, device, stream", [
+    (0, 0, None), (-1, 0, None), (True, 0, None), (1.5, 0, None), ("1m", 0, None), (1 << 50, 0, None),
+    (MIB, 7, None), (MIB, True, None), (MIB, 0.0, None), (MIB, 0, "s"), (MIB, 0, 0xDEAD0), (MIB, 0, True),
+], ids=lambda v: repr(v))
+def test_bad_input_gets_the_same_typed_error_from_both_twins_and_changes_nothing(emulated, size, device, stream):
+    svc = CudaBridgeService(ServiceConfig(backend="emulated", streams_per_gpu=2, high_priority_streams=0),
+                            backend=emulated)
+    try:
+        svc.bind_task(1)
+        svc.registry.attach(1)
+        seen = []
+        for fast_path in ("native", "python"):
+            allocator = LibraryAllocator(svc, f"cupy", fast_path=fast_path)
+            for call in (allocator.allocate, allocator.allocate_pointer):
+                with pytest.raises(Exception) as info:
+                    call(size, device, stream)
+                seen.append((type(info.value), str(info.value)))
+                assert isinstance(info.value, InvalidArgument), info.value
+            s = allocator.statistics()
+            assert (s.allocations, s.in_use_bytes, s.allocations_set_aside) == (0, 0, 0)
+        assert len(set(seen)) == 1, seen
+        assert svc.memory_pool(0).statistics().in_use_bytes == 0
+    finally:
+        svc.registry.detach()
+        svc.close()
+
+
+def test_frees_after_the_service_closed_are_counted_quietly(emulated, twin, caplog):
+    """CuPy arrays that outlive the service (dropped at interpreter exit, say): their memory went
+    back with the pools at close; their frees are counted as after reclaim, with no warning."""
+    svc = CudaBridgeService(ServiceConfig(backend="emulated", streams_per_gpu=2, high_priority_streams=0),
+                            backend=emulated)
+    cp, allocator = _cupy(_with_allocators(svc, twin), emulated)
+    kept = [cp.empty(MIB) for _ in range(3)]
+    svc.close()
+    with caplog.at_level("WARNING", logger="cudabridge.allocators.library_allocator"):
+        del kept
+        s = allocator.statistics()
+    assert (s.frees, s.frees_after_reclaim, s.frees_pending) == (0, 3, 0)
+    assert not [r for r in caplog.records if r.name.startswith("cudabridge.allocators")]

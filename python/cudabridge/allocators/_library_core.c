@@ -35,7 +35,8 @@ typedef struct {
     PyObject *pointer_ref;     /* the reference allocate_pointer (bound) */
     PyObject *hold_back;       /* the reference's _hold_back (bound) */
     PyObject *unknown_stream;  /* errors.UnknownStream: the pool's refusal the reference may answer */
-    PyObject *invalid_free;    /* errors.InvalidFree: a queued free of memory reclaimed meanwhile */
+    PyObject *invalid_free;    /* (errors.InvalidFree, errors.PoolClosed): a queued free of memory reclaimed
+                                * meanwhile, at its task's release or at the pool's close */
     PyObject *frees_made;      /* itertools.count of frees made */
     PyObject *after_reclaim;   /* itertools.count of frees of reclaimed memory, dropped */
     PyObject *drain_ref;       /* the reference drain (bound): a free that fails otherwise goes there */
@@ -165,7 +166,7 @@ static PyObject *core_drain(LibraryCore *self, PyObject *unused) {
         PyObject *r = pool == NULL ? NULL : PyObject_CallMethodOneArg(pool, s_free, a);
         Py_XDECREF(pool);
         if (r == NULL) {
-            if (PyErr_ExceptionMatches(self->invalid_free)) {   /* reclaimed at its task's release, or closed */
+            if (PyErr_ExceptionMatches(self->invalid_free)) {   /* reclaimed at its task's release, or at close */
                 PyErr_Clear();
                 if (counted == 1 && count_one(self->after_reclaim) < 0) {
                     Py_DECREF(item);

@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Protocol
 
 from ..device import LEGACY_STREAM
 from ..memory.native import load as load_native
-from ..errors import InvalidArgument, InvalidFree, UnknownStream
+from ..errors import InvalidArgument, InvalidFree, PoolClosed, UnknownStream
 
 if TYPE_CHECKING:
     from ..memory import Allocation
@@ -135,7 +135,7 @@ class LibraryAllocator:
                 local=service.registry.attachments, by_owner=self._by_owner, by_pointer=self._by_pointer,
                 frees=self._frees, allocated=self._allocated, allocate_ref=cls.allocate.__get__(self, cls),
                 pointer_ref=cls.allocate_pointer.__get__(self, cls), hold_back=self._hold_back,
-                unknown_stream=UnknownStream, invalid_free=InvalidFree, frees_made=self._frees_made,
+                unknown_stream=UnknownStream, invalid_free=(InvalidFree, PoolClosed), frees_made=self._frees_made,
                 after_reclaim=self._after_reclaim, drain_ref=cls.drain.__get__(self, cls))
             self.allocate = self._core.allocate                   # type: ignore[method-assign]
             self.allocate_pointer = self._core.allocate_pointer   # type: ignore[method-assign]
@@ -292,8 +292,8 @@ class LibraryAllocator:
                 if owned is not None:
                     owned.pop(a, None)
             try:
-                a._pool.free(a)   # refuses (InvalidFree) an allocation reclaimed or closed meanwhile
-            except InvalidFree:   # reclaimed at its task's release (or the pool closed): nothing to do
+                a._pool.free(a)   # refuses an allocation reclaimed meanwhile (InvalidFree) or closed (PoolClosed)
+            except (InvalidFree, PoolClosed):   # reclaimed at its task's release, or at close: nothing to do
                 if counted:
                     next(self._after_reclaim)
                 continue
