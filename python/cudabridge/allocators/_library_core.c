@@ -107,7 +107,7 @@ static PyObject *attached_task(LibraryCore *self, int *failed) {
 }
 
 /* Removes the last `me` from `inside` (the lease protocol's one remove). */
-static int leave(PyObject *inside, PyObject *me) {
+static int inside_remove(PyObject *inside, PyObject *me) {
     for (Py_ssize_t i = PyList_GET_SIZE(inside) - 1; i >= 0; i--) {
         int eq = PyObject_RichCompareBool(PyList_GET_ITEM(inside, i), me, Py_EQ);
         if (eq < 0) return -1;
@@ -283,7 +283,7 @@ static int allocate_common(LibraryCore *self, PyObject *size, PyObject *device, 
     }
     rc = 0;
 leave_lease:
-    if (leave(inside, me) < 0 && rc != -1) rc = -1;
+    if (inside_remove(inside, me) < 0 && rc != -1) rc = -1;
     if (rc == 0) {
         PyObject *n = PyIter_Next(self->allocated);
         if (n == NULL) {
