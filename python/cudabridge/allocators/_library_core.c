@@ -43,8 +43,8 @@ typedef struct {
     int closed;
 } LibraryCore;
 
-static PyObject *s_dict, *s_task, *s_inside, *s_open, *s_binding, *s_ptr, *s_owner, *s_pool, *s_free,
-    *s_popleft, *s_appendleft;
+static PyObject *name_dict, *name_task, *name_inside, *name_open, *name_binding, *name_ptr, *name_owner, *name_pool, *name_free,
+    *name_popleft, *name_appendleft;
 
 static int core_traverse(LibraryCore *self, visitproc visit, void *arg) {
     Py_VISIT(self->pool_allocate); Py_VISIT(self->leases); Py_VISIT(self->local); Py_VISIT(self->by_owner);
@@ -77,12 +77,12 @@ static int core_init(LibraryCore *self, PyObject *args, PyObject *kwds) {
                                      &lo, &PyDict_Type, &bo, &PyDict_Type, &bp, &fr, &al, &ar, &pr, &hb, &us, &inf, &fm,
                                      &afr, &dr))
         return -1;
-#define TAKE(field, v) do { Py_INCREF(v); Py_XSETREF(self->field, v); } while (0)
-    TAKE(pool_allocate, pa); TAKE(leases, le); TAKE(local, lo); TAKE(by_owner, bo); TAKE(by_pointer, bp);
-    TAKE(frees, fr); TAKE(allocated, al); TAKE(allocate_ref, ar); TAKE(pointer_ref, pr); TAKE(hold_back, hb);
-    TAKE(unknown_stream, us); TAKE(invalid_free, inf); TAKE(frees_made, fm); TAKE(after_reclaim, afr);
-    TAKE(drain_ref, dr);
-#undef TAKE
+#define KEEP(field, v) do { Py_INCREF(v); Py_XSETREF(self->field, v); } while (0)
+    KEEP(pool_allocate, pa); KEEP(leases, le); KEEP(local, lo); KEEP(by_owner, bo); KEEP(by_pointer, bp);
+    KEEP(frees, fr); KEEP(allocated, al); KEEP(allocate_ref, ar); KEEP(pointer_ref, pr); KEEP(hold_back, hb);
+    KEEP(unknown_stream, us); KEEP(invalid_free, inf); KEEP(frees_made, fm); KEEP(after_reclaim, afr);
+    KEEP(drain_ref, dr);
+#undef KEEP
     self->closed = 0;
     return 0;
 }
@@ -90,12 +90,12 @@ static int core_init(LibraryCore *self, PyObject *args, PyObject *kwds) {
 /* The calling thread's task (borrowed; NULL: none, no error set), or NULL with an error. */
 static PyObject *attached_task(LibraryCore *self, int *failed) {
     *failed = 0;
-    PyObject *d = PyObject_GetAttr(self->local, s_dict);
+    PyObject *d = PyObject_GetAttr(self->local, name_dict);
     if (d == NULL) {
         *failed = 1;
         return NULL;
     }
-    PyObject *task = PyDict_GetItemWithError(d, s_task);   /* borrowed: the dict keeps it while we hold d */
+    PyObject *task = PyDict_GetItemWithError(d, name_task);   /* borrowed: the dict keeps it while we hold d */
     if (task == NULL && PyErr_Occurred()) *failed = 1;
     Py_XINCREF(task);
     Py_DECREF(d);
@@ -135,7 +135,7 @@ static PyObject *core_drain(LibraryCore *self, PyObject *unused) {
         Py_ssize_t queued = PyObject_Size(self->frees);
         if (queued < 0) return NULL;
         if (queued == 0) break;
-        PyObject *item = PyObject_CallMethodNoArgs(self->frees, s_popleft);
+        PyObject *item = PyObject_CallMethodNoArgs(self->frees, name_popleft);
         if (item == NULL) {
             if (PyErr_ExceptionMatches(PyExc_IndexError)) {   /* another thread drained it first */
                 PyErr_Clear();
@@ -151,7 +151,7 @@ static PyObject *core_drain(LibraryCore *self, PyObject *unused) {
         PyObject *a = PyTuple_GET_ITEM(item, 0);
         int counted = PyObject_IsTrue(PyTuple_GET_ITEM(item, 1));
         if (counted == 1) {
-            PyObject *owner = PyObject_GetAttr(a, s_owner);
+            PyObject *owner = PyObject_GetAttr(a, name_owner);
             PyObject *owned = owner == NULL ? NULL : PyDict_GetItemWithError(self->by_owner, owner);
             Py_XDECREF(owner);
             if (owned != NULL && PyDict_Check(owned) && PyDict_DelItem(owned, a) < 0) {
@@ -162,8 +162,8 @@ static PyObject *core_drain(LibraryCore *self, PyObject *unused) {
             }
             PyErr_Clear();
         }
-        PyObject *pool = PyObject_GetAttr(a, s_pool);
-        PyObject *r = pool == NULL ? NULL : PyObject_CallMethodOneArg(pool, s_free, a);
+        PyObject *pool = PyObject_GetAttr(a, name_pool);
+        PyObject *r = pool == NULL ? NULL : PyObject_CallMethodOneArg(pool, name_free, a);
         Py_XDECREF(pool);
         if (r == NULL) {
             if (PyErr_ExceptionMatches(self->invalid_free)) {   /* reclaimed at its task's release, or at close */
@@ -176,7 +176,7 @@ static PyObject *core_drain(LibraryCore *self, PyObject *unused) {
                 continue;
             }
             PyErr_Clear();   /* the reference logs it: back first in line, and the rest is its */
-            PyObject *back = PyObject_CallMethodOneArg(self->frees, s_appendleft, item);
+            PyObject *back = PyObject_CallMethodOneArg(self->frees, name_appendleft, item);
             Py_DECREF(item);
             if (back == NULL) return NULL;
             Py_DECREF(back);
@@ -232,7 +232,7 @@ static int allocate_common(LibraryCore *self, PyObject *size, PyObject *device, 
         goto done;
     }
     Py_INCREF(lease);
-    inside = PyObject_GetAttr(lease, s_inside);
+    inside = PyObject_GetAttr(lease, name_inside);
     if (inside == NULL || !PyList_CheckExact(inside)) {
         PyErr_Clear();
         goto done;
@@ -244,10 +244,10 @@ static int allocate_common(LibraryCore *self, PyObject *size, PyObject *device, 
         goto done;
     }
     /* inside the lease from here: every way out leaves it */
-    PyObject *open = PyObject_GetAttr(lease, s_open);
+    PyObject *open = PyObject_GetAttr(lease, name_open);
     int is_open = open == NULL ? -1 : PyObject_IsTrue(open);
     Py_XDECREF(open);
-    binding = is_open == 1 ? PyObject_GetAttr(lease, s_binding) : NULL;
+    binding = is_open == 1 ? PyObject_GetAttr(lease, name_binding) : NULL;
     if (binding == NULL || !PyTuple_Check(binding) || PyTuple_GET_SIZE(binding) < 4) {
         PyErr_Clear();   /* refused (its release has begun) or not as expected: the reference says why */
         goto leave_lease;
@@ -341,7 +341,7 @@ static PyObject *core_allocate_pointer(LibraryCore *self, PyObject *const *args,
     int rc = allocate_common(self, size, device, stream, &a);
     if (rc < 0) return NULL;
     if (rc == HAND_OVER) return PyObject_Vectorcall(self->pointer_ref, args, nargsf, kwnames);
-    PyObject *ptr = PyObject_GetAttr(a, s_ptr);
+    PyObject *ptr = PyObject_GetAttr(a, name_ptr);
     int held = ptr == NULL ? -1 : PyDict_Contains(self->by_pointer, ptr);
     if (held == 0 && PyDict_SetItem(self->by_pointer, ptr, a) < 0) held = -1;
     if (held != 0) {   /* an address the library still holds (or an error): the reference's loop does it */
@@ -397,26 +397,26 @@ static PyTypeObject LibraryCoreType = {
     .tp_methods = core_methods,
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_library_core",
+static struct PyModuleDef library_core_module = {PyModuleDef_HEAD_INIT, "_library_core",
                                     "the C twin of cudabridge.allocators' LibraryAllocator allocation", -1, NULL};
 
 PyMODINIT_FUNC PyInit__library_core(void) {
-    s_dict = PyUnicode_InternFromString("__dict__");
-    s_task = PyUnicode_InternFromString("task");
-    s_inside = PyUnicode_InternFromString("inside");
-    s_open = PyUnicode_InternFromString("open");
-    s_binding = PyUnicode_InternFromString("binding");
-    s_ptr = PyUnicode_InternFromString("ptr");
-    s_owner = PyUnicode_InternFromString("owner");
-    s_pool = PyUnicode_InternFromString("_pool");
-    s_free = PyUnicode_InternFromString("free");
-    s_popleft = PyUnicode_InternFromString("popleft");
-    s_appendleft = PyUnicode_InternFromString("appendleft");
-    if (!s_dict || !s_task || !s_inside || !s_open || !s_binding || !s_ptr || !s_owner || !s_pool || !s_free ||
-        !s_popleft || !s_appendleft)
+    name_dict = PyUnicode_InternFromString("__dict__");
+    name_task = PyUnicode_InternFromString("task");
+    name_inside = PyUnicode_InternFromString("inside");
+    name_open = PyUnicode_InternFromString("open");
+    name_binding = PyUnicode_InternFromString("binding");
+    name_ptr = PyUnicode_InternFromString("ptr");
+    name_owner = PyUnicode_InternFromString("owner");
+    name_pool = PyUnicode_InternFromString("_pool");
+    name_free = PyUnicode_InternFromString("free");
+    name_popleft = PyUnicode_InternFromString("popleft");
+    name_appendleft = PyUnicode_InternFromString("appendleft");
+    if (!name_dict || !name_task || !name_inside || !name_open || !name_binding || !name_ptr || !name_owner || !name_pool || !name_free ||
+        !name_popleft || !name_appendleft)
         return NULL;
     if (PyType_Ready(&LibraryCoreType) < 0) return NULL;
-    PyObject *m = PyModule_Create(&module);
+    PyObject *m = PyModule_Create(&library_core_module);
     if (m == NULL) return NULL;
     Py_INCREF(&LibraryCoreType);
     if (PyModule_AddObject(m, "LibraryCore", (PyObject *)&LibraryCoreType) < 0) {

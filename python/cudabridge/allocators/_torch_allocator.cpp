@@ -180,15 +180,15 @@ static PyObject *addresses(PyObject *self, PyObject *unused) {
                          (Py_ssize_t)(uintptr_t)&cb_torch_record_stream, "reset", (Py_ssize_t)(uintptr_t)&cb_torch_reset);
 }
 
-static PyMethodDef methods[] = {
+static PyMethodDef torch_allocator_methods[] = {
     {"connect", connect, METH_VARARGS, "connect(alloc, free, record_stream, reset): the Python side"},
     {"disconnect", disconnect, METH_NOARGS, "disconnect(): no Python side (allocations fail)"},
     {"addresses", addresses, METH_NOARGS, "addresses() -> dict: the C functions' addresses"},
     {nullptr, nullptr, 0, nullptr},
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_torch_allocator",
-                                    "PyTorch's pluggable allocator functions over cudabridge's pools", -1, methods,
+static struct PyModuleDef torch_allocator_module = {PyModuleDef_HEAD_INIT, "_torch_allocator",
+                                    "PyTorch's pluggable allocator functions over cudabridge's pools", -1, torch_allocator_methods,
                                     nullptr, nullptr, nullptr, nullptr};
 
-PyMODINIT_FUNC PyInit__torch_allocator(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__torch_allocator(void) { return PyModule_Create(&torch_allocator_module); }
