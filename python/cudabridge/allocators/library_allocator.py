@@ -101,7 +101,6 @@ class LibraryAllocator:
     def __init__(self, service: Service, library: str, *, by_stream: bool = False,
                  register_streams: bool = False, fast_path: str = "auto") -> None:
         self.library = library
-        self._service = service
         self._registry = service.registry
         self._leases = service.registry.leases
         self._pools = {o: r.memory for o, r in service.gpus.items()}
@@ -180,15 +179,8 @@ class LibraryAllocator:
             if b.gpu != device:
                 raise InvalidArgument(f"{self.library} asked for memory on GPU {device} on a thread of task {task}, "
                                       f"which runs on GPU {b.gpu}: make the task's GPU current")
-            try:
-                a = pool.allocate(size, b.stream if stream is None else stream, task)
-            except UnknownStream:
-                a = self._take(pool, size, b.stream if stream is None else stream, task)
-            # owned inside the lease: the release's listener sees it, or it never happened
-            owned = self._by_owner.get(task)
-            if owned is None:
-                owned = self._by_owner.setdefault(task, {})
-            owned[a] = None
+            a = self._take(pool, size, b.stream if stream is None else stream, task)
+            self._own(a, task)   # inside the lease: the release's listener sees it, or it never happened
         finally:
             inside.remove(me)
         next(self._allocated)
