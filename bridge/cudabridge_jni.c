@@ -32,6 +32,7 @@
  *   hot_calls.h       the hot path's natives: allocate, free, bind, release, launch, ...
  *   copies.h          copies between heap arrays, direct buffers or addresses and the device
  *   pinned_buffers.h  page-locked direct ByteBuffers
+ *   function_calls.h  Python functions called for a task (org.cudabridge.PythonFunction)
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -73,3 +74,4 @@
 #include "hot_calls.h"
 #include "copies.h"
 #include "pinned_buffers.h"
+#include "function_calls.h"

@@ -26,7 +26,7 @@ static atomic_long g_states_created, g_states_deleted;
 static PyObject *m_stream, *m_allocate, *m_free, *m_free_many, *m_copy_in, *m_copy_out,
     *m_copy_in_direct, *m_copy_out_direct, *m_copy_device, *m_memset, *m_sync, *m_alloc_pinned,
     *m_free_pinned, *m_ping, *m_thread_exit, *m_bind,
-    *m_release, *m_release_many, *m_launch, *m_copy_in_address, *m_copy_out_address, *f_error_info;
+    *m_release, *m_release_many, *m_launch, *m_copy_in_address, *m_copy_out_address, *m_call_function, *f_error_info;
 /* The C twin's entry points (JavaHotPath.native_api), or NULL: launches then call m_launch. The
  * capsule is kept (never released) so the HotCore it holds outlives every call. */
 static const cb_native_api *g_api;
@@ -47,14 +47,35 @@ typedef struct {
     PyObject_HEAD
     char *buf;
     Py_ssize_t len;
+    Py_ssize_t exports;   /* buffers handed out and not released (the GIL guards it) */
 } HostMemory;
 
 static PyTypeObject *t_host_memory;
 
 static int host_memory_getbuffer(PyObject *self, Py_buffer *view, int flags) {
     HostMemory *h = (HostMemory *)self;
-    return PyBuffer_FillInfo(view, self, h->buf, h->len, 0 /* writable */, flags);
+    int rc = PyBuffer_FillInfo(view, self, h->buf, h->len, 0 /* writable */, flags);
+    if (rc == 0) h->exports++;
+    return rc;
 }
+
+static void host_memory_releasebuffer(PyObject *self, Py_buffer *view) {
+    (void)view;
+    ((HostMemory *)self)->exports--;
+}
+
+/* `exports`: how many buffers of it are held now. A memoryview made from another shares its
+ * export, so a view handed to a function is released after the call and then this must read 0,
+ * or the function kept something over memory that is Java's (jvm/function_calls.py). */
+static PyObject *host_memory_exports(PyObject *self, void *closure) {
+    (void)closure;
+    return PyLong_FromSsize_t(((HostMemory *)self)->exports);
+}
+
+static PyGetSetDef host_memory_getset[] = {
+    {"exports", host_memory_exports, NULL, "buffers of this memory held now", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
 
 /* A heap type's instances hold a reference to their type (PyObject_New took it): drop it. */
 static void host_memory_dealloc(PyObject *self) {
@@ -65,6 +86,8 @@ static void host_memory_dealloc(PyObject *self) {
 
 static PyType_Slot host_memory_slots[] = {
     {Py_bf_getbuffer, (void *)host_memory_getbuffer},
+    {Py_bf_releasebuffer, (void *)host_memory_releasebuffer},
+    {Py_tp_getset, (void *)host_memory_getset},
     {Py_tp_dealloc, (void *)host_memory_dealloc},
     {0, NULL},
 };
@@ -79,6 +102,7 @@ static PyObject *host_view(char *buf, size_t len) {
     if (h == NULL) return NULL;
     h->buf = buf;
     h->len = (Py_ssize_t)len;
+    h->exports = 0;
     PyObject *mv = PyMemoryView_FromObject((PyObject *)h);
     Py_DECREF(h); /* the view keeps it */
     return mv;

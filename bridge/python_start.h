@@ -470,7 +470,8 @@ static char *run_bootstrap(JNIEnv *env, jobjectArray pythonpath, const char *lib
              cache_method(hot, "ping", &m_ping) ||
              cache_method(hot, "thread_exit", &m_thread_exit) || cache_method(hot, "launch", &m_launch) ||
              cache_method(hot, "copy_in_address", &m_copy_in_address) ||
-             cache_method(hot, "copy_out_address", &m_copy_out_address);
+             cache_method(hot, "copy_out_address", &m_copy_out_address) ||
+             cache_method(hot, "call_function", &m_call_function);
     if (rc == 0) {
         PyObject *api = PyObject_GetAttrString(hot, "native_api");
         if (api == NULL) {

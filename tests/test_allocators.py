@@ -10,7 +10,7 @@ import sys
 import threading
 
 import pytest
-from standin_libraries import StandinCupy, StandinNumbaCuda, StandinRmm
+from standin_libraries import StandinArray, StandinCupy, StandinNumbaCuda, StandinRmm
 from standin_torch import StandinTorch, build_caller
 
 from cudabridge.allocators import LIBRARIES, cupy as cb_cupy, numba as cb_numba, rmm as cb_rmm, torch as cb_torch
@@ -464,3 +464,33 @@ def test_frees_after_the_service_closed_are_counted_quietly(emulated, twin, capl
         s = allocator.statistics()
     assert (s.frees, s.frees_after_reclaim, s.frees_pending) == (0, 3, 0)
     assert not [r for r in caplog.records if r.name.startswith("cudabridge.allocators")]
+
+
+def test_a_cupy_array_handed_over_is_the_tasks_and_cupy_no_longer_frees_it(service, emulated):
+    """allocators.cupy.hand_over (a Python function's result given to Java with no copy): the
+    allocation leaves the library's books, and dropping the array frees nothing; an array of
+    another task, a view into the middle, or one handed over already is refused (None: copied)."""
+    cp, allocator = _cupy(service, emulated)
+    service.bind_task(7)
+    service.bind_task(8)
+
+    def task():
+        service.registry.attach(7)
+        with cb_cupy.task_stream(service):
+            return cp.empty(MIB), cp.empty(MIB)
+
+    whole, other = _in_thread(task)
+    inner = StandinArray(type(whole.data)(whole.data.mem, 256), 256)
+    assert cb_cupy.hand_over(inner, 7) is None and cb_cupy.hand_over(other, 8) is None
+    a = cb_cupy.hand_over(whole, 7)
+    assert a is not None and a.owner == 7 and a.ptr == whole.data.ptr
+    assert cb_cupy.hand_over(whole, 7) is None   # once
+    del whole, inner
+    s = allocator.statistics()
+    assert (s.allocations_handed_over, s.frees_pending, s.frees, s.in_use_bytes) == (1, 0, 0, MIB)
+    assert a.alive
+    service.memory_pool(0).free(a)   # its new owner frees it (Java's DeviceBuffer.close)
+    report = service.release_task(7)
+    assert report.leaks_reclaimed == 1   # `other`, still CuPy's
+    with pytest.raises(InvalidArgument):
+        allocator.hand_over(a)

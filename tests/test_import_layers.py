@@ -68,6 +68,9 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     # Python GPU libraries' allocations through the pools and the registry; the service installs
     # them (the allocators setting) and is reached through allocators.library_allocator.Service
     ("library allocators", ("cudabridge.allocators",)),
+    # Python functions called for a task: its lease, stream and memory (the registry, the pools,
+    # the CuPy plug-in's hand-over); reached through functions.function_calls.Service
+    ("python functions", ("cudabridge.functions",)),
     ("service", ("cudabridge.service",)),
     # what drives the service: the JVM bridge's Python side, Spark's jars, the CLI
     ("fronts", ("cudabridge.jvm", "cudabridge.spark", "cudabridge.doctor", "cudabridge.demo",

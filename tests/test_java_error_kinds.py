@@ -26,6 +26,8 @@ PLAIN = {
     "StreamOrderRace": "the emulated device's race detector, in tests only",
     "ModuleLoadError": "a module that did not compile or load: the message holds the compiler's log; the source needs "
                        "fixing (a transient failure is not kept: the next load tries again)",
+    "FunctionNotFound": "a function reference or pickle that cannot be had: raised when the function is resolved "
+                        "(CudaBridge.pythonFunction), before any task work; the message says what to fix",
 }
 OWN_TYPE = {"OutOfDeviceMemory": "GpuOutOfMemoryException"}
 

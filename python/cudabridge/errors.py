@@ -145,3 +145,26 @@ class ModuleLoadError(CudaBridgeError):
         self.summary = message
         self.log = log
         self.transient = transient
+
+
+class FunctionNotFound(InvalidArgument):
+    """A Python function asked for by reference (``"package.module:function"``) or as a pickled
+    function that cannot be had: a malformed reference, a module that does not import, a missing
+    or non-callable attribute, a search path another user could write, a pickle made by another
+    Python version. Nothing is cached for it: a later ask tries again."""
+
+
+class FunctionFailed(CudaBridgeError):
+    """A Python function called from Java raised. ``python_type`` is the qualified type of what it
+    raised, ``traceback_text`` the formatted traceback; the message is ``"<function>: <Type>:
+    <text>"`` followed by the traceback. Errors of the service itself (out of device memory, a task
+    being released) are not wrapped: they reach the caller as themselves."""
+
+    def __init__(self, function: str, exc: BaseException, traceback_text: str) -> None:
+        t = type(exc)
+        self.python_type = t.__qualname__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
+        self.traceback_text = traceback_text
+        self.function = function
+        text = str(exc)
+        head = f"{function}: {self.python_type}: {text}" if text else f"{function}: {self.python_type}"
+        super().__init__(head + ("\n" + traceback_text.rstrip() if traceback_text else ""))

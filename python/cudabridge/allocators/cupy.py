@@ -45,7 +45,28 @@ class _Release:
         self.allocation = allocation
 
     def __del__(self) -> None:
-        self.allocator.free(self.allocation)
+        a = self.allocation
+        if a is not None:   # None: handed over (hand_over), the task's now
+            self.allocator.free(a)
+
+
+def hand_over(array: Any, task_id: int) -> Any:
+    """The allocation under a CuPy ``array`` made by this plug-in for task ``task_id``, detached
+    from CuPy (dropping the array no longer frees it) and now the task's alone; None when the
+    array's memory is not such an allocation from its start (another library's, a view into the
+    middle, another task's, handed over already): the caller copies it then. Python code must
+    keep no other reference to the array: its memory is freed by whoever the task hands it to."""
+    data = getattr(array, "data", None)
+    mem = getattr(data, "mem", None)
+    owner = getattr(mem, "_owner", None)
+    if owner.__class__ is not _Release:
+        return None
+    a = owner.allocation
+    if a is None or a.owner != task_id or data.ptr != a.ptr or not a.alive:
+        return None
+    owner.allocator.hand_over(a)
+    owner.allocation = None
+    return a
 
 
 # The cupy module install() set the allocator of (task_stream() makes its streams).

@@ -84,6 +84,7 @@ class LibraryStatistics:
     leaks_reclaimed: int              # allocations still held at their task's release
     leaked_bytes_reclaimed: int
     allocations_set_aside: int        # held back now: their address is one the library still holds
+    allocations_handed_over: int      # handed to their task as a function's result (hand_over): no longer the library's
 
     @staticmethod
     def names() -> tuple[str, ...]:
@@ -112,7 +113,7 @@ class LibraryAllocator:
         self._set_aside: dict[int, "Allocation"] = {}    # address -> allocation held back for it
         # counts: itertools.count objects (one next() is one atomic step; read with _read)
         self._allocated, self._outside, self._held_back, self._outside_held_back = count(), count(), count(), count()
-        self._frees_made, self._after_reclaim = count(), count()
+        self._frees_made, self._after_reclaim, self._handed_over = count(), count(), count()
         self._lock = threading.Lock()           # the leak totals below (a release at a time)
         self._leaks = self._leaked_bytes = 0
         self._closed = False
@@ -239,6 +240,17 @@ class LibraryAllocator:
         any thread, inside the pool's own calls: one deque append."""
         self._frees.append((a, True))
 
+    def hand_over(self, a: "Allocation") -> None:
+        """The library lets go of ``a`` without freeing it: its task owns it from now on (a Python
+        function's result array, handed to Java as a DeviceBuffer with no copy: functions/). Not
+        the library's in use nor its leak from then on; the library must never free it (the
+        plug-in detaches its own free first)."""
+        owned = self._by_owner.get(a.owner)
+        if owned is None or a not in owned:
+            raise InvalidArgument(f"{self.library}: hand_over of {a!r}, which this allocator does not hold")
+        owned.pop(a, None)
+        next(self._handed_over)
+
     def free_pointer(self, ptr: int) -> None:
         """:meth:`free` by address, for what :meth:`allocate_pointer` handed out. An address it did
         not hand out (or freed already) raises :class:`~cudabridge.errors.InvalidFree` and changes
@@ -331,7 +343,7 @@ class LibraryAllocator:
             allocations_outside_tasks=_read(self._outside) - _read(self._outside_held_back),
             frees=_read(self._frees_made), frees_pending=len(self._frees), frees_after_reclaim=_read(self._after_reclaim),
             in_use_bytes=in_use, leaks_reclaimed=leaks, leaked_bytes_reclaimed=leaked_bytes,
-            allocations_set_aside=len(self._set_aside))
+            allocations_set_aside=len(self._set_aside), allocations_handed_over=_read(self._handed_over))
 
     @property
     def closed(self) -> bool:

@@ -155,6 +155,14 @@ class EmulatedBackend(DeviceBackend):
         """Host memory by address, as a copy by address sees it (page-locked or not)."""
         return self._host.view_at(address, nbytes)
 
+    def device_view(self, ptr: int, nbytes: int) -> memoryview:
+        """The emulated device's memory [ptr, ptr + nbytes) as host memory, for the host code that
+        stands in for GPU code (Python functions called from Java see their device arrays as numpy
+        arrays over it). The range must lie inside one allocation. The caller orders its accesses
+        itself: no stream works on the range meanwhile (the functions synchronize the task's stream
+        first); the race detector does not see them."""
+        return self._device_of(ptr).view("device_view", ptr, nbytes)
+
     # helpers -------------------------------------------------------------------------------
     def _current(self) -> _EmuDevice:
         dev = self._devices[getattr(self._local, "device", 0)]

@@ -57,9 +57,11 @@ SETTINGS_TABLE = PACKAGE_DIR / "settings.json"                # every setting, d
 SETTINGS_SOURCES = (SETTINGS_TABLE, PACKAGE_DIR / "config.py", PACKAGE_DIR / "jvm" / "settings_java.py")
 STATISTICS_RESOURCE = "org/cudabridge/statistics.txt"        # BridgeControl.statistics_names(), one a line
 PARAM_KINDS_RESOURCE = "org/cudabridge/param_kinds.txt"      # device/params.py's PARAM_KINDS, in code order
+DTYPES_RESOURCE = "org/cudabridge/dtypes.txt"                # functions/dtypes.py's DTYPES, in code order
 # the Python sources the statistics' names are derived from (the jar is rebuilt when one changes)
 STATISTICS_SOURCES = tuple(PACKAGE_DIR / p for p in ("memory/statistics.py", "service.py", "jvm/control.py",
-                                                     "jvm/hot_path.py", "device/params.py"))
+                                                     "jvm/hot_path.py", "device/params.py",
+                                                     "allocators/library_allocator.py", "functions/dtypes.py"))
 
 
 class BuildError(RuntimeError):
@@ -366,6 +368,12 @@ def _param_kinds() -> tuple[str, ...]:
     return tuple(PARAM_KINDS)
 
 
+def _dtypes() -> tuple[str, ...]:
+    from ..functions.dtypes import CODES
+
+    return CODES
+
+
 def write_jar(out: Path, classes: Path, title: str, resources: dict[str, bytes] | None = None) -> None:
     """A jar (a zip with a manifest; no ``jar`` tool needed) of the class files under ``classes``,
     written beside ``out`` and renamed over it."""
@@ -403,7 +411,8 @@ def build_jar(force: bool = False, native_dir: Path = NATIVE_DIR) -> Path:
               "-d", str(classes), *map(str, sources), str(table)], "compiling the Java API")
         write_jar(out, classes, "spark-cuda-bridge",
                   {STATISTICS_RESOURCE: "".join(n + "\n" for n in _statistics_names()).encode(),
-                   PARAM_KINDS_RESOURCE: "".join(k + "\n" for k in _param_kinds()).encode()})
+                   PARAM_KINDS_RESOURCE: "".join(k + "\n" for k in _param_kinds()).encode(),
+                   DTYPES_RESOURCE: "".join(t + "\n" for t in _dtypes()).encode()})
     log.info("built %s from %d sources and %s (%s)", out, len(sources), settings_java.CLASS, SETTINGS_TABLE.name)
     return out
 

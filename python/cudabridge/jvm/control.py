@@ -138,6 +138,22 @@ class BridgeControl:
     def lookup_task(self, task: int) -> tuple[int, int]:
         return self.hot.stream(task)
 
+    # Python functions (functions/, through jvm/function_calls.py) ---------------------------------
+    def python_function(self, reference: str, search_paths: list[str]) -> int:
+        """The id of the function ``"package.module:function"`` names (imported once per executor)."""
+        self.check_open("pythonFunction")
+        return self.hot.functions.resolve(reference, search_paths)
+
+    def pickled_function(self, payload: bytes) -> int:
+        """The id of a function pickled by ``cudabridge.functions.pickle_function`` (loaded once per bytes)."""
+        self.check_open("pythonFunction")
+        return self.hot.functions.resolve_pickled(payload)
+
+    def batch_function(self, function_id: int, inputs: list[str], outputs: list[str], dtypes: list[str]) -> int:
+        """The id of function ``function_id`` over column batches (functions/batches.py)."""
+        self.check_open("batchFunction")
+        return self.hot.functions.batches(function_id, inputs, outputs, dtypes)
+
     def release_task(self, task: int) -> tuple[int, int]:
         """Release the task; its buffers die in Java (the Java side marked them) and in Python
         (the hot path drops their handles when the registry's release has drained the task's
@@ -293,6 +309,16 @@ def make_proxy(control: BridgeControl) -> Any:
         c.check_open("unregisterHost")
         c.hot.unregister_host(int(address), int(task))
 
+    def j_python_function(reference: Any, paths: Any) -> Any:
+        return c.python_function(str(reference), [str(p) for p in paths])
+
+    def j_pickled_function(payload: Any) -> Any:
+        return c.pickled_function(bytes(payload))
+
+    def j_batch_function(function_id: Any, inputs: Any, outputs: Any, dtypes: Any) -> Any:
+        return c.batch_function(int(function_id), [str(n) for n in inputs], [str(n) for n in outputs],
+                                [str(t) for t in dtypes])
+
     @JImplements(java_class("org.cudabridge.ControlPlane"))
     class ControlProxy:
         lookupTask = JOverride(guarded(j_lookup_task))
@@ -308,5 +334,8 @@ def make_proxy(control: BridgeControl) -> Any:
         copyFromGlobal = JOverride(guarded(j_copy_from_global))
         registerHost = JOverride(guarded(j_register_host))
         unregisterHost = JOverride(guarded(j_unregister_host))
+        pythonFunction = JOverride(guarded(j_python_function))
+        pickledFunction = JOverride(guarded(j_pickled_function))
+        batchFunction = JOverride(guarded(j_batch_function))
 
     return ControlProxy()

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ..errors import DeviceUnusable, HostWaitTimeout, InvalidFree, KernelFault, OutOfDeviceMemory, UnknownTask
+from ..errors import (DeviceUnusable, FunctionFailed, HostWaitTimeout, InvalidFree, KernelFault, OutOfDeviceMemory,
+                      UnknownTask)
 
 OomFields = tuple[int, ...]   # OutOfDeviceMemory.FIELDS order
 
@@ -18,7 +19,8 @@ OomFields = tuple[int, ...]   # OutOfDeviceMemory.FIELDS order
 # org.cudabridge.<Name>Exception (CudaBridgeException.of picks it by this name; out of memory is
 # GpuOutOfMemoryException, with its numbers). Every other error reaches Java as a plain
 # CudaBridgeException. tests/test_java_error_kinds.py holds every class of errors.py to one side.
-JAVA_KINDS: tuple[type[BaseException], ...] = (KernelFault, DeviceUnusable, HostWaitTimeout, UnknownTask, InvalidFree)
+JAVA_KINDS: tuple[type[BaseException], ...] = (KernelFault, DeviceUnusable, HostWaitTimeout, UnknownTask, InvalidFree,
+                                               FunctionFailed)
 
 
 def java_kind(exc: BaseException) -> Optional[str]:
@@ -42,6 +44,9 @@ def error_info(exc: BaseException) -> tuple[str, str, Optional[OomFields], Optio
     message = message.encode("ascii", "backslashreplace").decode("ascii")
     module = t.__module__
     pytype = t.__qualname__ if module == "builtins" else f"{module}.{t.__qualname__}"
+    if isinstance(exc, FunctionFailed):   # the type the function raised, and its traceback in the message
+        message = text.encode("ascii", "backslashreplace").decode("ascii")
+        pytype = exc.python_type
     oom = None
     if isinstance(exc, OutOfDeviceMemory):
         oom = exc.values()

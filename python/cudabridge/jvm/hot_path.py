@@ -70,6 +70,7 @@ from ..memory.allocation import RELEASED
 from ..memory.native import load as load_native
 from ..memory.native import supported as native_supported
 from ..task_registry import TaskLeases
+from .function_calls import JavaFunctions
 from .handles import GPU_BITS, GPU_MASK, MAX_GPUS, HandleTable
 
 if TYPE_CHECKING:
@@ -141,6 +142,9 @@ class JavaHotPath:
         self._multi_gpu = len(service.gpus) > 1
         self._set_device = service.backend.set_device
         self._live = HandleTable()   # handle -> Allocation: handed to the C twin
+        # Python functions Java calls (function_calls.py): the native callFunction calls call_function
+        self.functions = JavaFunctions(service, self._live)
+        self.call_function = self.functions.call
         # the executor's page-locked host memory (pinned buffers, registrations), the service's:
         # this adapter adds Java's leases and counters; the C twin reads its tables
         self._regions = service.page_locked

@@ -11,11 +11,13 @@ import java.util.List;
  * Tables the build writes into the jar from their one definition in Python, so that Java never
  * keeps a copy of its own: {@code org/cudabridge/statistics.txt} ({@code BridgeControl.statistics_names()})
  * and {@code org/cudabridge/param_kinds.txt} (the kernel parameter kinds, {@code device/params.py}'s
- * {@code PARAM_KINDS}, in their code order), one entry a line.
+ * {@code PARAM_KINDS}, in their code order) and {@code org/cudabridge/dtypes.txt} (the element types of
+ * Python functions' arrays, {@code functions/dtypes.py}'s {@code DTYPES}, in code order), one entry a line.
  */
 final class BuildTables {
     static final String STATISTICS = "statistics.txt";
     static final String PARAM_KINDS = "param_kinds.txt";
+    static final String DTYPES = "dtypes.txt";
 
     private BuildTables() {}
 

@@ -55,6 +55,18 @@ public interface ControlPlane {
      *  stream after its queued work; complete on return. */
     byte[] copyFromGlobal(long taskAttemptId, long moduleId, String name, long offset, int length);
 
+    /** The id of the Python function {@code "package.module:function"} names, imported once per
+     *  executor; {@code searchPaths}: folders or zip files added to Python's path first (each must be
+     *  the executor user's and writable by that user alone). */
+    long pythonFunction(String reference, String[] searchPaths);
+
+    /** The id of a function pickled by {@code cudabridge.functions.pickle_function} (loaded once per bytes). */
+    long pickledFunction(byte[] payload);
+
+    /** The id of function {@code functionId} over column batches: it takes a dict of the input
+     *  columns' arrays and returns a dict with the output columns (names and element types). */
+    long batchFunction(long functionId, String[] inputs, String[] outputs, String[] dtypes);
+
     /** Closes the service (Python stays up); returns the tasks it released. */
     long shutdown();
 }

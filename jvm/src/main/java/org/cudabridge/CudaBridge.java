@@ -38,6 +38,8 @@ public final class CudaBridge {
     private final BridgeOptions options;
     private final TaskTable tasks;
     private final DeviceMemory memory;
+    private final java.util.concurrent.ConcurrentHashMap<String, PythonFunction> functions =
+            new java.util.concurrent.ConcurrentHashMap<>();
     private volatile boolean shutDown;
 
     CudaBridge(ControlPlane control, BridgeOptions options) {
@@ -249,6 +251,59 @@ public final class CudaBridge {
         java.util.Objects.requireNonNull(source, "loadModule: source");
         checkRunning("loadModule");
         return new CudaModule(this, control().loadModule(source.toJson(gpu), source.binary()), gpu);
+    }
+
+    // --- Python functions (PythonFunction) -------------------------------------------------------
+
+    /** The Python function {@code "package.module:function"} names, imported once per executor from
+     *  the executor's Python path; see {@link PythonFunction}. */
+    public PythonFunction pythonFunction(String reference) {
+        return pythonFunction(reference, List.of());
+    }
+
+    /** As {@link #pythonFunction(String)}, with folders or zip files added to Python's path first
+     *  (the files Spark ships with the job); each must belong to the executor's user (or root) and
+     *  be writable by its owner alone. */
+    public PythonFunction pythonFunction(String reference, List<String> searchPaths) {
+        Objects.requireNonNull(reference, "pythonFunction: reference");
+        Objects.requireNonNull(searchPaths, "pythonFunction: searchPaths");
+        String key = reference + "\0" + String.join("\0", searchPaths);
+        PythonFunction f = functions.get(key);
+        if (f == null) {
+            checkRunning("pythonFunction");
+            long id = control().pythonFunction(reference, searchPaths.toArray(new String[0]));
+            PythonFunction made = new PythonFunction(this, id, reference);
+            f = functions.putIfAbsent(key, made);
+            f = f != null ? f : made;
+        }
+        return f;
+    }
+
+    /** A function pickled on the driver by {@code cudabridge.functions.pickle_function} (PySpark's
+     *  {@code map_batches} does), loaded once per distinct bytes; refused when it was pickled by
+     *  another Python version. */
+    public PythonFunction pythonFunction(byte[] pickled) {
+        Objects.requireNonNull(pickled, "pythonFunction: pickled");
+        String key;
+        try {
+            key = "pickle:" + java.util.HexFormat.of().formatHex(
+                    java.security.MessageDigest.getInstance("SHA-256").digest(pickled));
+        } catch (java.security.NoSuchAlgorithmException e) {
+            throw new IllegalStateException("SHA-256 is missing from this JVM", e);
+        }
+        PythonFunction f = functions.get(key);
+        if (f == null) {
+            checkRunning("pythonFunction");
+            long id = control().pickledFunction(pickled);
+            PythonFunction made = new PythonFunction(this, id, "a pickled function");
+            f = functions.putIfAbsent(key, made);
+            f = f != null ? f : made;
+        }
+        return f;
+    }
+
+    DeviceMemory memory() {
+        return memory;
     }
 
     // --- statistics and lifetime ----------------------------------------------------------------

@@ -6,7 +6,8 @@ package org.cudabridge;
  * <p>Thrown for errors the Python service reports (unknown task, stale handle, CUDA errors, a
  * failed start-up with its Python traceback). The errors task code can act on have subclasses of
  * their own: {@link KernelFaultException}, {@link DeviceUnusableException},
- * {@link HostWaitTimeoutException}, {@link UnknownTaskException}, {@link InvalidFreeException} and
+ * {@link HostWaitTimeoutException}, {@link UnknownTaskException}, {@link InvalidFreeException},
+ * {@link FunctionFailedException} and
  * {@link GpuOutOfMemoryException}; decide by type, not by message. Bad input that Java can see by itself (negative
  * sizes, ranges outside a buffer, null arrays, use after close, no bound task) gets the standard
  * Java exceptions instead ({@link IllegalArgumentException}, {@link IndexOutOfBoundsException},
@@ -51,6 +52,8 @@ public class CudaBridgeException extends RuntimeException {
                 return new UnknownTaskException(message, pythonType);
             case "InvalidFree":
                 return new InvalidFreeException(message, pythonType);
+            case "FunctionFailed":
+                return new FunctionFailedException(message, pythonType);
             default:   // a kind this jar does not know (a newer Python package): still the message and type
                 return new CudaBridgeException(message, pythonType);
         }

@@ -76,6 +76,27 @@ public final class DeviceBuffer extends HostArrayCopies implements AutoCloseable
         return new Pointer(this, offset);
     }
 
+    /** The buffer's bytes as an array of {@code dtype} in {@code shape}, for a Python function
+     *  ({@link PythonFunction#call}); no shape: one dimension over the whole buffer (whose size must
+     *  then be a multiple of the item size). Checked against the buffer's size here. */
+    public DeviceArray asArray(DType dtype, long... shape) {
+        return asArrayAt(0, dtype, shape);
+    }
+
+    /** As {@link #asArray}, from byte {@code offset} (a multiple of the item size). */
+    public DeviceArray asArrayAt(long offset, DType dtype, long... shape) {
+        java.util.Objects.requireNonNull(dtype, "asArray: dtype");
+        if (shape == null || shape.length == 0) {
+            long rest = size - offset;
+            if (offset < 0 || rest < 0 || rest % dtype.itemSize() != 0) {
+                throw new IllegalArgumentException("asArray: " + rest + " bytes from offset " + offset
+                        + " are not a whole number of " + dtype + " elements (" + dtype.itemSize() + " bytes each)");
+            }
+            shape = new long[] {rest / dtype.itemSize()};
+        }
+        return new DeviceArray(this, offset, dtype, shape, false);
+    }
+
     /** The size asked for, in bytes. */
     public long size() { return size; }
 

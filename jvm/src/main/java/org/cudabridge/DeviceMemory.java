@@ -38,6 +38,11 @@ final class DeviceMemory {
         }
     }
 
+    /** A buffer the service made for {@code task} (a Python function's result array), handed to Java. */
+    DeviceBuffer adopt(TaskScope task, long handle, long address, long bytes) {
+        return new DeviceBuffer(this, task, handle, address, bytes);
+    }
+
     void checkRunning(String call) {
         bridge.checkRunning(call);
     }

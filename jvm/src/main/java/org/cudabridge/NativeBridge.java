@@ -157,6 +157,14 @@ public final class NativeBridge {
 
     public static native void copyDevice(long dstHandle, long dstOffset, long srcHandle, long srcOffset, long bytes);
 
+    /** Calls Python function {@code function} for the task ({@link PythonFunction#call}): {@code kinds[i]}
+     *  is argument i's kind (PythonFunction's ARG_* codes), {@code values[i]} its number (a long, a
+     *  double's raw bits, a boolean as 0 or 1, a buffer's handle, a ByteBuffer's read-only flag) and
+     *  {@code refs[i]} its object (a String, a byte[], a direct ByteBuffer, an array's
+     *  {offset, dtype, framework, dims...}); returns the result as PythonFunction reads it. */
+    public static native Object callFunction(long taskAttemptId, long function, byte[] kinds, long[] values,
+                                             Object[] refs);
+
     /** Calls the empty Python method: the bridge's own cost per call. */
     public static native void ping();
 
