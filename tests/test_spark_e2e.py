@@ -153,3 +153,21 @@ def test_example_e_arrow_batches_are_summed_on_the_gpu(tmp_path):
     s = run.summary()
     assert s["tasks_run"] == 6 and s["verify_failures"] == 0, s
     assert s["gpu_sum"] == s["spark_sum"] and s["rows_counted"] == s["rows_expected"] == 300000, s
+
+
+def test_example_d_map_batches_runs_in_the_executors_python_and_matches_map_in_pandas(tmp_path):
+    """Example (d) in local[4,2]: a per-row transform and a per-partition reduction through
+    cudabridge.spark.map_batches (a function pickled on the driver, run in the executor's own
+    Python on the task's stream) equal mapInPandas's with numpy in PySpark's workers, row by row;
+    the first attempt of one task fails inside the function (a FunctionFailedException with the
+    Python traceback in the executor's log) and its retry succeeds."""
+    sh.build()
+    run = sh.spark_submit(tmp_path, "local[4,2]",
+                          [str(sh.ROOT / "spark-examples" / "map_batches_job.py"), "--rows", "60000", "--partitions", "4",
+                           "--batch-rows", "4096", "--fail-first-attempt", "40000", "--summary-json", "summary.json"],
+                          main_class=None, timeout=300)
+    assert run.returncode == 0, run.explain()
+    s = run.summary()
+    assert s["rows_checked"] == 60000 and s["mismatched_rows"] == 0 and s["sums_equal"] and s["failed_once"], s
+    assert "planned failure of the first attempt of the task holding row 40000" in run.stderr
+    assert "FunctionFailedException" in run.stderr

@@ -129,3 +129,22 @@ def test_example_c_in_two_executor_jvms(tmp_path, work_dir_cleanup):
     s = run.summary()
     assert s["tasks_run"] == 8 and s["verify_failures"] == 0, s
     assert s["values_counted"] == s["values_expected"] == 8 * 20000
+
+
+def test_example_d_by_reference_from_py_files_in_two_executors(tmp_path, work_dir_cleanup):
+    """Example (d) in local-cluster: the batch functions named by reference
+    ("shipped_batches:transform"), shipped with --py-files and imported in each executor's own
+    Python from Spark's files folder (trusted: the executor user's, writable by it alone);
+    results equal mapInPandas's, row by row."""
+    sh.build()
+    examples = sh.ROOT / "spark-examples"
+    shipped = tmp_path / "shipped_batches.py"   # a name found nowhere else on the executors' path
+    shipped.write_text((examples / "python" / "example_batches.py").read_text())
+    run = sh.spark_submit(tmp_path, "local-cluster[2,1,1024]",
+                          ["--py-files", str(shipped), str(examples / "map_batches_job.py"), "--by-reference",
+                           "--module", "shipped_batches", "--rows", "40000",
+                           "--partitions", "4", "--batch-rows", "8192", "--summary-json", "summary.json"],
+                          CLUSTER, main_class=None, timeout=240)
+    assert run.returncode == 0, run.explain()
+    s = run.summary()
+    assert s["rows_checked"] == 40000 and s["mismatched_rows"] == 0 and s["sums_equal"], s

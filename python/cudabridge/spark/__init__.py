@@ -7,9 +7,13 @@
 * ``spark-examples/src/main/java`` -> ``spark-examples/build/cudabridge-examples.jar``: the
   example jobs and the Spark-free Java harness.
 
+* :func:`map_batches`: PySpark's front of ``GpuPython.mapBatches`` (a Python function over column
+  batches inside the executors' own Python).
+
 ``python -m cudabridge.spark build | classpath | examples-jar | submit-conf`` drives :mod:`.build`.
 """
 
 from .build import classpath, examples_jar_path, plugin_jar_path, submit_conf
+from .map_batches import map_batches
 
-__all__ = ["classpath", "examples_jar_path", "plugin_jar_path", "submit_conf"]
+__all__ = ["classpath", "examples_jar_path", "map_batches", "plugin_jar_path", "submit_conf"]
