@@ -90,7 +90,7 @@ def compile_bench(classes: Path) -> str:
 
 def run(cp: str, args: argparse.Namespace, gated: bool, rounds: int) -> dict:
     """One JVM: the per-call operations, then `rounds` thread-scaling rounds (0: none)."""
-    cmd = [java(), f"-Dcudabridge.gate={'true' if gated else 'false'}", f"-Dcudabridge.gate.holdMicros={args.hold_micros}",
+    cmd = [java(), f"-Dbench.functions={HERE}", f"-Dcudabridge.gate={'true' if gated else 'false'}", f"-Dcudabridge.gate.holdMicros={args.hold_micros}",
            f"-Dspark.cudabridge.backend={args.backend}", "-cp", cp, "org.cudabridge.harness.Bench",
            str(args.n), str(args.copies), str(args.seconds), args.threads, str(rounds)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
@@ -103,7 +103,9 @@ def run(cp: str, args: argparse.Namespace, gated: bool, rounds: int) -> dict:
 OPS = (("stream()", "stream", "stream"), ("allocate+free 4 KiB", "alloc_free", "alloc_free"),
        ("allocate+free 4 KiB (Python: the hot-path object's pair)", "alloc_free", "alloc_free_hot"),
        ("empty call (ping)", "ping", "ping"), ("copy 1 MiB host->device", "copy_in", "copy_in"),
-       ("copy 1 MiB device->host", "copy_out", "copy_out"))
+       ("copy 1 MiB device->host", "copy_out", "copy_out"),
+       ("Python function add(2, 40): PythonFunction.call / the hot path's call_function", "function_call", "function_call"),
+       ("Python function add(2, 40): PythonFunction.call / add called directly", "function_call", "function_direct"))
 
 
 def us(ns: float) -> float:
@@ -123,6 +125,9 @@ def per_call(report: Report, res: list[dict]) -> None:
             row(f"{mode}: Python {name}", [x["python"][pk] for x in runs])
             report.ratio(f"{mode}: Java / Python, {name}", [x[jk]["mean_ns"] / x["python"][pk]["mean_ns"] for x in runs],
                          "lower", "target <= 1.5x" if (mode, pk) == ("gated", "alloc_free") else "")
+        report.values(f"{mode}: a Python function's call from Java, overhead (Java call - direct call)",
+                      [us(x["function_call"]["mean_ns"] - x["python"]["function_direct"]["mean_ns"]) for x in runs],
+                      "us", "lower", "target <= 1 us (H200)")
         report.values(f"{mode}: Java batched frees (8 per call), per free", [us(x["batched_free_ns_per_free"]) for x in runs],
                       "us", "lower", f"p50 per call {fmt(median(us(x['batched_free_8']['p50_ns']) for x in runs))}")
     report.ratio("Java allocate+free, gated / ungated",

@@ -1,6 +1,6 @@
 /*
  * function_calls.h: the native that calls a Python function for a task (org.cudabridge.PythonFunction):
- * callFunction(task, function, kinds, values, refs) -> the result as Java objects.
+ * callFunction(task, function, n, kinds, values, refs) -> the result as Java objects.
  *
  * Three phases, so that the GIL is held only while Python runs: (1) the Java arguments are read
  * into C memory (strings as UTF-16, byte arrays copied, a direct ByteBuffer's address and size, an
@@ -15,7 +15,8 @@
  * buffer's handle, refs[i] a long[] {offset, dtype code, framework code, dims...}).
  *
  * Results (what call_function returns, one level of list): None -> null, int -> Long, float ->
- * Double, bool -> Boolean, str -> String, bytes -> byte[], a tuple of ints (a device array:
+ * Double, bool -> Boolean (a result that is one of these four alone: its kind and bits in the
+ * caller's scalar[], which Java boxes), str -> String, bytes -> byte[], a tuple of ints (a device array:
  * handle, pointer, bytes, dtype code, dims...) -> long[], a list -> Object[] of those.
  *
  * Part of the bridge library's one translation unit: cudabridge_jni.c includes it once, after
@@ -303,19 +304,23 @@ static jobject java_result(JNIEnv *env, const call_result *r) {
     }
 }
 
-/* static native Object callFunction(long task, long function, byte[] kinds, long[] values, Object[] refs) */
+/* static native Object callFunction(long task, long function, int n, byte[] kinds, long[] values, Object[] refs,
+ * long[] scalar): the first n entries of each array are the arguments (the caller reuses its arrays). A
+ * scalar result (null, a long, a double, a boolean) comes back in scalar[0..1] = {its RES_* kind, its
+ * bits} with null returned; any other result is returned. */
 JNIEXPORT jobject JNICALL Java_org_cudabridge_NativeBridge_callFunction(JNIEnv *env, jclass cls, jlong task,
-                                                                        jlong function, jbyteArray jkinds,
-                                                                        jlongArray jvalues, jobjectArray refs) {
+                                                                        jlong function, jint n, jbyteArray jkinds,
+                                                                        jlongArray jvalues, jobjectArray refs,
+                                                                        jlongArray scalar) {
     (void)cls;
-    if (jkinds == NULL || jvalues == NULL || refs == NULL) {
-        throw_plain(env, c_npe, "java/lang/NullPointerException", "callFunction: kinds, values and refs are required");
+    if (jkinds == NULL || jvalues == NULL || refs == NULL || scalar == NULL) {
+        throw_plain(env, c_npe, "java/lang/NullPointerException", "callFunction: kinds, values, refs and scalar are required");
         return NULL;
     }
-    jsize n = (*env)->GetArrayLength(env, jkinds);
-    if ((*env)->GetArrayLength(env, jvalues) != n || (*env)->GetArrayLength(env, refs) != n || n > CALL_MAX_ARGS) {
+    if (n < 0 || n > CALL_MAX_ARGS || (*env)->GetArrayLength(env, jkinds) < n || (*env)->GetArrayLength(env, jvalues) < n
+        || (*env)->GetArrayLength(env, refs) < n || (*env)->GetArrayLength(env, scalar) < 2) {
         throw_plain(env, c_iae, "java/lang/IllegalArgumentException",
-                    "callFunction: kinds, values and refs hold one entry per argument (at most 256)");
+                    "callFunction: kinds, values and refs hold an entry per argument (at most 256)");
         return NULL;
     }
     if (cache_result_classes(env) != 0) return NULL;
@@ -403,6 +408,12 @@ JNIEXPORT jobject JNICALL Java_org_cudabridge_NativeBridge_callFunction(JNIEnv *
     }
     jobject out = NULL;
     if (nresults < 0) {
+        if (one.kind <= RES_BOOL) {   /* a scalar: its kind and bits in scalar[] (Java boxes it; no upcall) */
+            jlong bits[2] = {one.kind, one.l};
+            if (one.kind == RES_DOUBLE) memcpy(&bits[1], &one.d, sizeof one.d);
+            (*env)->SetLongArrayRegion(env, scalar, 0, 2, bits);
+            return NULL;
+        }
         out = java_result(env, &one);
         free(one.data);
         return out;

@@ -35,9 +35,12 @@ def service(emulated):
     svc.close()
 
 
-@pytest.fixture
-def hot(service):
-    return JavaHotPath(service)
+@pytest.fixture(params=["native", "python"])
+def hot(request, service):
+    """Every call on both twins: the C one (functions/_call_core.c) and its Python reference."""
+    h = JavaHotPath(service, fast_path=request.param)
+    assert h.functions.fast_path == request.param
+    return h
 
 
 def _fid(hot, name):

@@ -26,6 +26,7 @@ All tasks share one interpreter: Python code of one call runs while no other thr
 from __future__ import annotations
 
 import sys
+import threading
 import traceback
 from threading import get_ident
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, Sequence
@@ -33,6 +34,10 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, Sequence
 from ..errors import CudaBridgeError, FunctionFailed, InvalidArgument
 from .device_arrays import ArrayArgument, DeviceArrays, ResultTaker
 from .function_table import FunctionTable, PythonFunction
+
+# results handed back as they are (anything else goes through ResultTaker); an int must fit 64 bits
+_PLAIN = frozenset({bool, float, str, bytes})
+_I64 = (-(1 << 63), (1 << 63) - 1)
 
 if TYPE_CHECKING:
     from ..allocators import LibraryAllocator
@@ -59,17 +64,22 @@ class FunctionCalls:
         self._leases = service.registry.leases
         self._backend = service.backend
         self.arrays = DeviceArrays(getattr(service.backend, "device_view", None))
-        self._cupy_streams: dict[tuple[int, int], Any] = {}
-        self._torch_streams: dict[tuple[int, int], Any] = {}
-        self.calls = 0
-        self.failures = 0
+        self._multi_gpu = len(service.gpus) > 1
+        self._set_device = service.backend.set_device
+        self._local = service.registry.attachments   # the thread's attachment (TaskRegistry.attach)
+        # per libraries imported (contexts_state): stream -> the contexts that make it CuPy's and
+        # PyTorch's current stream; read by the C twin too (_call_core.c)
+        self.contexts: tuple[dict[int, tuple], ...] = ({}, {}, {}, {})
 
     def call(self, task_id: int, function: PythonFunction | int, args: Sequence[Any],
              kwargs: Mapping[str, Any] | None = None, finish: Callable[[Any], Any] | None = None) -> Any:
         """``function(*args, **kwargs)`` for ``task_id`` (module docstring); array arguments are
         :class:`ArrayArgument`. Returns the function's result as :class:`ResultTaker` makes it,
         passed through ``finish`` (still inside the task's lease: the Java front gives the result
-        arrays their handles there, so that a release that follows finds them)."""
+        arrays their handles there, so that a release that follows finds them).
+
+        The reference of the C twin (``_call_core.c``), which takes the same steps in this order
+        for calls with no array argument and returns plain results as they are."""
         f = function if isinstance(function, PythonFunction) else self.table.get(function)
         lease = self._leases.lease_of(task_id)
         me = get_ident()
@@ -77,41 +87,56 @@ class FunctionCalls:
             lease.inside.append(me)
             if not lease.open:
                 raise self._leases.refusal(task_id, lease)
-            return self._call(lease.binding, f, args, kwargs or {}, finish)
+            b = lease.binding
+            local = self._local.__dict__
+            previous = local.get("task")
+            local["task"] = b.task_id   # attached: the allocator plug-ins give its allocations to the task
+            try:
+                if self._multi_gpu:
+                    self._set_device(b.gpu)
+                values = self._arguments(b, args, f.name)
+                contexts = self._contexts(b)
+                out = self._run(f, contexts, values, kwargs or {})
+                del values
+                if out is None or out.__class__ in _PLAIN or (out.__class__ is int and _I64[0] <= out <= _I64[1]):
+                    return out
+                return self.result(b, f.name, out, finish)
+            finally:
+                local["task"] = previous
         finally:
             lease.inside.remove(me)
 
-    def _call(self, b: "TaskBinding", f: PythonFunction, args: Sequence[Any], kwargs: Mapping[str, Any],
-              finish: Callable[[Any], Any] | None) -> Any:
-        registry = self._registry
-        previous = registry.attached_task()
-        registry.attach(b.task_id)
+    def _run(self, f: PythonFunction, contexts: tuple, values: list, kwargs: Mapping[str, Any]) -> Any:
+        entered = 0
         try:
-            values = self._arguments(b, args, f.name)
-            taker = self._taker(b)
-            with self._streams(b):
-                self.calls += 1
-                try:
-                    out = f.fn(*values, **kwargs)
-                except CudaBridgeError:
-                    self.failures += 1
-                    raise
-                except BaseException as exc:   # noqa: BLE001 - SystemExit too: the executor goes on
-                    self.failures += 1
-                    raise FunctionFailed(f.name, exc, traceback.format_exc()) from exc
-                finally:
-                    del values
-                try:
-                    result = taker.take(out, f"{f.name} returned")
-                    return result if finish is None else finish(result)
-                except BaseException:
-                    taker.undo()
-                    raise
+            for c in contexts:
+                c.__enter__()
+                entered += 1
+            return f.fn(*values, **kwargs)
+        except CudaBridgeError:
+            raise
+        except BaseException as exc:   # noqa: BLE001 - SystemExit too: the executor goes on
+            raise self.failure(f.id, exc) from exc
         finally:
-            if previous is None:
-                registry.detach()
-            else:
-                registry.attach(previous)
+            for c in reversed(contexts[:entered]):
+                c.__exit__(None, None, None)
+
+    def failure(self, function_id: int, exc: BaseException) -> FunctionFailed:
+        """What a call raises when the function raised ``exc`` (not an error of the service's)."""
+        f = self.table.get(function_id)
+        return FunctionFailed(f.name, exc, "".join(traceback.format_exception(exc)))
+
+    def result(self, b: "TaskBinding", name: str, out: Any, finish: Callable[[Any], Any] | None) -> Any:
+        """A result that is not a plain value (arrays, lists, numpy scalars; bad ones refused) as
+        :class:`ResultTaker` makes it, through ``finish``; inside the task's lease. What was made
+        for it is freed if it cannot be handed over."""
+        taker = self._taker(b)
+        try:
+            result = taker.take(out, f"{name} returned")
+            return result if finish is None else finish(result)
+        except BaseException:
+            taker.undo()
+            raise
 
     def _arguments(self, b: "TaskBinding", args: Sequence[Any], name: str) -> list[Any]:
         """The values the function gets: arrays built over the task's buffers (checked first:
@@ -156,47 +181,47 @@ class FunctionCalls:
 
         return ResultTaker(b, allocate, hand_over, copy_device, copy_host, pool.free)
 
-    def _streams(self, b: "TaskBinding") -> "_TaskStreams":
-        """The task's stream as CuPy's and PyTorch's current stream, where they are imported."""
-        entered = []
+    def _contexts(self, b: "TaskBinding") -> tuple:
+        """The contexts that make the task's stream CuPy's and PyTorch's current stream, for the
+        libraries imported now (none on the emulated device), kept per stream."""
+        state = contexts_state()
+        table = self.contexts[state]
+        found = table.get(b.stream)
+        if found is not None:
+            return found
+        made: list[Any] = []
         if not self.arrays.on_host:
-            key = (b.gpu, b.stream)
-            if "cupy" in sys.modules:
-                s = self._cupy_streams.get(key)
-                if s is None:
-                    from ..allocators.cupy import task_stream
+            if state & 1:
+                from ..allocators.cupy import task_stream
 
-                    s = self._cupy_streams.setdefault(key, task_stream(self._service, b.task_id))  # type: ignore[arg-type]
-                entered.append(s)
-            torch = sys.modules.get("torch")
-            if torch is not None and torch.cuda.is_initialized():
-                s = self._torch_streams.get(key)
-                if s is None:
-                    s = self._torch_streams.setdefault(key, torch.cuda.ExternalStream(b.stream, device=b.gpu))
-                entered.append(torch.cuda.stream(s))
-        return _TaskStreams(entered)
+                made.append(task_stream(self._service, b.task_id))  # type: ignore[arg-type]
+            if state & 2:
+                made.append(_TorchStream(sys.modules["torch"], b.stream, b.gpu))
+        return table.setdefault(b.stream, tuple(made))
 
 
-class _TaskStreams:
-    """Enters each context in order, leaves them in reverse."""
+def contexts_state() -> int:
+    """Which of CuPy (1) and PyTorch (2) the process has imported: the task's stream is made
+    current for those (a library imported later is met at the next call)."""
+    modules = sys.modules
+    return ("cupy" in modules) | ("torch" in modules) << 1
 
-    __slots__ = ("_contexts", "_left")
 
-    def __init__(self, contexts: list[Any]) -> None:
-        self._contexts = contexts
+class _TorchStream:
+    """The task's stream as PyTorch's current stream on its GPU, restored after; one per stream,
+    entered by any number of threads at once (each keeps what it replaced on its own stack)."""
+
+    def __init__(self, torch: Any, stream: int, gpu: int) -> None:
+        self._torch = torch
+        self._stream = torch.cuda.ExternalStream(stream, device=gpu)
+        self._gpu = gpu
+        self._local = threading.local()
 
     def __enter__(self) -> None:
-        done = []
-        try:
-            for c in self._contexts:
-                c.__enter__()
-                done.append(c)
-        except BaseException:
-            for c in reversed(done):
-                c.__exit__(None, None, None)
-            raise
-        self._left = done
+        cuda = self._torch.cuda
+        stack = self._local.__dict__.setdefault("previous", [])
+        stack.append(cuda.current_stream(self._gpu))
+        cuda.set_stream(self._stream)
 
     def __exit__(self, *exc: object) -> None:
-        for c in reversed(self._left):
-            c.__exit__(None, None, None)
+        self._torch.cuda.set_stream(self._local.previous.pop())

@@ -95,6 +95,9 @@ class FunctionTable:
         self._ids = count(1)
         self._by_id: dict[int, PythonFunction] = {}
         self._by_key: dict[str, int] = {}   # a reference, or "pickle:<sha256>"
+        # id -> the callable, and id -> its name: what the C twin of a call reads (_call_core.c)
+        self.callables: dict[int, Callable[..., Any]] = {}
+        self.names: dict[int, str] = {}
 
     def get(self, function_id: int) -> PythonFunction:
         f = self._by_id.get(function_id) if function_id.__class__ is int else None
@@ -169,6 +172,8 @@ class FunctionTable:
     # -------------------------------------------------------------------------------------------
     def _keep(self, key: str, name: str, fn: Callable[..., Any]) -> PythonFunction:
         f = PythonFunction(next(self._ids), name, fn)
+        self.callables[f.id] = fn
+        self.names[f.id] = name
         self._by_id[f.id] = f
         self._by_key[key] = f.id
         return f

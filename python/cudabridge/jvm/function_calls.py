@@ -18,7 +18,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Sequence
 
-from ..errors import InvalidArgument
+from ..errors import CudaBridgeError, InvalidArgument
+from ..memory import FastPath
+from ..memory.native import load as load_native
 from ..functions import ArrayArgument, FunctionCalls, FunctionTable, ResultArray
 from ..functions.batches import batch_function
 from ..functions.device_arrays import FRAMEWORKS
@@ -32,10 +34,30 @@ if TYPE_CHECKING:
 class JavaFunctions:
     """The executor's Python functions as Java reaches them."""
 
-    def __init__(self, service: "CudaBridgeService", handles: HandleTable) -> None:
+    def __init__(self, service: "CudaBridgeService", handles: HandleTable, fast_path: str = "auto") -> None:
         self.table = FunctionTable()
         self.calls = FunctionCalls(service, self.table)   # type: ignore[arg-type]
         self._handles = handles
+        fast_path = FastPath.parse(fast_path, "fast_path")
+        # the C twin of call (functions/_call_core.c) where it is built; call stays its reference
+        self._core = None
+        module = load_native("cudabridge.functions._call_core") if fast_path != "python" else None
+        if module is None and fast_path == "native":
+            raise InvalidArgument("fast_path='native': the function calls' C twin is not built here")
+        if module is not None:
+            calls = self.calls
+            self._core = module.CallCore(
+                leases=service.registry.leases.table, local=service.registry.attachments,
+                callables=self.table.callables, names=self.table.names, contexts=calls.contexts,
+                set_device=service.backend.set_device if len(service.gpus) > 1 else None,
+                reference=type(self).call.__get__(self), failure=calls.failure, result=calls.result,
+                finish=self._to_java, service_error=CudaBridgeError)
+            self.call = self._core.call   # type: ignore[method-assign]
+
+    @property
+    def fast_path(self) -> str:
+        """"native" (the C twin) or "python"."""
+        return "python" if self._core is None else "native"
 
     # resolving (the control plane: once per function and executor) ------------------------------
     def resolve(self, reference: str, search_paths: Sequence[str] = ()) -> int:

@@ -143,7 +143,7 @@ class JavaHotPath:
         self._set_device = service.backend.set_device
         self._live = HandleTable()   # handle -> Allocation: handed to the C twin
         # Python functions Java calls (function_calls.py): the native callFunction calls call_function
-        self.functions = JavaFunctions(service, self._live)
+        self.functions = JavaFunctions(service, self._live, fast_path)
         self.call_function = self.functions.call
         # the executor's page-locked host memory (pinned buffers, registrations), the service's:
         # this adapter adds Java's leases and counters; the C twin reads its tables

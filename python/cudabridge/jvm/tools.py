@@ -228,6 +228,13 @@ def python_bench(c: Control, n: int = 20000, size: int = 4096, copy_bytes: int =
             hot_free(hot_alloc(task, size)[0])
         timed("alloc_free_hot", hot_pair, n)
         timed("ping", hot.ping, n)
+        if "bench_functions" in sys.modules:   # Java resolved it (Bench.java's function_call): the same call here
+            add = sys.modules["bench_functions"].add
+            timed("function_direct", lambda: add(2, 40), n)
+            fid = hot.functions.resolve("bench_functions:add")
+            call = hot.call_function
+            args = (2, 40)
+            timed("function_call", lambda: call(task, fid, args), n)
 
         a = service.allocate(task, copy_bytes)
         host = bytearray(copy_bytes)

@@ -1,11 +1,13 @@
-"""The service's C paths: four Python extensions, built by the package's build (setup.py) as
+"""The service's C paths: five Python extensions, built by the package's build (setup.py) as
 required parts, and loaded here.
 
 * ``cudabridge.memory._fastpath``: the pool's allocate/free (its Python twin: python_fast_path.py);
 * ``cudabridge._registry_core``: the task registry's bind/release (task_registry.py);
 * ``cudabridge.jvm._hotcore``: the Java hot path's allocate/free/copies (jvm/hot_path.py);
 * ``cudabridge.allocators._library_core``: the library allocators' allocate and drain
-  (allocators/library_allocator.py).
+  (allocators/library_allocator.py);
+* ``cudabridge.functions._call_core``: a Python function's call from Java
+  (jvm/function_calls.py over functions/function_calls.py).
 
 Each has a Python twin, the reference its C code follows line by line, which runs where the
 extension is missing: a build with ``CUDABRIDGE_NATIVE_FAST_PATH=0`` (the explicit opt-out, which
@@ -49,6 +51,7 @@ EXTENSIONS = {
     "cudabridge._registry_core": CPath("_registry_core.c", "the task registry's"),
     "cudabridge.jvm._hotcore": CPath("jvm/_hotcore.c", "the Java hot path's"),
     "cudabridge.allocators._library_core": CPath("allocators/_library_core.c", "the library allocators'"),
+    "cudabridge.functions._call_core": CPath("functions/_call_core.c", "the Python function calls'"),
 }
 # The allocator plug-ins' compiled parts: Python extensions with no Python twin, loaded by a
 # library by path (PyTorch's CUDAPluggableAllocator loads its functions by name), built with the

@@ -11,6 +11,7 @@ import java.util.concurrent.atomic.AtomicLong;
 import org.cudabridge.CudaBridge;
 import org.cudabridge.DeviceBuffer;
 import org.cudabridge.NativeBridge;
+import org.cudabridge.PythonFunction;
 import org.cudabridge.TaskScope;
 
 /**
@@ -64,6 +65,13 @@ public final class Bench {
             out.append(", \"stream\": ").append(time(() -> sink[0] += b.stream(), n));
             out.append(", \"alloc_free\": ").append(time(() -> b.allocate(SIZE).close(), n));
             out.append(", \"ping\": ").append(time(NativeBridge::ping, n));
+            // a trivial Python function (bench/bench_functions.py:add) called for the task
+            String functions = System.getProperty("bench.functions");
+            if (functions != null) {
+                PythonFunction add = b.pythonFunction("bench_functions:add", List.of(functions));
+                Integer two = 2, forty = 40;
+                out.append(", \"function_call\": ").append(time(() -> add.call(two, forty), n));
+            }
             byte[] mib = new byte[1 << 20];
             try (DeviceBuffer buf = b.allocate(1 << 20)) {
                 out.append(", \"copy_in\": ").append(time(() -> buf.copyFrom(mib), copies));

@@ -157,13 +157,16 @@ public final class NativeBridge {
 
     public static native void copyDevice(long dstHandle, long dstOffset, long srcHandle, long srcOffset, long bytes);
 
-    /** Calls Python function {@code function} for the task ({@link PythonFunction#call}): {@code kinds[i]}
+    /** Calls Python function {@code function} for the task ({@link PythonFunction#call}) with {@code n}
+     *  arguments, the first {@code n} entries of the arrays (longer arrays are reused): {@code kinds[i]}
      *  is argument i's kind (PythonFunction's ARG_* codes), {@code values[i]} its number (a long, a
      *  double's raw bits, a boolean as 0 or 1, a buffer's handle, a ByteBuffer's read-only flag) and
      *  {@code refs[i]} its object (a String, a byte[], a direct ByteBuffer, an array's
-     *  {offset, dtype, framework, dims...}); returns the result as PythonFunction reads it. */
-    public static native Object callFunction(long taskAttemptId, long function, byte[] kinds, long[] values,
-                                             Object[] refs);
+     *  {offset, dtype, framework, dims...}); returns the result as PythonFunction reads it, but a
+     *  scalar one (null, long, double, boolean) comes back as {@code scalar[0..1]} = {kind (0 null, 1
+     *  long, 2 double, 3 boolean), bits} with null returned (no object made in native code). */
+    public static native Object callFunction(long taskAttemptId, long function, int n, byte[] kinds, long[] values,
+                                             Object[] refs, long[] scalar);
 
     /** Calls the empty Python method: the bridge's own cost per call. */
     public static native void ping();

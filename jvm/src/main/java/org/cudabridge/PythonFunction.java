@@ -66,21 +66,53 @@ public final class PythonFunction {
         }
         TaskScope task = bridge.currentTask();
         int n = args.length;
-        byte[] kinds = new byte[n];
-        long[] values = new long[n];
-        Object[] refs = new Object[n];
-        for (int i = 0; i < n; i++) {
-            encode(i, args[i], task, kinds, values, refs);
-        }
-        bridge.checkRunning("call");
+        Scratch s = SCRATCH.get().fit(n);
         Object result;
         try {
-            result = NativeBridge.callFunction(task.taskAttemptId(), id, kinds, values, refs);
+            for (int i = 0; i < n; i++) {
+                encode(i, args[i], task, s.kinds, s.values, s.refs);
+            }
+            bridge.checkRunning("call");
+            s.scalar[0] = -1;
+            result = NativeBridge.callFunction(task.taskAttemptId(), id, n, s.kinds, s.values, s.refs, s.scalar);
         } catch (RuntimeException e) {
             throw bridge.shutDownOr("call", e);
+        } finally {
+            java.util.Arrays.fill(s.refs, 0, n, null);   // keep no argument alive past the call
+        }
+        if (result == null) {   // a scalar, boxed here
+            long bits = s.scalar[1];
+            switch ((int) s.scalar[0]) {
+                case RES_LONG: return bits;
+                case RES_DOUBLE: return Double.longBitsToDouble(bits);
+                case RES_BOOL: return bits != 0;
+                default: return null;
+            }
         }
         return toJava(result, task);
     }
+
+    // Scalar result kinds (bridge/function_calls.h's RES_* codes)
+    private static final int RES_LONG = 1, RES_DOUBLE = 2, RES_BOOL = 3;
+
+    /** The calling thread's argument arrays, reused from call to call (no allocation per call). */
+    private static final class Scratch {
+        byte[] kinds = new byte[8];
+        long[] values = new long[8];
+        Object[] refs = new Object[8];
+        final long[] scalar = new long[2];
+
+        Scratch fit(int n) {
+            if (n > kinds.length) {
+                kinds = new byte[n];
+                values = new long[n];
+                refs = new Object[n];
+            }
+            return this;
+        }
+    }
+
+    private static final ThreadLocal<Scratch> SCRATCH = ThreadLocal.withInitial(Scratch::new);
 
     /**
      * This function over column batches: the returned function takes one array per input column
