@@ -23,7 +23,7 @@ from cudabridge.spark import build as spark_build
 
 GPU, WHY = gpu_visible()
 ORDER = ["config", "python", "libpython", "jpype", "org.jpype.jar", "jni-library", "jni-python", "_fastpath",
-         "_registry_core", "_hotcore", "_library_core", "cudabridge.jar", "cudabridge-spark.jar", "java", "device", "kernels",
+         "_registry_core", "_hotcore", "_library_core", "_call_core", "cudabridge.jar", "cudabridge-spark.jar", "java", "device", "kernels",
          "pinned-memory"]
 SWITCH = native.ENV_SWITCH
 
@@ -105,7 +105,7 @@ def test_fast_paths_switched_off_warn_and_exit_0():
     proc = _doctor("--backend", "emulated", **{SWITCH: "0"})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = {name: (status, rest) for status, name, rest in _lines(proc.stdout)}
-    for name in ("_fastpath", "_registry_core", "_hotcore", "_library_core"):
+    for name in ("_fastpath", "_registry_core", "_hotcore", "_library_core", "_call_core"):
         status, rest = rows[name]
         assert status == "warn" and f"switched off by {SWITCH}=0" in rest, proc.stdout
         assert f"fix: unset {SWITCH}" in rest

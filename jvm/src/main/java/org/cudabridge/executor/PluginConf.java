@@ -41,6 +41,8 @@ public final class PluginConf {
     public static final String METRICS_REFRESH_MS = SettingsTable.METRICS_REFRESH_MS.sparkKey();
     /** Period (ms) of each executor's statistics report to the driver plugin; 0 disables. */
     public static final String REPORT_INTERVAL_MS = SettingsTable.REPORT_INTERVAL_MS.sparkKey();
+    /** Rows per batch of {@code GpuPython.mapBatches} (read on the driver when the plan is made). */
+    public static final String PYTHON_BATCH_ROWS = SettingsTable.PYTHON_BATCH_ROWS.sparkKey();
     /** The service key {@link #toOptions} sets from the executor's GPU resource addresses unless it is set. */
     public static final String GPU_ADDRESSES = SettingsTable.GPU_ADDRESSES.sparkKey();
 

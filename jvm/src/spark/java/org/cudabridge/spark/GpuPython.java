@@ -18,6 +18,7 @@ import org.apache.spark.sql.types.StructField;
 import org.apache.spark.sql.types.StructType;
 import org.cudabridge.DType;
 import org.cudabridge.SettingsTable;
+import org.cudabridge.executor.PluginConf;
 
 /**
  * A Python function over a DataFrame's columns in batches, run inside the executor's own Python
@@ -91,7 +92,7 @@ public final class GpuPython {
             }
         }
         String rows = options.getOrDefault(BATCH_ROWS,
-                df.sparkSession().conf().get(SettingsTable.PYTHON_BATCH_ROWS.sparkKey(), null));
+                df.sparkSession().conf().get(PluginConf.PYTHON_BATCH_ROWS, null));
         int batchRows = (int) SettingsTable.PYTHON_BATCH_ROWS.intValue(rows);   // checked: a bad value is refused, named
         StructType in = df.schema();
         List<DType> inTypes = types("input", in);
