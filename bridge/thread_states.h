@@ -42,7 +42,7 @@ typedef struct {
 } gil_section;
 
 /* Errors captured while the GIL was held, thrown once it is released. */
-#define CB_OOM_MAX_FIELDS 16   /* room for OutOfDeviceMemory.FIELDS (7 today) */
+#define CB_OOM_MAX_FIELDS 16   /* room for OutOfDeviceMemory.FIELDS (8 today) */
 
 typedef struct {
     int kind;            /* 0 none, 1 Python exception */

@@ -65,6 +65,9 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("kernels", ("cudabridge.kernels",)),
     # task attempt -> GPU and stream, leases, launches, release
     ("tasks", ("cudabridge.task_registry",)),
+    # memory pressure: waits registered where they happen, the breaker, admission; over the
+    # registry's leases and the pools' out-of-memory hook
+    ("memory pressure", ("cudabridge.pressure",)),
     # Python GPU libraries' allocations through the pools and the registry; the service installs
     # them (the allocators setting) and is reached through allocators.library_allocator.Service
     ("library allocators", ("cudabridge.allocators",)),

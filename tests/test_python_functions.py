@@ -269,3 +269,15 @@ def test_calls_from_python_code_use_the_same_path(service):
         if importlib.util.find_spec("torch") is not None:
             raise InvalidArgument("torch")   # torch installed: from_numpy works; nothing to check here
         calls.call(5, f, [ArrayArgument(a, 0, "float64", (2,), "torch")])
+
+
+def test_the_dtype_table_matches_java_and_numpy():
+    """functions/dtypes.py's table is what Java's DType reads from the jar (DTypeTest holds its
+    constants to it); here: each entry's item size and typestr are numpy's own."""
+    from cudabridge.functions.dtypes import DTYPES, dtype_of_typestr
+
+    for name, (size, typestr) in DTYPES.items():
+        assert np.dtype(name).itemsize == size and np.dtype(name).str == typestr
+        assert dtype_of_typestr(np.dtype(name).str, "x") == name
+    with pytest.raises(InvalidArgument, match="not supported"):
+        dtype_of_typestr("<c16", "x")

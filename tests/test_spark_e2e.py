@@ -168,6 +168,6 @@ def test_example_d_map_batches_runs_in_the_executors_python_and_matches_map_in_p
                           main_class=None, timeout=300)
     assert run.returncode == 0, run.explain()
     s = run.summary()
-    assert s["rows_checked"] == 60000 and s["mismatched_rows"] == 0 and s["sums_equal"] and s["failed_once"], s
+    assert s["rows_checked"] == 60000 and s["mismatches"] == 0 and s["sums_equal"] and s["failed_once"], s
     assert "planned failure of the first attempt of the task holding row 40000" in run.stderr
     assert "FunctionFailedException" in run.stderr

@@ -147,4 +147,4 @@ def test_example_d_by_reference_from_py_files_in_two_executors(tmp_path, work_di
                           CLUSTER, main_class=None, timeout=240)
     assert run.returncode == 0, run.explain()
     s = run.summary()
-    assert s["rows_checked"] == 40000 and s["mismatched_rows"] == 0 and s["sums_equal"], s
+    assert s["rows_checked"] == 40000 and s["mismatches"] == 0 and s["sums_equal"], s

@@ -35,10 +35,15 @@ def test_the_glossary_names_every_statistic():
 
 def test_out_of_memory_fields_are_statistics_names():
     stats = {f.name for f in dataclasses.fields(PoolStatistics)}
-    assert set(OutOfDeviceMemory.FIELDS) - stats == {"requested_bytes"}
-    e = OutOfDeviceMemory(*range(1, 8))
-    assert e.values() == tuple(range(1, 8))
-    assert [getattr(e, f) for f in OutOfDeviceMemory.FIELDS] == list(range(1, 8))
+    assert set(OutOfDeviceMemory.FIELDS) - stats == {"requested_bytes", "reason"}
+    e = OutOfDeviceMemory(*range(1, 8), reason="timeout")
+    assert e.values() == (*range(1, 8), OutOfDeviceMemory.REASONS.index("timeout"))
+    assert [getattr(e, f) for f in OutOfDeviceMemory.FIELDS] == [*range(1, 8), "timeout"]
+    assert "waited oomWait" in str(e)
+    import pickle
+
+    again = pickle.loads(pickle.dumps(e))
+    assert again.values() == e.values() and str(again) == str(e)
 
 
 def test_release_reports_count_leaks_as_the_pool_does():

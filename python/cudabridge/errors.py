@@ -107,10 +107,22 @@ class OutOfDeviceMemory(CudaBridgeError, MemoryError):
     camelCase (a test compares), and each is named as the pool's statistics name it."""
 
     FIELDS = ("requested_bytes", "in_use_bytes", "reserved_bytes", "largest_free_block_bytes",
-              "waiting_on_events_bytes", "limit_bytes", "device")
+              "waiting_on_events_bytes", "limit_bytes", "device", "reason")
+
+    # Why the allocation failed (``reason``; Java's OomReason, same order: a reason's code is its
+    # index): ``no_wait``, it could not wait (no task's allocation, or its task's release began);
+    # ``breaker``, the deadlock breaker failed it (every task holding memory on the GPU was waiting:
+    # free what the block allocated and retry it); ``too_large``, it cannot fit even with every
+    # task's memory back (no task holds memory on the GPU: split the request); ``timeout``, it
+    # waited ``oomWait`` for other tasks' memory (pressure/memory_waits.py).
+    REASONS = ("no_wait", "breaker", "too_large", "timeout")
+    _EXPLAINED = {"no_wait": "", "breaker": "; the deadlock breaker failed it: every task holding memory on the GPU "
+                  "was waiting (retry it after freeing what it holds)",
+                  "too_large": "; it cannot fit even with every task's memory back",
+                  "timeout": "; it waited oomWait for other tasks' frees and releases"}
 
     def __init__(self, requested_bytes: int, in_use_bytes: int, reserved_bytes: int, largest_free_block_bytes: int,
-                 waiting_on_events_bytes: int, limit_bytes: int, device: int) -> None:
+                 waiting_on_events_bytes: int, limit_bytes: int, device: int, reason: str = "no_wait") -> None:
         self.requested_bytes = requested_bytes
         self.in_use_bytes = in_use_bytes
         self.reserved_bytes = reserved_bytes
@@ -118,15 +130,29 @@ class OutOfDeviceMemory(CudaBridgeError, MemoryError):
         self.waiting_on_events_bytes = waiting_on_events_bytes
         self.limit_bytes = limit_bytes
         self.device = device
-        super().__init__(
-            f"out of device memory on GPU {device}: requested {requested_bytes} bytes; "
-            f"in use {in_use_bytes}, reserved {reserved_bytes} of limit {limit_bytes}, "
-            f"largest free block {largest_free_block_bytes}, waiting on events {waiting_on_events_bytes}"
-        )
+        self.reason = reason
+
+    @property
+    def reason(self) -> str:
+        return self._reason
+
+    @reason.setter
+    def reason(self, reason: str) -> None:
+        if reason not in self.REASONS:
+            raise ValueError(f"OutOfDeviceMemory reason {reason!r}: one of {self.REASONS}")
+        self._reason = reason
+        self.args = (
+            f"out of device memory on GPU {self.device}: requested {self.requested_bytes} bytes; "
+            f"in use {self.in_use_bytes}, reserved {self.reserved_bytes} of limit {self.limit_bytes}, "
+            f"largest free block {self.largest_free_block_bytes}, waiting on events {self.waiting_on_events_bytes}"
+            + self._EXPLAINED[reason],)
+
+    def __reduce__(self):   # the constructor's arguments, not the message (pickled across processes)
+        return (type(self), tuple(getattr(self, f) for f in self.FIELDS))
 
     def values(self) -> tuple[int, ...]:
-        """The numbers in :attr:`FIELDS` order."""
-        return tuple(int(getattr(self, f)) for f in self.FIELDS)
+        """The numbers in :attr:`FIELDS` order (``reason`` as its code: its index in :attr:`REASONS`)."""
+        return tuple(self.REASONS.index(self.reason) if f == "reason" else int(getattr(self, f)) for f in self.FIELDS)
 
 
 class StreamOrderRace(CudaBridgeError):

@@ -29,6 +29,7 @@ from .memory import Allocation, PoolStatistics, StreamOrderedMemoryPool
 from .memory.native import unavailable as c_paths_unavailable
 from .memory.page_locked_regions import PageLockedRegions
 from .stream_pool import StreamPool, ensure_hardware_queues
+from .pressure import MemoryPressure, PressureStatistics
 from .task_registry import GpuResources, ReleaseReport, TaskBinding, TaskRegistry
 
 log = logging.getLogger(__name__)
@@ -46,13 +47,15 @@ class ServiceStatistics:
     memory: dict[int, PoolStatistics]
     # the Python GPU libraries whose allocations go through the pools (cudabridge.allocators)
     libraries: dict[str, LibraryStatistics] = field(default_factory=dict)
+    # waits for memory and admission (cudabridge.pressure)
+    pressure: PressureStatistics | None = None
 
     @staticmethod
     def total_names() -> tuple[str, ...]:
         """The keys of :meth:`totals`: the service's counts, then every pool statistic."""
         own = tuple(f.name for f in fields(ServiceStatistics) if f.type in ("int", int))
         return (own + tuple(f.name for f in fields(PoolStatistics) if f.name != "device")
-                + allocator_statistic_names())
+                + allocator_statistic_names() + PressureStatistics.names())
 
     def totals(self) -> dict[str, int]:
         """Executor-level numbers: the per-GPU pool statistics summed (peaks too)."""
@@ -68,6 +71,9 @@ class ServiceStatistics:
         for library, lib_stats in self.libraries.items():
             for key, value in lib_stats.as_dict().items():
                 out[f"allocator_{library}_{key}"] = value
+        out.update(dict.fromkeys(PressureStatistics.names(), 0))
+        if self.pressure is not None:
+            out.update(self.pressure.as_dict())
         return out
 
     def as_dict(self) -> dict[str, Any]:
@@ -175,6 +181,8 @@ class CudaBridgeService:
         self.page_locked = PageLockedRegions(backend, config.pinned_pool)
         self.registry.on_release(lambda b: self.page_locked.forget_task(b.task_id))
         self.kernels = KernelTable()
+        # admission (concurrentGpuTasks) and allocations that wait instead of failing (oomWait)
+        self.pressure = MemoryPressure(self.registry, gpus, config.concurrent_gpu_tasks, config.oom_wait)
         # library name -> its allocator (cudabridge.allocators), made by the library's install
         self.library_allocators: dict[str, LibraryAllocator] = {}
         self._by_address = {res.address: res.ordinal for res in gpus.values()}
@@ -212,7 +220,17 @@ class CudaBridgeService:
         if self._closed or self._unusable is not None:
             self._check_open("bind_task")
             self._check_usable("bind_task")
-        return self.registry.bind(task_id, None if gpu_address is None else self.ordinal_of(gpu_address), priority)
+        gpu = None if gpu_address is None else self.ordinal_of(gpu_address)
+        if not self.pressure.limited:
+            return self.registry.bind(task_id, gpu, priority)
+        ordinal = self.registry.gpu_for(gpu)   # the GPU the bind will pick: its admission first
+        admitted = self.pressure.admit(task_id, ordinal)
+        try:
+            return self.registry.bind(task_id, gpu, priority)
+        except BaseException:
+            if admitted:
+                self.pressure.bind_failed(task_id, ordinal)
+            raise
 
     def release_task(self, task_id: int) -> ReleaseReport:
         """The registry's release (replaced by it on each service: one call less per task)."""
@@ -346,6 +364,7 @@ class CudaBridgeService:
             c_paths_missing=len(self._c_paths_missing),
             memory={o: r.memory.statistics() for o, r in self.gpus.items()},
             libraries=libraries,
+            pressure=self.pressure.statistics(),
         )
 
     def _check_open(self, call: str) -> None:
@@ -367,6 +386,7 @@ class CudaBridgeService:
             self._closed = True
         errors: list[BaseException] = []
         reports: list[ReleaseReport] = []
+        self.pressure.close()   # waiters leave (their tasks are released next), nothing waits any more
         try:
             reports = self.registry.close(deadline_s=self.config.host_wait_timeout)
         except Exception as exc:   # noqa: BLE001 - the pools and streams are closed all the same

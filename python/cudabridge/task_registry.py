@@ -285,6 +285,14 @@ class TaskRegistry:
         """Whether bind and release run in C (``_registry_core.c``)."""
         return self._core is not None
 
+    def gpu_for(self, gpu: int | None) -> int:
+        """The ordinal a bind on ``gpu`` (None: the executor's only GPU) takes; refused as the bind refuses it."""
+        if gpu is None:
+            if self._sole is None:
+                raise InvalidArgument(f"the executor owns GPUs {sorted(self._gpus)}; say which")
+            return self._sole.ordinal
+        return self.gpu(gpu).ordinal
+
     def gpu(self, ordinal: int) -> GpuResources:
         res = self._gpus.get(ordinal) if ordinal.__class__ is int else None
         if res is None and ordinal.__class__ is not int:   # a bool would find GPU 0 or 1

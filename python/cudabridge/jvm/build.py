@@ -61,7 +61,8 @@ DTYPES_RESOURCE = "org/cudabridge/dtypes.txt"                # functions/dtypes.
 # the Python sources the statistics' names are derived from (the jar is rebuilt when one changes)
 STATISTICS_SOURCES = tuple(PACKAGE_DIR / p for p in ("memory/statistics.py", "service.py", "jvm/control.py",
                                                      "jvm/hot_path.py", "device/params.py",
-                                                     "allocators/library_allocator.py", "functions/dtypes.py"))
+                                                     "allocators/library_allocator.py", "functions/dtypes.py",
+                                                     "pressure/__init__.py"))
 
 
 class BuildError(RuntimeError):

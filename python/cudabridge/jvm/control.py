@@ -22,7 +22,7 @@ import logging
 import threading
 from typing import TYPE_CHECKING, Any, Callable
 
-from ..errors import InvalidArgument, PoolClosed
+from ..errors import InvalidArgument, PoolClosed, UnknownTask
 from ..stream_pool import Priority
 from . import tools
 from .hot_path import STAGING_STATISTICS
@@ -158,7 +158,12 @@ class BridgeControl:
         """Release the task; its buffers die in Java (the Java side marked them) and in Python
         (the hot path drops their handles when the registry's release has drained the task's
         operations) before the registry frees them on the task's stream."""
-        report = self.service.release_task(task)
+        try:
+            report = self.service.release_task(task)
+        except UnknownTask:
+            if not self.service.pressure.cancel_admission(task):
+                raise
+            return 0, 0   # it waited for admission (its bind had not happened): it leaves, nothing held
         self.releases += 1
         return report.leaks_reclaimed, report.leaked_bytes_reclaimed
 

@@ -50,6 +50,7 @@ typedef struct {
     PyObject *fence_stamps, *place_pending;  /* ... for frees behind events or several streams */
     PyObject *queue_waits, *return_unwaited;  /* ... for blocks the caller's own stream must wait for */
     PyObject *trim_recent;  /* ... to bound an arena's reclaim queue */
+    PyObject *out_of_memory, *oom_type;  /* the slow path raised oom_type: ask out_of_memory (retry or not) */
     SerialWorker *worker;  /* runs the locked steps (slow, place_pending, return_unwaited) off this thread */
     PyObject *allocate_normalized, *free_normalized;  /* ... for arguments that are not exact ints */
     PyObject *live_state, *alive, *freed;  /* LIVE (block state), ALIVE / FREED (allocation) */
@@ -67,7 +68,7 @@ static PyObject *s_append, *s_allocate, *s_free;
 #define FP_OBJECTS(X) X(arenas) X(live) X(owners) X(all_arenas) X(alloc_type) X(pool) X(slow) \
     X(resolve_arena) X(refuse_size) X(refuse_free) X(fence_stamps) X(place_pending) X(queue_waits) \
     X(return_unwaited) X(trim_recent) X(worker) X(allocate_normalized) X(free_normalized) \
-    X(live_state) X(alive) X(freed) X(stream_query)
+    X(live_state) X(alive) X(freed) X(stream_query) X(out_of_memory) X(oom_type)
 
 static int fp_traverse(FastPath *self, visitproc visit, void *arg) {
 #define VISIT(f) Py_VISIT(self->f);
@@ -144,7 +145,9 @@ static int fp_init(FastPath *self, PyObject *args, PyObject *kwds) {
         hook(hooks, "return_unwaited", NULL, &self->return_unwaited) < 0 ||
         hook(hooks, "fence_stamps", NULL, &self->fence_stamps) < 0 ||
         hook(hooks, "place_pending", NULL, &self->place_pending) < 0 ||
-        hook(hooks, "trim_recent", NULL, &self->trim_recent) < 0) {
+        hook(hooks, "trim_recent", NULL, &self->trim_recent) < 0 ||
+        hook(hooks, "out_of_memory", NULL, &self->out_of_memory) < 0 ||
+        hook(hooks, "out_of_memory_error", &PyType_Type, &self->oom_type) < 0) {
         fp_clear(self);
         return -1;
     }
@@ -251,7 +254,34 @@ static PyObject *fp_allocate(FastPath *self, PyObject *const *args, Py_ssize_t n
     }
     if (blk == NULL) {
         PyObject *sargs = PyTuple_Pack(2, rkey, arena);
-        blk = sargs ? sw_run(self->worker, self->slow, sargs) : NULL;
+        long attempt = 0;
+        for (;;) {
+            blk = sargs ? sw_run(self->worker, self->slow, sargs) : NULL;
+            if (blk != NULL || sargs == NULL || !PyErr_ExceptionMatches(self->oom_type))
+                break;
+            /* out of memory: on this thread, no lock held, the hook may wait and ask again */
+            PyObject *et, *ev, *etb;
+            PyErr_Fetch(&et, &ev, &etb);
+            PyErr_NormalizeException(&et, &ev, &etb);
+            if (etb != NULL) PyException_SetTraceback(ev, etb);
+            PyObject *n = PyLong_FromLong(attempt);
+            PyObject *again = n == NULL ? NULL : PyObject_CallFunctionObjArgs(self->out_of_memory, rkey, arena, owner,
+                                                                              ev ? ev : Py_None, n, NULL);
+            Py_XDECREF(n);
+            int retry = again == NULL ? -1 : PyObject_IsTrue(again);
+            Py_XDECREF(again);
+            if (retry == 1) {
+                Py_XDECREF(et); Py_XDECREF(ev); Py_XDECREF(etb);
+                attempt++;
+                continue;
+            }
+            if (retry == 0) {
+                PyErr_Restore(et, ev, etb);   /* the pool's own OutOfDeviceMemory */
+            } else {
+                Py_XDECREF(et); Py_XDECREF(ev); Py_XDECREF(etb);   /* the hook's error stands */
+            }
+            break;
+        }
         Py_XDECREF(sargs);
         if (blk == NULL)
             goto fail;

@@ -40,3 +40,10 @@ class FastPathHooks:
     fence_stamps: Callable[[Allocation, StreamArena], dict]       # device work only, on the caller
     place_pending: Callable[[Block, StreamArena, dict], None]     # locked: freed behind several streams
     trim_recent: Callable[[StreamArena], None]              # inline, takes the lock itself
+    # the slow path found no memory (it raised ``out_of_memory_error``): called on the allocating
+    # thread with no lock held and not on the serial worker, with (rounded size, arena, owner, the
+    # error, how many times before this allocation asked: 0 the first); returns True to run the
+    # slow path again (memory may have come back), False to raise the error, or raises what the
+    # allocation raises instead (StreamOrderedMemoryPool._out_of_memory)
+    out_of_memory: Callable[[int, StreamArena, object, BaseException, int], bool]
+    out_of_memory_error: type

@@ -25,7 +25,8 @@ FOLD_MASK = (1 << 14) - 1    # the ledger folds every 16384 allocations: a short
 class PythonFastPath:
     __slots__ = ("_pool", "_arenas", "_resolve", "_live", "_owners", "_max_request", "_refuse_size",
                  "_refuse_free", "_allocate_normalized", "_free_normalized", "_slow", "_fence_stamps",
-                 "_place_fenced", "_trim_recent", "_steal", "_ids", "_ledger", "_ledger_add")
+                 "_place_fenced", "_trim_recent", "_steal", "_ids", "_ledger", "_ledger_add", "_out_of_memory",
+                 "_oom")
 
     def __init__(self, hooks: FastPathHooks, *, steal: Callable[[int, StreamArena], Block | None] | None,
                  place_fenced: Callable[[Block, StreamArena, dict], None], ledger: UsageLedger) -> None:
@@ -42,6 +43,8 @@ class PythonFastPath:
         # On this path the slow path runs on the calling thread, which names its own stream: it
         # never returns (block, waits), so queue_waits / return_unwaited are never needed here.
         self._slow = hooks.allocate_slow
+        self._out_of_memory = hooks.out_of_memory
+        self._oom = hooks.out_of_memory_error
         self._fence_stamps = hooks.fence_stamps
         self._place_fenced = place_fenced
         self._trim_recent = hooks.trim_recent
@@ -78,8 +81,14 @@ class PythonFastPath:
                 pass
         if blk is None:
             blk = self._steal(r, arena) if self._steal is not None else None
-            if blk is None:
-                blk = self._slow(r, arena)
+            attempt = 0
+            while blk is None:
+                try:
+                    blk = self._slow(r, arena)
+                except self._oom as exc:   # no lock held here: the hook may wait, then ask again
+                    if not self._out_of_memory(r, arena, owner, exc, attempt):
+                        raise
+                    attempt += 1
         blk.state = LIVE
         aid = next(self._ids)
         a = Allocation(blk.ptr, size, aid, stream, owner, blk, arena, self._pool)

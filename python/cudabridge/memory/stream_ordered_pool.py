@@ -26,10 +26,10 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Iterable
+from typing import Callable, Iterable
 
 from ..device import DeviceBackend
-from ..errors import InvalidArgument, PoolClosed, UnknownStream, index_int
+from ..errors import InvalidArgument, OutOfDeviceMemory, PoolClosed, UnknownStream, index_int
 from .allocation import CLOSED, RELEASED, Allocation, free_refusal
 from .block import Block
 from .device_scope import DeviceScope
@@ -134,7 +134,7 @@ class StreamOrderedMemoryPool:
             allocate_normalized=self._allocate_normalized, free_normalized=self._free_normalized,
             allocate_slow=self._allocate_slow, queue_waits=self._queue_waits, return_unwaited=self._return_unwaited,
             fence_stamps=self._fences.stamps_for_free, place_pending=self._place_pending,
-            trim_recent=self._trim_recent,
+            trim_recent=self._trim_recent, out_of_memory=self._out_of_memory, out_of_memory_error=OutOfDeviceMemory,
         )
         self._serial = _inline
         self._worker = None
@@ -246,6 +246,18 @@ class StreamOrderedMemoryPool:
             blk = self._core.take(r, arena, self._on_device, self._ledger)
             waits = self._core.deferred_waits
             return (blk, waits) if waits else blk
+
+    # What an allocation the slow path cannot serve does: by default it raises OutOfDeviceMemory;
+    # the service installs its memory waits here (pressure/), which may wait for other owners'
+    # frees and ask for the slow path again. Called on the allocating thread, no lock held.
+    out_of_memory_handler: "Callable[[StreamOrderedMemoryPool, int, object, OutOfDeviceMemory, int], bool] | None" = None
+
+    def _out_of_memory(self, r: int, arena: StreamArena, owner: object, exc: OutOfDeviceMemory, attempt: int) -> bool:
+        """The fast paths' hook when the slow path raised ``exc`` for ``r`` bytes of ``owner``
+        (``attempt``: the times this allocation asked before): True runs the slow path again;
+        False raises ``exc``; the handler may raise instead."""
+        handler = self.out_of_memory_handler
+        return False if handler is None else bool(handler(self, r, owner, exc, attempt))
 
     def _queue_waits(self, arena: StreamArena, waits: list) -> None:
         """On the allocating thread: make its stream wait for the events the slow path found

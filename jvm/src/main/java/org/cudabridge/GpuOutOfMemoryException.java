@@ -5,7 +5,8 @@ import java.util.List;
 
 /**
  * The GPU's memory pool could not satisfy an allocation, after reclaiming completed frees, taking
- * blocks in flight with a device-side wait and one host synchronize. The numbers tell
+ * blocks in flight with a device-side wait and one host synchronize, and, for a task's allocation,
+ * after waiting for other tasks' frees ({@link #reason()} says why it stopped waiting). The numbers tell
  * fragmentation (large {@link #reservedBytes()}, small {@link #largestFreeBlockBytes()}) from
  * exhaustion. They are Python's {@code OutOfDeviceMemory.FIELDS}, in that order, named in
  * camelCase ({@link #FIELDS}; a test compares the two lists) as the pool's statistics name them.
@@ -15,7 +16,20 @@ public class GpuOutOfMemoryException extends CudaBridgeException {
 
     /** The numbers' names, in the order the bridge passes them. */
     public static final List<String> FIELDS = List.of("requestedBytes", "inUseBytes", "reservedBytes",
-            "largestFreeBlockBytes", "waitingOnEventsBytes", "limitBytes", "device");
+            "largestFreeBlockBytes", "waitingOnEventsBytes", "limitBytes", "device", "reason");
+
+    /** Why the allocation failed (Python's {@code OutOfDeviceMemory.REASONS}, same order). */
+    public enum Reason {
+        /** It could not wait: no task's allocation, or its task's release began. */
+        NO_WAIT,
+        /** The deadlock breaker failed it: every task holding memory on the GPU was waiting. Free
+         *  what the work allocated and retry it ({@link GpuRetry}). */
+        BREAKER,
+        /** It cannot fit even with every task's memory back: split the work. */
+        TOO_LARGE,
+        /** It waited {@code spark.cudabridge.oomWait} for other tasks' frees and releases. */
+        TIMEOUT
+    }
 
     private final long[] fields;
 
@@ -45,4 +59,10 @@ public class GpuOutOfMemoryException extends CudaBridgeException {
     public long limitBytes() { return field("limitBytes"); }
     /** The CUDA ordinal. */
     public int device() { return (int) field("device"); }
+    /** Why it failed; {@link Reason#BREAKER} says a retry after freeing may succeed. */
+    public Reason reason() {
+        long code = field("reason");
+        Reason[] all = Reason.values();
+        return code >= 0 && code < all.length ? all[(int) code] : Reason.NO_WAIT;
+    }
 }

@@ -35,13 +35,13 @@ class GpuOutOfMemoryExceptionTest {
 
     /** Distinct numbers, so a getter reading the wrong position is seen. */
     private static long[] numbers() {
-        return new long[] {1001, 1002, 1003, 1004, 1005, 1006, 7};
+        return new long[] {1001, 1002, 1003, 1004, 1005, 1006, 7, 2};
     }
 
     @Test
     void fieldsAreThePythonOrderInCamelCase() {
         assertEquals(List.of("requestedBytes", "inUseBytes", "reservedBytes", "largestFreeBlockBytes",
-                "waitingOnEventsBytes", "limitBytes", "device"), GpuOutOfMemoryException.FIELDS);
+                "waitingOnEventsBytes", "limitBytes", "device", "reason"), GpuOutOfMemoryException.FIELDS);
         assertThrows(UnsupportedOperationException.class, () -> GpuOutOfMemoryException.FIELDS.add("x"));
     }
 
@@ -55,6 +55,18 @@ class GpuOutOfMemoryExceptionTest {
         assertEquals(1005, e.waitingOnEventsBytes());
         assertEquals(1006, e.limitBytes());
         assertEquals(7, e.device());
+        assertEquals(GpuOutOfMemoryException.Reason.TOO_LARGE, e.reason());
+    }
+
+    @Test
+    void theReasonsAreThePythonReasonsInOrder() {
+        long[] fields = numbers();
+        String[] python = {"NO_WAIT", "BREAKER", "TOO_LARGE", "TIMEOUT"};   // OutOfDeviceMemory.REASONS, upper case
+        for (int code = 0; code < python.length; code++) {
+            fields[7] = code;
+            assertEquals(python[code], new GpuOutOfMemoryException("m", TYPE, fields).reason().name());
+        }
+        assertEquals(python.length, GpuOutOfMemoryException.Reason.values().length);
     }
 
     @Test
@@ -80,9 +92,9 @@ class GpuOutOfMemoryExceptionTest {
     void refusesTheWrongCountOfNumbersNamingTheFields() {
         IllegalArgumentException shorter = assertThrows(IllegalArgumentException.class,
                 () -> new GpuOutOfMemoryException("m", TYPE, new long[] {1, 2, 3}));
-        assertTrue(shorter.getMessage().contains("expected 7 numbers " + GpuOutOfMemoryException.FIELDS + ", got [1, 2, 3]"),
+        assertTrue(shorter.getMessage().contains("expected 8 numbers " + GpuOutOfMemoryException.FIELDS + ", got [1, 2, 3]"),
                 shorter.getMessage());
-        assertThrows(IllegalArgumentException.class, () -> new GpuOutOfMemoryException("m", TYPE, new long[8]));
+        assertThrows(IllegalArgumentException.class, () -> new GpuOutOfMemoryException("m", TYPE, new long[9]));
         IllegalArgumentException none = assertThrows(IllegalArgumentException.class,
                 () -> new GpuOutOfMemoryException("m", TYPE, null));
         assertTrue(none.getMessage().endsWith("got null"), none.getMessage());
@@ -103,6 +115,8 @@ class GpuOutOfMemoryExceptionTest {
             assertTrue(oom.reservedBytes() > 0 && oom.reservedBytes() <= 64 * MIB, "reserved " + oom.reservedBytes());
             assertTrue(oom.largestFreeBlockBytes() < 40 * MIB, "largest free " + oom.largestFreeBlockBytes());
             assertEquals(64 * MIB, oom.limitBytes());
+            // the only task holding memory is the one waiting: the breaker fails it at once
+            assertEquals(GpuOutOfMemoryException.Reason.BREAKER, oom.reason());
             big.close();
             // still working: the freed 40 MiB again, a copy in and out
             byte[] data = new byte[1 << 20];

@@ -1,0 +1,125 @@
+"""Memory pressure without failed jobs: admission of a GPU's tasks, allocations that wait for
+other tasks' frees instead of failing, and the deadlock breaker that is never fooled.
+
+* :mod:`.waits`: the one table of waits, registered where they happen (never read off thread states);
+* :mod:`.breaker`: which waiting task fails, a pure function of one snapshot;
+* :mod:`.memory_waits`: the pools' out-of-memory handler (``oomWait``);
+* :mod:`.admission`: at most ``concurrentGpuTasks`` tasks holding memory per GPU.
+
+:class:`MemoryPressure` puts them on a service: it installs the handler on every pool, admits
+tasks at their bind and lets them go at their release. docs/memory-pressure.md says what a task
+sees.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from dataclasses import asdict, dataclass, fields
+from typing import TYPE_CHECKING, Mapping
+
+from .admission import Admission
+from .memory_waits import MemoryWaits
+from .waits import ADMISSION, ALLOCATION, WaitTable
+
+if TYPE_CHECKING:
+    from ..task_registry import GpuResources, TaskBinding, TaskRegistry
+
+log = logging.getLogger(__name__)
+
+__all__ = ["MemoryPressure", "PressureStatistics", "WaitTable"]
+
+
+@dataclass(frozen=True)
+class PressureStatistics:
+    """Waits for memory and for admission, executor-wide (docs/glossary.md)."""
+
+    allocations_waiting: int        # allocations waiting for memory now
+    allocation_waits: int           # allocations that did not fit and waited, ever
+    allocation_wait_us_total: int   # their time
+    oom_breaks: int                 # allocations the deadlock breaker failed
+    oom_wait_timeouts: int          # allocations that waited oomWait and failed
+    tasks_waiting_admission: int    # tasks waiting for admission now
+    admission_waits: int            # tasks that waited for admission, ever
+    admission_wait_us_total: int    # their time
+    tasks_admitted: int             # tasks holding a place now (0 when concurrentGpuTasks is unlimited)
+
+    @staticmethod
+    def names() -> tuple[str, ...]:
+        return tuple(f.name for f in fields(PressureStatistics))
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+class MemoryPressure:
+    """Admission and memory waits for one service's GPUs (``concurrent_gpu_tasks``: 0 is
+    unlimited; ``oom_wait_s``: the most an allocation waits)."""
+
+    def __init__(self, registry: "TaskRegistry", gpus: Mapping[int, "GpuResources"], concurrent_gpu_tasks: int,
+                 oom_wait_s: float) -> None:
+        self.waits = WaitTable()
+        self._gpus = gpus
+        self._order: dict[int, int] = {}
+        self._binds = itertools.count(1)
+        self.admission = {o: Admission(o, concurrent_gpu_tasks, self.waits) for o in gpus}
+        self.memory_waits = MemoryWaits(registry, self.waits, oom_wait_s, self._holders, self._bind_order)
+        for res in gpus.values():
+            res.memory.out_of_memory_handler = self.memory_waits.out_of_memory
+        registry.on_release(self._released)
+
+    @property
+    def limited(self) -> bool:
+        """Whether admission counts tasks (concurrentGpuTasks set)."""
+        return any(a.limit for a in self.admission.values())
+
+    def admit(self, task: int, gpu: int) -> bool:
+        """Before ``task``'s bind on ``gpu``: waits for its place. False when it held one already
+        (a second bind of a bound task, which the bind refuses: its place stays)."""
+        self._order.setdefault(task, next(self._binds))
+        return self.admission[gpu].admit(task)
+
+    def bind_failed(self, task: int, gpu: int) -> None:
+        """The bind that followed :meth:`admit` failed: the place goes back."""
+        self.admission[gpu].leave(task)
+        self._order.pop(task, None)
+
+    def cancel_admission(self, task: int) -> bool:
+        """``task`` ends before it was bound (its release while it waits for admission): it stops
+        waiting. Whether it was waiting."""
+        return any([a.cancel(task) for a in self.admission.values()])
+
+    def _released(self, b: "TaskBinding") -> None:
+        """The registry's release listener: the task's place goes to the next, and waiters re-check
+        (its memory is about to come back)."""
+        self.admission[b.gpu].leave(b.task_id)
+        self._order.pop(b.task_id, None)
+        self.memory_waits.forget(b.task_id)
+        self.waits.notify()
+
+    def _bind_order(self, task: int) -> int:
+        return self._order.get(task, 0)
+
+    def _holders(self, gpu: int) -> dict[int, int]:
+        owners = self._gpus[gpu].memory._owner_tracker.by_owner
+        out = {}
+        for task, owned in list(owners.items()):
+            if task is not None:
+                held = sum(a.size for a in list(owned))
+                if held:
+                    out[task] = held
+        return out
+
+    def statistics(self) -> PressureStatistics:
+        w = self.waits
+        return PressureStatistics(
+            allocations_waiting=w.waiting(ALLOCATION), allocation_waits=w.waits_total[ALLOCATION],
+            allocation_wait_us_total=int(w.waited_s[ALLOCATION] * 1e6), oom_breaks=self.memory_waits.breaks,
+            oom_wait_timeouts=self.memory_waits.timeouts, tasks_waiting_admission=w.waiting(ADMISSION),
+            admission_waits=w.waits_total[ADMISSION], admission_wait_us_total=int(w.waited_s[ADMISSION] * 1e6),
+            tasks_admitted=sum(a.admitted for a in self.admission.values()))
+
+    def close(self) -> None:
+        for res in self._gpus.values():
+            res.memory.out_of_memory_handler = None
+        self.waits.notify()

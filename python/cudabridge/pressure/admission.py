@@ -1,0 +1,102 @@
+"""Admission: at most ``concurrentGpuTasks`` tasks hold GPU memory on one GPU at once.
+
+A task is admitted at its bind (with the plugin's default ``taskBind=lazy``, its first GPU call,
+on its own thread: a task that never touches the GPU never waits) and leaves at its release. One
+past the limit waits there, registered in the wait table (kind ``admission``), in arrival order:
+each GPU keeps a queue of tickets, and a task is admitted when a place is free and its ticket is
+first among those waiting. Places count tasks, not bytes, so a small task never waits behind a
+large one. A task whose release begins while it waits stops waiting (its bind fails with
+UnknownTask).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+
+from ..errors import UnknownTask
+from .waits import ADMISSION, WaitTable
+
+log = logging.getLogger(__name__)
+
+
+class Admission:
+    """The places of one GPU's tasks (``limit`` 0: unlimited, nothing is counted)."""
+
+    def __init__(self, gpu: int, limit: int, waits: WaitTable) -> None:
+        self.gpu = gpu
+        self.limit = limit
+        self._waits = waits
+        self._admitted: set[int] = set()
+        self._queue: deque[int] = deque()   # tasks waiting, in arrival order
+        self._cancelled: set[int] = set()
+        self.admitted_total = 0
+
+    def admit(self, task: int) -> bool:
+        """Waits for a place for ``task`` (at once when one is free and nobody waits before it).
+        False when it holds one already (nothing changes)."""
+        if self.limit == 0:
+            return True
+        cond = self._waits.changed
+        with cond:
+            if task in self._admitted:
+                return False
+            if len(self._admitted) < self.limit and not self._queue:
+                self._admitted.add(task)
+                self.admitted_total += 1
+                return True
+            self._queue.append(task)
+        w = self._waits.make(ADMISSION, task, self.gpu, 0)
+        try:
+            self._waits.add(w)   # the first statement of the try (waits.py: never stranded)
+            with cond:
+                while True:
+                    if task in self._cancelled:
+                        self._cancelled.discard(task)
+                        raise UnknownTask(f"task {task} was released while it waited for admission on GPU {self.gpu}")
+                    if self._queue and self._queue[0] == task and len(self._admitted) < self.limit:
+                        self._queue.popleft()
+                        self._admitted.add(task)
+                        self.admitted_total += 1
+                        cond.notify_all()   # the next in line may fit too
+                        break
+                    cond.wait(0.05)
+        except BaseException:
+            with cond:
+                if task in self._queue:
+                    self._queue.remove(task)
+                cond.notify_all()
+            raise
+        finally:
+            self._waits.leave(w)
+        return True
+
+    def leave(self, task: int) -> None:
+        """``task`` ends (its release, or its bind failed): its place goes to the first waiting."""
+        if self.limit == 0:
+            return
+        cond = self._waits.changed
+        with cond:
+            self._admitted.discard(task)
+            cond.notify_all()
+
+    def cancel(self, task: int) -> bool:
+        """``task`` ends while it waits for a place (its release began before its bind): it stops
+        waiting, with UnknownTask. Whether it was waiting."""
+        cond = self._waits.changed
+        with cond:
+            if task not in self._queue:
+                return False
+            self._cancelled.add(task)
+            cond.notify_all()
+            return True
+
+    @property
+    def admitted(self) -> int:
+        return len(self._admitted)
+
+    @property
+    def waiting(self) -> int:
+        return len(self._queue)

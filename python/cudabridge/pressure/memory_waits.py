@@ -1,0 +1,145 @@
+"""Allocations that wait instead of failing: the pools' out-of-memory handler.
+
+When a pool's slow path finds no memory for a task's allocation, the pool calls
+:meth:`MemoryWaits.out_of_memory` on the allocating thread, with no lock held
+(``StreamOrderedMemoryPool.out_of_memory_handler``). It registers the wait (waits.py) and waits,
+at most ``oomWait`` in all, for memory to come back on that GPU: after each short wait, or at once
+when a task is released, it returns True and the pool runs its slow path again. It stops waiting
+with :class:`~cudabridge.errors.OutOfDeviceMemory` when
+
+* the deadlock breaker (breaker.py) picks this task: every task holding memory on the GPU is
+  waiting; the error's ``reason`` is ``"breaker"`` and the choice is logged with every waiter's state
+  (``"too_large"`` when no task holds memory on the GPU at all: nothing it could wait for exists);
+* ``oomWait`` has passed (``reason`` ``"timeout"``);
+
+and with :class:`~cudabridge.errors.UnknownTask` when the task's release began meanwhile (a killed
+task leaves at once). Allocations of no task (the executor's) fail at once, as before
+(``reason`` ``"no_wait"``): nothing of theirs is released.
+
+Frees do not notify (they are the pools' lock-free fast path); a waiter polls, from 1 ms doubling
+to 16 ms, and releases wake it at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import TYPE_CHECKING, Any, Callable, Mapping
+
+from ..errors import OutOfDeviceMemory
+from .breaker import victim
+from .waits import ALLOCATION, WaitTable
+
+if TYPE_CHECKING:
+    from ..task_registry import TaskRegistry
+
+log = logging.getLogger(__name__)
+
+POLL_FIRST_S = 0.001
+POLL_MAX_S = 0.016
+
+
+class MemoryWaits:
+    """The out-of-memory handler of every pool of one service (one per service)."""
+
+    def __init__(self, registry: "TaskRegistry", waits: WaitTable, oom_wait_s: float,
+                 holders: Callable[[int], Mapping[int, int]], bind_order: Callable[[int], int]) -> None:
+        self._leases = registry.leases
+        self._waits = waits
+        self._oom_wait_s = oom_wait_s
+        self._holders = holders          # gpu -> {task: bytes held there}
+        self._bind_order = bind_order    # task -> its bind sequence number (larger: younger)
+        self._started = threading.local()   # the thread's allocation now waiting: its first wait's start
+        self._chosen: set[int] = set()   # tasks the breaker picked, whose waiting allocation fails next
+        self.breaks = 0
+        self.timeouts = 0
+
+    def out_of_memory(self, pool: Any, r: int, owner: object, exc: OutOfDeviceMemory, attempt: int) -> bool:
+        """The pool's handler (module docstring): True to run the slow path again. ``attempt``
+        counts this allocation's earlier asks: its deadline runs from its first."""
+        if owner is None:
+            exc.reason = "no_wait"
+            return False
+        lease = self._leases.get(owner)
+        if lease is None or not lease.open:
+            if attempt:   # it waited, and its task's release began meanwhile (a killed task): it leaves
+                raise self._leases.refusal(owner, lease)
+            exc.reason = "no_wait"   # not a bound task's (an owner of the pool's own): as before
+            return False
+        now = time.monotonic()
+        if attempt == 0:
+            self._started.since = now
+        since = self._started.__dict__.get("since", now)
+        deadline = since + self._oom_wait_s
+        pause = min(POLL_FIRST_S * (1 << min(attempt, 4)), POLL_MAX_S)
+        w = self._waits.make(ALLOCATION, owner, pool.device, r, first=attempt == 0)   # type: ignore[arg-type]
+        try:
+            self._waits.add(w)   # the first statement of the try (waits.py: never stranded)
+            if not lease.open:
+                raise self._leases.refusal(owner, lease)
+            reason = self._break(pool.device, w)
+            if reason is not None:
+                self.breaks += reason == "breaker"
+                exc.reason = reason
+                raise exc
+            if now >= deadline:
+                self.timeouts += 1
+                exc.reason = "timeout"
+                log.warning("task %s: %d bytes on GPU %d did not fit within oomWait (%.1f s)", owner, r, pool.device,
+                            self._oom_wait_s)
+                raise exc
+            with self._waits.changed:
+                self._waits.changed.wait(min(pause, deadline - now))
+            if owner in self._chosen:   # picked while it waited
+                return self.out_of_memory(pool, r, owner, exc, attempt + 1)
+            return True
+        finally:
+            self._waits.leave(w)
+
+    def _break(self, gpu: int, me: Any) -> str | None:
+        """The reason this waiter's allocation fails now, or None: its task was picked by the
+        breaker, now or earlier (by another waiter's check). Picking another task marks it and
+        wakes its waiters."""
+        if me.task in self._chosen:
+            self._chosen.discard(me.task)
+            return "breaker"
+        waits = self._waits.snapshot(gpu)
+        holders = self._holders(gpu)
+        running = self._running(waits)
+        order = {t: self._bind_order(t) for t in {w.task for w in waits} | set(holders)}
+        picked = victim(holders, waits, running, order)
+        if picked is None:
+            return None
+        chosen, reason = picked
+        if reason == "too_large":
+            return reason if chosen == me.task else None
+        now = time.monotonic()
+        log.warning("GPU %d: every task holding memory is waiting; failing task %d's allocation (the youngest "
+                    "waiting holder). Holders (bytes): %s. Waits: %s", gpu, chosen, dict(holders),
+                    "; ".join(w.describe(now) for w in waits))
+        if chosen != me.task:
+            self._chosen.add(chosen)
+            self._waits.notify()
+            return None
+        return reason
+
+    def _running(self, waits: list) -> set[int]:
+        """Tasks with a thread inside one of their operations that is not one of these waits."""
+        waiting_threads: dict[int, list[int]] = {}
+        for w in waits:
+            waiting_threads.setdefault(w.task, []).append(w.thread)
+        running = set()
+        for task, threads in waiting_threads.items():
+            lease = self._leases.get(task)
+            if lease is None:
+                continue
+            # every entry of a waiting thread is that wait (a Python function's call holds the
+            # lease around the allocation that waits: two entries, one thread, waiting)
+            if any(t not in threads for t in list(lease.inside)):
+                running.add(task)
+        return running
+
+    def forget(self, task: int) -> None:
+        """A released task is no longer the breaker's pick."""
+        self._chosen.discard(task)

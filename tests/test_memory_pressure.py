@@ -1,0 +1,227 @@
+"""Memory pressure (pressure/): allocations that wait for other tasks' frees instead of failing,
+the deadlock breaker (a hypothesis test over random wait graphs, then real threads on the emulated
+device), admission of a GPU's tasks, and waiters that leave when their task is released."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cudabridge.config import ServiceConfig
+from cudabridge.errors import OutOfDeviceMemory, UnknownTask
+from cudabridge.pressure.breaker import victim
+from cudabridge.pressure.waits import ADMISSION, ALLOCATION, Wait
+from cudabridge.service import CudaBridgeService
+
+MIB = 1 << 20
+
+
+# the breaker over random wait graphs -------------------------------------------------------------
+@st.composite
+def graphs(draw):
+    tasks = list(range(1, draw(st.integers(1, 7)) + 1))
+    holders = {t: draw(st.sampled_from([0, 0, 256, 4096, MIB])) for t in tasks}
+    waits = []
+    for t in tasks:
+        for _ in range(draw(st.integers(0, 2))):   # threads of the task waiting
+            kind = draw(st.sampled_from([ALLOCATION, ALLOCATION, ADMISSION]))
+            waits.append(Wait(kind, t, 0, 256 if kind == ALLOCATION else 0, draw(st.integers(1, 99)), 0.0, len(waits)))
+    # running: a thread inside one of the task's operations that is not waiting (a copy, a launch,
+    # a Python function, or a thread waiting for the GIL in the bridge, on its way into one)
+    running = {t for t in tasks if draw(st.booleans()) and draw(st.booleans())}
+    order = {t: draw(st.integers(0, 5)) for t in tasks}
+    return holders, waits, running, order
+
+
+@settings(max_examples=600, deadline=None)
+@given(graphs())
+def test_the_breaker_fails_only_when_every_holder_waits_and_then_the_youngest(graph):
+    holders, waits, running, order = graph
+    picked = victim(holders, waits, running, order)
+    held = {t for t, n in holders.items() if n}
+    waiting = {w.task for w in waits}
+    alloc = {w.task for w in waits if w.kind == ALLOCATION}
+    blocked = {t for t in held if t in waiting and t not in running}
+    if picked is None:
+        # never a hang: no allocation waits, or some holder can still give memory back
+        assert not alloc or (held and blocked != held) or (held and not (held & alloc))
+        return
+    task, reason = picked
+    assert task in alloc
+    if reason == "too_large":
+        assert not held   # nothing any task could give back
+        assert order.get(task, 0) == min(order.get(t, 0) for t in alloc)
+    else:
+        assert reason == "breaker"
+        assert blocked == held, "a break while a holder runs or is between operations"
+        assert task in held
+        assert (order[task], task) == max((order[t], t) for t in held & alloc)   # the youngest waiting holder
+
+
+def test_a_holder_running_alongside_its_waiting_thread_is_never_broken():
+    """Task 1's thread waits while another of its threads runs (a copy): not blocked."""
+    waits = [Wait(ALLOCATION, 1, 0, 256, 11, 0.0, 1), Wait(ALLOCATION, 2, 0, 256, 12, 0.0, 2)]
+    assert victim({1: MIB, 2: MIB}, waits, {1}, {1: 1, 2: 2}) is None
+    assert victim({1: MIB, 2: MIB}, waits, set(), {1: 1, 2: 2}) == (2, "breaker")
+
+
+# real threads on the emulated device --------------------------------------------------------------
+@pytest.fixture
+def make_service(emulated):
+    made = []
+
+    def make(**conf):
+        svc = CudaBridgeService(ServiceConfig(backend="emulated", streams_per_gpu=8, high_priority_streams=0,
+                                              pool_limit="8m", **conf), backend=emulated)
+        made.append(svc)
+        return svc
+
+    yield make
+    for svc in made:
+        svc.close()
+
+
+def _thread(fn):
+    out = {}
+
+    def run():
+        try:
+            out["result"] = fn()
+        except BaseException as exc:   # noqa: BLE001 - handed to the test
+            out["error"] = exc
+
+    t = threading.Thread(target=run)
+    t.start()
+    return t, out
+
+
+def _until(cond, timeout=10.0):
+    end = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < end, "timed out"
+        time.sleep(0.002)
+
+
+def test_an_allocation_waits_for_another_tasks_free_and_succeeds(make_service):
+    svc = make_service(oom_wait=10)
+    svc.bind_task(1)
+    svc.bind_task(2)
+    held = svc.allocate(1, 6 * MIB)
+    t, out = _thread(lambda: svc.allocate(2, 4 * MIB))
+    _until(lambda: svc.statistics().pressure.allocations_waiting == 1)
+    time.sleep(0.05)
+    assert t.is_alive()   # waiting, not failed: task 1 holds memory and is not waiting
+    held.free()
+    t.join(10)
+    assert "error" not in out, out
+    s = svc.statistics().pressure
+    assert s.allocations_waiting == 0 and s.allocation_waits >= 1 and s.allocation_wait_us_total > 0
+    out["result"].free()
+
+
+def test_when_every_holder_waits_the_youngest_fails_with_the_breaker_and_the_other_proceeds(make_service):
+    svc = make_service(oom_wait=30)
+    svc.bind_task(1)
+    svc.bind_task(2)   # bound later: the younger
+    a1 = svc.allocate(1, 4 * MIB)
+    a2 = svc.allocate(2, 3 * MIB)
+    t1, out1 = _thread(lambda: svc.allocate(1, 4 * MIB))
+    _until(lambda: svc.statistics().pressure.allocations_waiting == 1)
+    t0 = time.monotonic()
+    with pytest.raises(OutOfDeviceMemory) as info:
+        svc.allocate(2, 4 * MIB)   # now both holders wait: task 2 (youngest) fails at once
+    assert info.value.reason == "breaker" and time.monotonic() - t0 < 5
+    assert "deadlock breaker" in str(info.value)
+    a2.free()   # what a retry helper does: free what the block allocated
+    t1.join(10)
+    assert "error" not in out1, out1
+    assert svc.statistics().pressure.oom_breaks == 1
+    a1.free()
+    out1["result"].free()
+
+
+def test_a_wait_past_oom_wait_fails_with_timeout(make_service):
+    svc = make_service(oom_wait=0.2)
+    svc.bind_task(1)
+    svc.bind_task(2)
+    held = svc.allocate(1, 6 * MIB)   # task 1 holds and does nothing: not waiting, so no break
+    t0 = time.monotonic()
+    with pytest.raises(OutOfDeviceMemory) as info:
+        svc.allocate(2, 4 * MIB)
+    assert info.value.reason == "timeout" and 0.15 < time.monotonic() - t0 < 5
+    assert svc.statistics().pressure.oom_wait_timeouts == 1
+    held.free()
+
+
+def test_a_waiting_allocation_leaves_at_once_when_its_task_is_released(make_service):
+    svc = make_service(oom_wait=30)
+    svc.bind_task(1)
+    svc.bind_task(2)
+    held = svc.allocate(1, 6 * MIB)
+    t, out = _thread(lambda: svc.allocate(2, 4 * MIB))
+    _until(lambda: svc.statistics().pressure.allocations_waiting == 1)
+    t0 = time.monotonic()
+    svc.release_task(2)   # a killed task: its release waits for its operations, which leave
+    t.join(10)
+    assert time.monotonic() - t0 < 5 and isinstance(out.get("error"), UnknownTask), out
+    held.free()
+    assert svc.memory_pool(0).statistics().in_use_bytes == 0
+
+
+def test_no_task_holds_memory_and_the_request_cannot_fit_fails_at_once(make_service):
+    svc = make_service(oom_wait=30)
+    svc.bind_task(1)
+    outside = svc.memory_pool(0).allocate(6 * MIB, svc.registry.binding(1).stream)   # the executor's: no task's
+    with pytest.raises(OutOfDeviceMemory) as info:
+        svc.allocate(1, 4 * MIB)
+    assert info.value.reason == "too_large"
+    with pytest.raises(OutOfDeviceMemory) as info:   # and the executor's own allocation never waits
+        svc.memory_pool(0).allocate(4 * MIB, svc.registry.binding(1).stream)
+    assert info.value.reason == "no_wait"
+    outside.free()
+
+
+def test_admission_bounds_the_tasks_and_admits_in_arrival_order(make_service):
+    svc = make_service(concurrent_gpu_tasks=1)
+    svc.bind_task(1)
+    order = []
+    threads = []
+    for task in (2, 3, 4):
+        t, out = _thread(lambda task=task: (svc.bind_task(task), order.append(task)))
+        threads.append((t, out))
+        _until(lambda n=len(threads): svc.statistics().pressure.tasks_waiting_admission == n)
+    assert svc.statistics().pressure.tasks_admitted == 1
+    svc.release_task(1)
+    _until(lambda: order == [2])
+    svc.release_task(2)
+    _until(lambda: order == [2, 3])
+    svc.release_task(3)
+    _until(lambda: order == [2, 3, 4])
+    for t, out in threads:
+        t.join(5)
+        assert "error" not in out, out
+    s = svc.statistics().pressure
+    assert s.admission_waits == 3 and s.tasks_waiting_admission == 0 and s.admission_wait_us_total > 0
+    svc.release_task(4)
+
+
+def test_a_task_released_while_it_waits_for_admission_leaves(make_service):
+    from cudabridge.jvm.control import BridgeControl
+    from cudabridge.jvm.hot_path import JavaHotPath
+
+    svc = make_service(concurrent_gpu_tasks=1)
+    control = BridgeControl(svc, JavaHotPath(svc), {})
+    svc.bind_task(1)
+    t, out = _thread(lambda: svc.bind_task(2))
+    _until(lambda: svc.statistics().pressure.tasks_waiting_admission == 1)
+    assert control.release_task(2) == (0, 0)   # Java's release of a task whose bind waits
+    t.join(5)
+    assert isinstance(out.get("error"), UnknownTask), out
+    assert svc.statistics().pressure.tasks_waiting_admission == 0
+    svc.release_task(1)
+    svc.bind_task(3)   # the place is free
+    svc.release_task(3)
