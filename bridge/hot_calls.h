@@ -24,13 +24,19 @@
     gil_section g;                                                                                           \
     captured_error err = {0};                                                                                \
     int gated = (short_call) ? gate_enter((uintptr_t)&t_slot) : 0;                                           \
+    t_in_gate = gated;                                                                                       \
     if (gil_enter(env, &g) != 0) {                                                                           \
         if (gated) gate_exit();                                                                              \
+        t_in_gate = 0;                                                                                       \
         return ret;                                                                                          \
     }
-#define HOT_LEAVE()   \
-    gil_exit(&g);     \
-    if (gated) gate_exit();
+/* t_in_gate, not gated: a call that waited (gate_yield) may have gone back in (gate_resume). */
+#define HOT_LEAVE()       \
+    gil_exit(&g);         \
+    if (t_in_gate) gate_exit(); \
+    t_in_gate = 0;
+
+
 
 /* static native void configureGate(boolean enabled, long holdNanos) */
 JNIEXPORT void JNICALL Java_org_cudabridge_NativeBridge_configureGate(JNIEnv *env, jclass cls, jboolean enabled,

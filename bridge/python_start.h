@@ -472,6 +472,12 @@ static char *run_bootstrap(JNIEnv *env, jobjectArray pythonpath, const char *lib
              cache_method(hot, "copy_in_address", &m_copy_in_address) ||
              cache_method(hot, "copy_out_address", &m_copy_out_address) ||
              cache_method(hot, "call_function", &m_call_function);
+    if (rc == 0) {   /* the gate's yield and resume, for allocations that wait (hot_calls.h) */
+        PyObject *r = PyObject_CallMethod(hot, "install_gate", "KK", (unsigned long long)(uintptr_t)&cb_gate_yield,
+                                          (unsigned long long)(uintptr_t)&cb_gate_resume);
+        rc = r == NULL ? -1 : 0;
+        Py_XDECREF(r);
+    }
     if (rc == 0) {
         PyObject *api = PyObject_GetAttrString(hot, "native_api");
         if (api == NULL) {

@@ -24,6 +24,25 @@ typedef struct {
 } thread_slot;
 
 static __thread thread_slot t_slot;
+
+/* Whether this thread holds the gate now (between HOT_ENTER and HOT_LEAVE of a short call). */
+static __thread int t_in_gate;
+
+/* A short call about to wait (an allocation waiting for other tasks' frees: pressure/
+ * memory_waits.py) lets the gate go, so that the other threads' calls (the frees it waits for
+ * among them) pass meanwhile; it goes back in before it returns. Called from Python through
+ * ctypes, which releases the GIL around them: the gate is never waited for with the GIL held
+ * (the order is always gate, then GIL). gate_yield returns whether it let the gate go. */
+static int cb_gate_yield(void) {
+    if (!t_in_gate) return 0;
+    t_in_gate = 0;
+    gate_exit();
+    return 1;
+}
+
+static void cb_gate_resume(int yielded) {
+    if (yielded && !t_in_gate) t_in_gate = gate_enter((uintptr_t)&t_slot);
+}
 static pthread_key_t g_slot_key;
 static pthread_once_t g_key_once = PTHREAD_ONCE_INIT;
 static int g_key_error;

@@ -652,6 +652,15 @@ class JavaHotPath:
                 log.warning("kernel %r is launched through Python: %s", kernel.name, exc)
         return kid
 
+    def install_gate(self, yield_address: int, resume_address: int) -> None:
+        """Called by the bridge library at start with its gate's yield and resume (bridge/
+        thread_states.h): an allocation that waits for other tasks' frees (pressure/
+        memory_waits.py) lets the gate go while it waits, so that the other threads' short calls,
+        the frees it waits for among them, pass meanwhile. ctypes releases the GIL around them."""
+        gate_yield = ctypes.CFUNCTYPE(ctypes.c_int)(yield_address)
+        gate_resume = ctypes.CFUNCTYPE(None, ctypes.c_int)(resume_address)
+        self._service.pressure.memory_waits.around_wait(gate_yield, gate_resume)
+
     @property
     def native_api(self) -> Any:
         """The C twin's entry points for the JNI library (a capsule, jvm/native_api.h), or None."""

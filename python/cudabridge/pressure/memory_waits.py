@@ -52,8 +52,15 @@ class MemoryWaits:
         self._bind_order = bind_order    # task -> its bind sequence number (larger: younger)
         self._started = threading.local()   # the thread's allocation now waiting: its first wait's start
         self._chosen: set[int] = set()   # tasks the breaker picked, whose waiting allocation fails next
+        self._before_wait: Callable[[], Any] | None = None
+        self._after_wait: Callable[[Any], None] | None = None
         self.breaks = 0
         self.timeouts = 0
+
+    def around_wait(self, before: Callable[[], Any], after: Callable[[Any], None]) -> None:
+        """What a front does around each wait of an allocation: ``after(before())``. The Java
+        bridge lets its gate go (a JNI allocation holds it: the frees the wait is for must pass)."""
+        self._before_wait, self._after_wait = before, after
 
     def out_of_memory(self, pool: Any, r: int, owner: object, exc: OutOfDeviceMemory, attempt: int) -> bool:
         """The pool's handler (module docstring): True to run the slow path again. ``attempt``
@@ -89,8 +96,13 @@ class MemoryWaits:
                 log.warning("task %s: %d bytes on GPU %d did not fit within oomWait (%.1f s)", owner, r, pool.device,
                             self._oom_wait_s)
                 raise exc
-            with self._waits.changed:
-                self._waits.changed.wait(min(pause, deadline - now))
+            held = self._before_wait() if self._before_wait is not None else None
+            try:
+                with self._waits.changed:
+                    self._waits.changed.wait(min(pause, deadline - now))
+            finally:
+                if self._after_wait is not None:
+                    self._after_wait(held)
             if owner in self._chosen:   # picked while it waited
                 return self.out_of_memory(pool, r, owner, exc, attempt + 1)
             return True

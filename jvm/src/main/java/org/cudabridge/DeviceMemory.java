@@ -2,6 +2,7 @@ package org.cudabridge;
 
 import java.nio.ByteBuffer;
 import java.nio.ByteOrder;
+import java.util.List;
 import java.util.Objects;
 
 /**
@@ -13,6 +14,23 @@ import java.util.Objects;
  */
 final class DeviceMemory {
     private static final ThreadLocal<long[]> SCRATCH = ThreadLocal.withInitial(() -> new long[2]);
+    /** The buffers this thread allocates go here too while a {@link GpuRetry} block runs (null: none). */
+    private static final ThreadLocal<List<DeviceBuffer>> TRACKED = new ThreadLocal<>();
+
+    /** Makes {@code into} (null: none) the list this thread's new buffers are added to; returns the one before. */
+    static List<DeviceBuffer> trackAllocations(List<DeviceBuffer> into) {
+        List<DeviceBuffer> before = TRACKED.get();
+        TRACKED.set(into);
+        return before;
+    }
+
+    private static DeviceBuffer tracked(DeviceBuffer b) {
+        List<DeviceBuffer> into = TRACKED.get();
+        if (into != null) {
+            into.add(b);
+        }
+        return b;
+    }
 
     private final CudaBridge bridge;
     private final TaskTable tasks;
@@ -32,7 +50,7 @@ final class DeviceMemory {
             TaskScope task = tasks.currentTask();
             long[] out = SCRATCH.get();   // the hot path: no object per call besides the buffer
             NativeBridge.allocate(task.taskAttemptId(), bytes, out);
-            return new DeviceBuffer(this, task, out[0], out[1], bytes);
+            return tracked(new DeviceBuffer(this, task, out[0], out[1], bytes));
         } catch (RuntimeException e) {
             throw bridge.shutDownOr("allocate", e);
         }
@@ -40,7 +58,7 @@ final class DeviceMemory {
 
     /** A buffer the service made for {@code task} (a Python function's result array), handed to Java. */
     DeviceBuffer adopt(TaskScope task, long handle, long address, long bytes) {
-        return new DeviceBuffer(this, task, handle, address, bytes);
+        return tracked(new DeviceBuffer(this, task, handle, address, bytes));
     }
 
     void checkRunning(String call) {
