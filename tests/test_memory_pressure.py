@@ -225,3 +225,27 @@ def test_a_task_released_while_it_waits_for_admission_leaves(make_service):
     svc.release_task(1)
     svc.bind_task(3)   # the place is free
     svc.release_task(3)
+
+
+def test_a_killed_tasks_waits_end_at_once_and_it_never_waits_again_until_released(make_service):
+    """MemoryPressure.cancel: what the plugin's kill watch calls when Spark interrupts a task."""
+    svc = make_service(oom_wait=30)
+    svc.bind_task(1)
+    svc.bind_task(2)
+    held = svc.allocate(1, 6 * MIB)
+    t, out = _thread(lambda: svc.allocate(2, 4 * MIB))
+    _until(lambda: svc.statistics().pressure.allocations_waiting == 1)
+    t0 = time.monotonic()
+    svc.pressure.cancel(2)
+    t.join(5)
+    assert time.monotonic() - t0 < 2 and isinstance(out.get("error"), UnknownTask), out
+    assert "was killed" in str(out["error"])
+    with pytest.raises(UnknownTask):   # killed: an allocation that does not fit fails at once
+        svc.allocate(2, 4 * MIB)
+    small = svc.allocate(2, MIB)   # one that fits is made as usual (the task may still be finishing)
+    assert svc.statistics().pressure.waits_ended_by_kill == 2
+    svc.release_task(2)
+    svc.bind_task(2)   # a new binding of the id is not killed
+    held.free()
+    assert svc.allocate(2, 4 * MIB).size == 4 * MIB
+    assert not small.alive

@@ -154,6 +154,12 @@ class BridgeControl:
         self.check_open("batchFunction")
         return self.hot.functions.batches(function_id, inputs, outputs, dtypes)
 
+    def cancel_waits(self, task: int) -> None:
+        """The task was killed (the plugin's kill watch saw Spark interrupt it): its waits for
+        memory and admission end at once (MemoryPressure.cancel)."""
+        self.check_open("cancelWaits")
+        self.service.pressure.cancel(task)
+
     def release_task(self, task: int) -> tuple[int, int]:
         """Release the task; its buffers die in Java (the Java side marked them) and in Python
         (the hot path drops their handles when the registry's release has drained the task's
@@ -324,6 +330,9 @@ def make_proxy(control: BridgeControl) -> Any:
         return c.batch_function(int(function_id), [str(n) for n in inputs], [str(n) for n in outputs],
                                 [str(t) for t in dtypes])
 
+    def j_cancel_waits(task: Any) -> Any:
+        c.cancel_waits(int(task))
+
     @JImplements(java_class("org.cudabridge.ControlPlane"))
     class ControlProxy:
         lookupTask = JOverride(guarded(j_lookup_task))
@@ -342,5 +351,6 @@ def make_proxy(control: BridgeControl) -> Any:
         pythonFunction = JOverride(guarded(j_python_function))
         pickledFunction = JOverride(guarded(j_pickled_function))
         batchFunction = JOverride(guarded(j_batch_function))
+        cancelWaits = JOverride(guarded(j_cancel_waits))
 
     return ControlProxy()

@@ -39,6 +39,7 @@ class PressureStatistics:
     allocation_wait_us_total: int   # their time
     oom_breaks: int                 # allocations the deadlock breaker failed
     oom_wait_timeouts: int          # allocations that waited oomWait and failed
+    waits_ended_by_kill: int        # waiting allocations ended because Spark killed their task (KillWatch)
     tasks_waiting_admission: int    # tasks waiting for admission now
     admission_waits: int            # tasks that waited for admission, ever
     admission_wait_us_total: int    # their time
@@ -89,6 +90,14 @@ class MemoryPressure:
         waiting. Whether it was waiting."""
         return any([a.cancel(task) for a in self.admission.values()])
 
+    def cancel(self, task: int) -> None:
+        """``task`` was killed (Spark interrupted it; the plugin's kill watch says so): its waits end
+        at once with UnknownTask (an allocation that would wait fails instead), so that it gets
+        to its release; its place, if it waits for one, goes to the next."""
+        self.memory_waits.cancel(task)
+        self.cancel_admission(task)
+        self.waits.notify()
+
     def _released(self, b: "TaskBinding") -> None:
         """The registry's release listener: the task's place goes to the next, and waiters re-check
         (its memory is about to come back)."""
@@ -115,7 +124,8 @@ class MemoryPressure:
         return PressureStatistics(
             allocations_waiting=w.waiting(ALLOCATION), allocation_waits=w.waits_total[ALLOCATION],
             allocation_wait_us_total=int(w.waited_s[ALLOCATION] * 1e6), oom_breaks=self.memory_waits.breaks,
-            oom_wait_timeouts=self.memory_waits.timeouts, tasks_waiting_admission=w.waiting(ADMISSION),
+            oom_wait_timeouts=self.memory_waits.timeouts, waits_ended_by_kill=self.memory_waits.killed,
+            tasks_waiting_admission=w.waiting(ADMISSION),
             admission_waits=w.waits_total[ADMISSION], admission_wait_us_total=int(w.waited_s[ADMISSION] * 1e6),
             tasks_admitted=sum(a.admitted for a in self.admission.values()))
 

@@ -27,7 +27,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
-from ..errors import OutOfDeviceMemory
+from ..errors import OutOfDeviceMemory, UnknownTask
 from .breaker import victim
 from .waits import ALLOCATION, WaitTable
 
@@ -52,10 +52,12 @@ class MemoryWaits:
         self._bind_order = bind_order    # task -> its bind sequence number (larger: younger)
         self._started = threading.local()   # the thread's allocation now waiting: its first wait's start
         self._chosen: set[int] = set()   # tasks the breaker picked, whose waiting allocation fails next
+        self._cancelled: set[int] = set()   # tasks killed: their allocations never wait (until their release)
         self._before_wait: Callable[[], Any] | None = None
         self._after_wait: Callable[[Any], None] | None = None
         self.breaks = 0
         self.timeouts = 0
+        self.killed = 0   # waiting allocations ended because their task was killed
 
     def around_wait(self, before: Callable[[], Any], after: Callable[[Any], None]) -> None:
         """What a front does around each wait of an allocation: ``after(before())``. The Java
@@ -85,6 +87,10 @@ class MemoryWaits:
             self._waits.add(w)   # the first statement of the try (waits.py: never stranded)
             if not lease.open:
                 raise self._leases.refusal(owner, lease)
+            if owner in self._cancelled:
+                self.killed += 1
+                raise UnknownTask(f"task {owner} was killed: its allocation of {r} bytes on GPU {pool.device} "
+                                  f"does not wait")
             reason = self._break(pool.device, w)
             if reason is not None:
                 self.breaks += reason == "breaker"
@@ -152,6 +158,11 @@ class MemoryWaits:
                 running.add(task)
         return running
 
+    def cancel(self, task: int) -> None:
+        """``task`` was killed: its waiting allocations end (UnknownTask), and none waits again."""
+        self._cancelled.add(task)
+
     def forget(self, task: int) -> None:
-        """A released task is no longer the breaker's pick."""
+        """A released task is no longer the breaker's pick, nor killed."""
         self._chosen.discard(task)
+        self._cancelled.discard(task)

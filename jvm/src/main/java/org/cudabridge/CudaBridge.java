@@ -174,6 +174,15 @@ public final class CudaBridge {
         return tasks.attach(taskAttemptId);
     }
 
+    /** Ends the waits of a killed task at once: its allocations waiting for other tasks' memory
+     *  and its bind waiting for admission throw {@link UnknownTaskException}, and none of its
+     *  allocations waits again (until its release). The plugin calls it when Spark interrupts the
+     *  task ({@code org.cudabridge.executor.KillWatch}). */
+    public void cancelWaits(long taskAttemptId) {
+        checkRunning("cancelWaits");
+        control().cancelWaits(taskAttemptId);
+    }
+
     /** Clears the calling thread's current task (does not release it). */
     public void detach() {
         TaskTable.detach();

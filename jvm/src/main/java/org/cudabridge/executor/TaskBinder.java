@@ -45,6 +45,7 @@ public final class TaskBinder {
     private final Priority priority;
     private final TaskBind taskBind;
     private final TaskReleaser releaser;       // null when the start failed
+    private final KillWatch killWatch;         // null when the start failed
     private final ThreadLocal<TaskScope> scope = new ThreadLocal<>();
     private final ThreadLocal<String> bindFailure = new ThreadLocal<>();
     private final ExecutorCounters counters = new ExecutorCounters();
@@ -62,6 +63,7 @@ public final class TaskBinder {
         this.statistics = new ExecutorStatistics(counters, bridge, conf == null ? 0 : conf.metricsRefreshMs());
         this.releaser = bridge == null ? null
                 : new TaskReleaser(executorId, bridge, counters, conf.asyncRelease(), taskBind == TaskBind.AHEAD);
+        this.killWatch = bridge == null ? null : new KillWatch("cudabridge-kill-watch-" + executorId, bridge::cancelWaits);
         counters.set(Counter.START_FAILED, bridge == null ? 1 : 0);
     }
 
@@ -160,7 +162,19 @@ public final class TaskBinder {
      * @return whether the task is bound
      */
     public boolean onTaskStart(long taskAttemptId, String gpuAddress) {
+        return onTaskStart(taskAttemptId, gpuAddress, null);
+    }
+
+    /**
+     * As {@link #onTaskStart(long, String)}, with {@code interrupted}: whether Spark killed the task
+     * (its {@code TaskContext.isInterrupted}), which {@link KillWatch} polls so that a killed task's
+     * waits inside the service end at once; null: not watched.
+     */
+    public boolean onTaskStart(long taskAttemptId, String gpuAddress, java.util.function.BooleanSupplier interrupted) {
         counters.increment(Counter.TASKS_STARTED);
+        if (interrupted != null && killWatch != null) {
+            killWatch.started(taskAttemptId, interrupted);
+        }
         bindFailure.remove();
         if (!isAvailable()) {
             return false;
@@ -217,6 +231,9 @@ public final class TaskBinder {
             return null;
         }
         scope.remove();
+        if (killWatch != null) {
+            killWatch.ended(s.taskAttemptId());
+        }
         String bf = s.bindFailure();
         if (bf != null) {
             counters.increment(Counter.BIND_FAILURES);
@@ -266,6 +283,9 @@ public final class TaskBinder {
         statistics.freeze();
         if (releaser != null) {
             releaser.stop();
+        }
+        if (killWatch != null) {
+            killWatch.stop();
         }
         shutDown = true;
         if (bridge != null) {

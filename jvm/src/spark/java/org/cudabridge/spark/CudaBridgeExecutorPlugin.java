@@ -141,7 +141,7 @@ public final class CudaBridgeExecutorPlugin implements ExecutorPlugin {
                 address = gpu.addresses()[0];
             }
         }
-        b.onTaskStart(tc.taskAttemptId(), address);
+        b.onTaskStart(tc.taskAttemptId(), address, tc::isInterrupted);   // the kill watch polls it
     }
 
     @Override

@@ -1,0 +1,190 @@
+package org.cudabridge.examples;
+
+import java.util.ArrayList;
+import java.util.Collections;
+import java.util.Iterator;
+import java.util.List;
+import java.util.Map;
+
+import org.apache.spark.TaskContext;
+import org.apache.spark.api.java.JavaSparkContext;
+import org.apache.spark.sql.SparkSession;
+import org.cudabridge.CudaBridge;
+import org.cudabridge.DeviceBuffer;
+import org.cudabridge.GpuOutOfMemoryException;
+import org.cudabridge.GpuRetry;
+import org.cudabridge.executor.GpuTask;
+
+/**
+ * Example (e): more GPU memory asked for at once than the pool holds, without failed jobs. Each
+ * task builds up {@code --chunks} buffers of {@code --chunk-mib} MiB (its peak), holds them for
+ * {@code --hold-ms} while it fills and checks them, and frees them; with {@code local[N]}, N tasks
+ * at once ask for N times their peak. Allocations that do not fit wait for other tasks' frees
+ * ({@code spark.cudabridge.oomWait}); when every task holding memory waits, the deadlock breaker
+ * fails the youngest one's allocation, and {@link GpuRetry#withRetry} frees what the task built and
+ * builds it again. {@code --no-retry} runs the work without it (a breaker's out of memory then fails
+ * the task attempt, and Spark retries it).
+ *
+ * <pre>
+ * spark-submit --class org.cudabridge.examples.GpuPressureJob --conf spark.cudabridge.poolLimit=64m ... \
+ *   cudabridge-examples.jar [--partitions 16] [--chunks 4] [--chunk-mib 8] [--hold-ms 20] [--no-retry]
+ *   [--cancel-after-ms 500] [--summary-json out.json]
+ * </pre>
+ * {@code --cancel-after-ms}: a first job of the same tasks is cancelled ({@code cancelJobGroup}) that
+ * long after it started, while its tasks hold memory and wait; then the job runs again to show the
+ * executor keeps serving. Prints tasks run, retries, failures checked, and the service's statistics.
+ */
+public final class GpuPressureJob {
+    private GpuPressureJob() {}
+
+    /** Buffers tasks of the cancelled job held when they were killed, left for their release to
+     *  reclaim (in local mode the executor is this JVM: the driver reads it). */
+    static final java.util.concurrent.atomic.AtomicLong LEFT_AT_KILL = new java.util.concurrent.atomic.AtomicLong();
+
+    public static void main(String[] args) throws Exception {
+        int partitions = 16;
+        int chunks = 4;
+        int chunkMib = 8;
+        long holdMs = 20;
+        boolean retry = true;
+        long cancelAfterMs = -1;
+        String summaryJson = null;
+        for (int i = 0; i < args.length; i++) {
+            switch (args[i]) {
+                case "--partitions": partitions = Integer.parseInt(args[++i]); break;
+                case "--chunks": chunks = Integer.parseInt(args[++i]); break;
+                case "--chunk-mib": chunkMib = Integer.parseInt(args[++i]); break;
+                case "--hold-ms": holdMs = Long.parseLong(args[++i]); break;
+                case "--no-retry": retry = false; break;
+                case "--cancel-after-ms": cancelAfterMs = Long.parseLong(args[++i]); break;
+                case "--summary-json": summaryJson = args[++i]; break;
+                default: throw new IllegalArgumentException("unknown argument " + args[i] + "; see the class comment");
+            }
+        }
+        SparkSession spark = SparkSession.builder().appName("cudabridge-example-e").getOrCreate();
+        JavaSparkContext sc = JavaSparkContext.fromSparkContext(spark.sparkContext());
+        List<Integer> ids = new ArrayList<>();
+        for (int p = 0; p < partitions; p++) {
+            ids.add(p);
+        }
+        final int c = chunks;
+        final long bytes = (long) chunkMib << 20;
+        final long hold = holdMs;
+        final boolean withRetry = retry;
+        Summary s = new Summary();
+        long attempts = 0;
+        if (cancelAfterMs >= 0) {
+            String cancelled = cancelOnce(sc, ids, partitions, c, bytes, hold, withRetry, cancelAfterMs);
+            s.put("first_job", cancelled);
+            s.put("buffers_left_at_kill", LEFT_AT_KILL.get());
+        }
+        long t0 = System.nanoTime();
+        List<long[]> results = sc.parallelize(ids, partitions)
+                .mapPartitions((Iterator<Integer> it) -> task(c, bytes, hold, withRetry, false)).collect();
+        s.put("job_ms", String.format("%.1f", (System.nanoTime() - t0) / 1e6));
+        long retries = 0;
+        long bad = 0;
+        for (long[] r : results) {
+            retries += r[0] - 1;
+            bad += r[1];
+            attempts += 1;
+        }
+        s.put("tasks_run", results.size()).put("task_peak_bytes", c * bytes).put("retries", retries)
+                .put("verify_failures", bad);
+        Map<String, Long> stats = GpuPartitionJob.PluginStatistics.after(0);
+        s.statistics(stats);
+        System.out.print(s.render());
+        s.writeJson(summaryJson);
+        spark.stop();
+        if (bad != 0 || results.size() != partitions) {
+            System.exit(1);
+        }
+    }
+
+    /** Runs the job once and cancels it after {@code afterMs}: "cancelled", or what happened instead. */
+    private static String cancelOnce(JavaSparkContext sc, List<Integer> ids, int partitions, int c, long bytes, long hold,
+                                     boolean retry, long afterMs) throws InterruptedException {
+        Thread canceller = new Thread(() -> {
+            try {
+                Thread.sleep(afterMs);
+            } catch (InterruptedException e) {
+                return;
+            }
+            sc.cancelJobGroup("pressure-cancelled");
+        });
+        sc.setJobGroup("pressure-cancelled", "cancelled on purpose", true);   // interrupt the tasks' threads
+        canceller.start();
+        String outcome;
+        try {
+            // held longer, so that the cancel finds tasks holding memory and waiting
+            // no GpuRetry here: it would free what a killed task holds; this job leaves that to the releases
+            sc.parallelize(ids, partitions).mapPartitions((Iterator<Integer> it) -> task(c, bytes, hold * 20, false, true))
+                    .collect();
+            outcome = "completed before the cancel";
+        } catch (Exception e) {
+            outcome = String.valueOf(e.getMessage()).contains("cancel") ? "cancelled" : "failed: " + e;
+        } finally {
+            sc.clearJobGroup();
+            canceller.join();
+        }
+        return outcome;
+    }
+
+    /** One task: {attempts of the block, verify failures}. {@code leaveAtKill}: a killed task leaves
+     *  what it holds to its release (counted in {@link #LEFT_AT_KILL}) instead of freeing it. */
+    static Iterator<long[]> task(int chunks, long bytes, long holdMs, boolean retry, boolean leaveAtKill) {
+        CudaBridge bridge = GpuTask.bridge();
+        long[] attempts = {0};
+        java.util.function.Supplier<Long> block = () -> {
+            attempts[0]++;
+            List<DeviceBuffer> held = new ArrayList<>();
+            long bad = 0;
+            boolean killed = false;
+            try {
+                for (int i = 0; i < chunks; i++) {
+                    DeviceBuffer b = bridge.allocate(bytes);
+                    held.add(b);
+                    b.memset(i + 1);
+                    sleep(holdMs / chunks);
+                }
+                byte[] probe = new byte[16];
+                for (int i = 0; i < chunks; i++) {
+                    held.get(i).copyTo(probe, 0, bytes - 16, 16);
+                    for (byte x : probe) {
+                        bad += x == (byte) (i + 1) ? 0 : 1;
+                    }
+                }
+            } catch (IllegalStateException e) {
+                killed = e.getCause() instanceof InterruptedException;
+                throw e;
+            } finally {
+                if (killed && leaveAtKill) {
+                    LEFT_AT_KILL.addAndGet(held.size());
+                } else {
+                    for (DeviceBuffer b : held) {
+                        b.close();
+                    }
+                }
+            }
+            return bad;
+        };
+        long bad;
+        try {
+            bad = retry ? GpuRetry.withRetry(block) : block.get();
+        } catch (GpuOutOfMemoryException e) {
+            TaskContext tc = TaskContext.get();
+            throw new IllegalStateException("task " + tc.partitionId() + " attempt " + tc.attemptNumber()
+                    + ": out of GPU memory (" + e.reason() + ")", e);
+        }
+        return Collections.singletonList(new long[] {attempts[0], bad}).iterator();
+    }
+
+    private static void sleep(long ms) {
+        try {
+            Thread.sleep(ms);
+        } catch (InterruptedException e) {
+            Thread.currentThread().interrupt();
+            throw new IllegalStateException("interrupted (the task was killed)", e);
+        }
+    }
+}
