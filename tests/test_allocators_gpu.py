@@ -4,11 +4,8 @@ process-wide, and PyTorch and Numba take one only before their first allocation.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-import textwrap
 
+import gpu_subprocess
 import pytest
 
 pytestmark = pytest.mark.gpu
@@ -24,15 +21,7 @@ out = {}
 
 
 def _run(library: str, body: str) -> dict:
-    try:
-        __import__(library)
-    except ImportError:
-        pytest.skip(f"{library} is not installed here")
-    code = PRELUDE + textwrap.dedent(body) + "\nservice.close()\nprint('RESULT ' + json.dumps(out))\n"
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")][-1]
-    return json.loads(line[len("RESULT "):])
+    return gpu_subprocess.run(PRELUDE, library, body)
 
 
 def test_cupy_computes_on_the_tasks_stream_from_the_pool_and_forgotten_arrays_are_reclaimed():

@@ -4,12 +4,9 @@ copy, a torch result copied. Each in a process of its own (the CuPy plug-in is p
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
+import gpu_subprocess
 import pytest
 
 pytestmark = pytest.mark.gpu
@@ -40,15 +37,7 @@ out = {{}}
 
 
 def _run(library: str, body: str) -> dict:
-    try:
-        __import__(library)
-    except ImportError:
-        pytest.skip(f"{library} is not installed here")
-    code = PRELUDE + textwrap.dedent(body) + "\nservice.close()\nprint('RESULT ' + json.dumps(out))\n"
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")][-1]
-    return json.loads(line[len("RESULT "):])
+    return gpu_subprocess.run(PRELUDE, library, body)
 
 
 def test_cupy_arrays_over_task_buffers_on_the_tasks_stream_and_a_result_handed_over():
