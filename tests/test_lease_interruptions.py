@@ -44,7 +44,11 @@ SAXPY_SOURCE = 'extern "C" __global__ void saxpy(const float* x, float* y, int n
 def _service(twin: str) -> CudaBridgeService:
     svc = CudaBridgeService(ServiceConfig(backend="emulated", emulated_kernels="host_kernels_for_tests,host_kernels_for_globals",
                                           emulated_memory="256m", pool_limit="64m", streams_per_gpu=4,
-                                          high_priority_streams=0, log_level="WARNING"))
+                                          high_priority_streams=0, log_level="WARNING",
+                                          # the storms stop their threads holding memory: a waiting
+                                          # allocation would wait for tasks that never free again
+                                          # (the waits' own storm: test_memory_pressure.py)
+                                          oom_wait=0.2))
     reg = svc.registry
     if twin == "python":   # the references instead of the C twin's bind and release
         reg.bind, reg.release = reg._bind_reference, reg._release_reference

@@ -105,6 +105,10 @@ class MemoryPressure:
         self._order.pop(b.task_id, None)
         self.memory_waits.forget(b.task_id)
         self.waits.notify()
+        waited = self.waits.task_waited(b.task_id)
+        if waited:   # each task's wait time, where it waited at all
+            log.info("task %d waited %.1f ms for admission and %.1f ms for memory on GPU %d", b.task_id,
+                     1000 * waited.get(ADMISSION, 0.0), 1000 * waited.get(ALLOCATION, 0.0), b.gpu)
 
     def _bind_order(self, task: int) -> int:
         return self._order.get(task, 0)

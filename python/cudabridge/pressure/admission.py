@@ -49,6 +49,7 @@ class Admission:
                 return True
             self._queue.append(task)
         w = self._waits.make(ADMISSION, task, self.gpu, 0)
+        admitted = False
         try:
             self._waits.add(w)   # the first statement of the try (waits.py: never stranded)
             with cond:
@@ -63,7 +64,9 @@ class Admission:
                         cond.notify_all()   # the next in line may fit too
                         break
                     cond.wait(0.05)
+            admitted = True
         except BaseException:
+            admitted = False
             with cond:
                 if task in self._queue:
                     self._queue.remove(task)
@@ -71,6 +74,8 @@ class Admission:
             raise
         finally:
             self._waits.leave(w)
+            if not admitted:
+                self._waits.task_waited(task)   # never bound: no release will read it
         return True
 
     def leave(self, task: int) -> None:

@@ -53,6 +53,7 @@ class WaitTable:
         # statistics: waits ended and their time, per kind (counted when they end)
         self.waited_s = {ALLOCATION: 0.0, ADMISSION: 0.0}
         self.waits_total = {ALLOCATION: 0, ADMISSION: 0}
+        self.by_task: dict[int, dict[str, float]] = {}   # task -> kind -> seconds waited, until its release
 
     def make(self, kind: str, task: int, gpu: int, nbytes: int, first: bool = True) -> Wait:
         """A wait of the calling thread, not yet in the table (no side effect): the caller puts it
@@ -72,8 +73,15 @@ class WaitTable:
             waited = time.monotonic() - w.since
             self.waits_total[w.kind] += w.first
             self.waited_s[w.kind] += waited
+            mine = self.by_task.setdefault(w.task, {})
+            mine[w.kind] = mine.get(w.kind, 0.0) + waited
             self.changed.notify_all()
             return waited
+
+    def task_waited(self, task: int) -> dict[str, float]:
+        """What ``task`` waited, by kind (seconds), forgotten now (at its release)."""
+        with self.lock:
+            return self.by_task.pop(task, {})
 
     def snapshot(self, gpu: int | None = None) -> list[Wait]:
         """The waits now (of one GPU, or all); call with the lock held or not (a copy is taken)."""

@@ -28,11 +28,13 @@ import org.cudabridge.executor.GpuTask;
  * <pre>
  * spark-submit --class org.cudabridge.examples.GpuPressureJob --conf spark.cudabridge.poolLimit=64m ... \
  *   cudabridge-examples.jar [--partitions 16] [--chunks 4] [--chunk-mib 8] [--hold-ms 20] [--no-retry]
- *   [--cancel-after-ms 500] [--rounds 1] [--summary-json out.json]
+ *   [--cancel-after-ms 500] [--rounds 1] [--slow-partition 0 --slow-ms 8000] [--summary-json out.json]
  * </pre>
  * {@code --cancel-after-ms}: a first job of the same tasks is cancelled ({@code cancelJobGroup}) that
  * long after it started, while its tasks hold memory and wait; then the job runs again to show the
- * executor keeps serving. Prints tasks run, retries, failures checked, and the service's statistics.
+ * executor keeps serving. {@code --slow-partition P --slow-ms X}: the first attempt of partition P holds
+ * its memory X ms (with {@code spark.speculation=true} a speculative copy wins and the first is
+ * killed). Prints tasks run, retries, failures checked, and the service's statistics.
  */
 public final class GpuPressureJob {
     private GpuPressureJob() {}
@@ -49,6 +51,8 @@ public final class GpuPressureJob {
         boolean retry = true;
         long cancelAfterMs = -1;
         int rounds = 1;
+        int slowPartition = -1;
+        long slowMs = 0;
         String summaryJson = null;
         for (int i = 0; i < args.length; i++) {
             switch (args[i]) {
@@ -59,12 +63,25 @@ public final class GpuPressureJob {
                 case "--no-retry": retry = false; break;
                 case "--cancel-after-ms": cancelAfterMs = Long.parseLong(args[++i]); break;
                 case "--rounds": rounds = Integer.parseInt(args[++i]); break;
+                case "--slow-partition": slowPartition = Integer.parseInt(args[++i]); break;
+                case "--slow-ms": slowMs = Long.parseLong(args[++i]); break;
                 case "--summary-json": summaryJson = args[++i]; break;
                 default: throw new IllegalArgumentException("unknown argument " + args[i] + "; see the class comment");
             }
         }
         SparkSession spark = SparkSession.builder().appName("cudabridge-example-e").getOrCreate();
         JavaSparkContext sc = JavaSparkContext.fromSparkContext(spark.sparkContext());
+        java.util.concurrent.atomic.AtomicLong attemptsEnded = new java.util.concurrent.atomic.AtomicLong();
+        java.util.concurrent.atomic.AtomicLong speculative = new java.util.concurrent.atomic.AtomicLong();
+        spark.sparkContext().addSparkListener(new org.apache.spark.scheduler.SparkListener() {
+            @Override
+            public void onTaskEnd(org.apache.spark.scheduler.SparkListenerTaskEnd end) {
+                attemptsEnded.incrementAndGet();
+                if (end.taskInfo().speculative()) {
+                    speculative.incrementAndGet();
+                }
+            }
+        });
         List<Integer> ids = new ArrayList<>();
         for (int p = 0; p < partitions; p++) {
             ids.add(p);
@@ -73,6 +90,8 @@ public final class GpuPressureJob {
         final long bytes = (long) chunkMib << 20;
         final long hold = holdMs;
         final boolean withRetry = retry;
+        final int slowP = slowPartition;
+        final long slow = slowMs;
         Summary s = new Summary();
         if (cancelAfterMs >= 0) {
             String cancelled = cancelOnce(sc, ids, partitions, c, bytes, hold, withRetry, cancelAfterMs);
@@ -84,7 +103,12 @@ public final class GpuPressureJob {
         for (int round = 0; round < rounds; round++) {   // the job again: timings after the first are warm
             long t0 = System.nanoTime();
             results = sc.parallelize(ids, partitions)
-                    .mapPartitions((Iterator<Integer> it) -> task(c, bytes, hold, withRetry, false)).collect();
+                    .mapPartitions((Iterator<Integer> it) -> {
+                        TaskContext tc = TaskContext.get();
+                        // the first attempt of the slow partition holds its memory long: a speculative copy wins
+                        boolean slowHere = tc.partitionId() == slowP && tc.attemptNumber() == 0;
+                        return task(c, bytes, slowHere ? Math.max(hold, slow) : hold, withRetry, false);
+                    }).collect();
             jobMs.add(String.format("%.1f", (System.nanoTime() - t0) / 1e6));
         }
         s.put("job_ms", jobMs.get(jobMs.size() - 1)).put("job_ms_rounds", String.join(",", jobMs));
@@ -96,7 +120,9 @@ public final class GpuPressureJob {
         }
         s.put("tasks_run", results.size()).put("rounds", rounds).put("task_peak_bytes", c * bytes).put("retries", retries)
                 .put("verify_failures", bad);
-        Map<String, Long> stats = GpuPartitionJob.PluginStatistics.after(0);
+        Thread.sleep(200);   // the killed attempts' ends reach the listener
+        s.put("speculative_attempts", speculative.get());
+        Map<String, Long> stats = GpuPartitionJob.PluginStatistics.after(attemptsEnded.get());
         s.statistics(stats);
         System.out.print(s.render());
         s.writeJson(summaryJson);
