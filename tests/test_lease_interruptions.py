@@ -44,7 +44,10 @@ SAXPY_SOURCE = 'extern "C" __global__ void saxpy(const float* x, float* y, int n
 def _service(twin: str) -> CudaBridgeService:
     svc = CudaBridgeService(ServiceConfig(backend="emulated", emulated_kernels="host_kernels_for_tests,host_kernels_for_globals",
                                           emulated_memory="256m", pool_limit="64m", streams_per_gpu=4,
-                                          high_priority_streams=0, log_level="WARNING",
+                                          # ERROR: the breaker logs each break at WARNING, and CPython's
+                                          # logging is not safe against asynchronous exceptions (one landing
+                                          # between a handler's acquire and its try strands its lock)
+                                          high_priority_streams=0, log_level="ERROR",
                                           # the storms stop their threads holding memory: a waiting
                                           # allocation would wait for tasks that never free again
                                           # (the waits' own storm: test_memory_pressure.py)
