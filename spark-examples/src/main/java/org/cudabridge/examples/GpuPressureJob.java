@@ -28,13 +28,17 @@ import org.cudabridge.executor.GpuTask;
  * <pre>
  * spark-submit --class org.cudabridge.examples.GpuPressureJob --conf spark.cudabridge.poolLimit=64m ... \
  *   cudabridge-examples.jar [--partitions 16] [--chunks 4] [--chunk-mib 8] [--hold-ms 20] [--no-retry]
- *   [--cancel-after-ms 500] [--rounds 1] [--slow-partition 0 --slow-ms 8000] [--summary-json out.json]
+ *   [--cancel-after-ms 500] [--rounds 1] [--slow-partition 0 --slow-ms 8000 [--kill-slow-after-ms 1000]]
+ *   [--summary-json out.json]
  * </pre>
  * {@code --cancel-after-ms}: a first job of the same tasks is cancelled ({@code cancelJobGroup}) that
  * long after it started, while its tasks hold memory and wait; then the job runs again to show the
  * executor keeps serving. {@code --slow-partition P --slow-ms X}: the first attempt of partition P holds
- * its memory X ms (with {@code spark.speculation=true} a speculative copy wins and the first is
- * killed). Prints tasks run, retries, failures checked, and the service's statistics.
+ * its memory X ms; with {@code --kill-slow-after-ms Y} the driver kills that attempt Y ms after it
+ * started, as Spark kills the losing copy when a speculative twin wins ({@code killTaskAttempt} with
+ * {@code interruptThread}), and Spark runs it again. (Spark never places a speculative copy on a
+ * host that runs an attempt of its task, so on one machine, {@code local-cluster} included,
+ * speculation itself launches none.) Prints tasks run, retries, failures checked, and the service's statistics.
  */
 public final class GpuPressureJob {
     private GpuPressureJob() {}
@@ -53,6 +57,7 @@ public final class GpuPressureJob {
         int rounds = 1;
         int slowPartition = -1;
         long slowMs = 0;
+        long killSlowAfterMs = -1;
         String summaryJson = null;
         for (int i = 0; i < args.length; i++) {
             switch (args[i]) {
@@ -65,6 +70,7 @@ public final class GpuPressureJob {
                 case "--rounds": rounds = Integer.parseInt(args[++i]); break;
                 case "--slow-partition": slowPartition = Integer.parseInt(args[++i]); break;
                 case "--slow-ms": slowMs = Long.parseLong(args[++i]); break;
+                case "--kill-slow-after-ms": killSlowAfterMs = Long.parseLong(args[++i]); break;
                 case "--summary-json": summaryJson = args[++i]; break;
                 default: throw new IllegalArgumentException("unknown argument " + args[i] + "; see the class comment");
             }
@@ -73,7 +79,32 @@ public final class GpuPressureJob {
         JavaSparkContext sc = JavaSparkContext.fromSparkContext(spark.sparkContext());
         java.util.concurrent.atomic.AtomicLong attemptsEnded = new java.util.concurrent.atomic.AtomicLong();
         java.util.concurrent.atomic.AtomicLong speculative = new java.util.concurrent.atomic.AtomicLong();
+        java.util.concurrent.atomic.AtomicLong killed = new java.util.concurrent.atomic.AtomicLong();
+        final int slowIndex = slowPartition;
+        final long killAfter = killSlowAfterMs;
         spark.sparkContext().addSparkListener(new org.apache.spark.scheduler.SparkListener() {
+            @Override
+            public void onTaskStart(org.apache.spark.scheduler.SparkListenerTaskStart start) {
+                org.apache.spark.scheduler.TaskInfo info = start.taskInfo();
+                if (killAfter < 0 || info.index() != slowIndex || info.attemptNumber() != 0) {
+                    return;
+                }
+                // the kill Spark gives the losing copy when speculation's twin wins (interruptThread)
+                long tid = info.taskId();
+                Thread killer = new Thread(() -> {
+                    try {
+                        Thread.sleep(killAfter);
+                        if (spark.sparkContext().killTaskAttempt(tid, true, "cudabridge example: the losing copy")) {
+                            killed.incrementAndGet();
+                        }
+                    } catch (InterruptedException ignored) {
+                        Thread.currentThread().interrupt();
+                    }
+                });
+                killer.setDaemon(true);
+                killer.start();
+            }
+
             @Override
             public void onTaskEnd(org.apache.spark.scheduler.SparkListenerTaskEnd end) {
                 attemptsEnded.incrementAndGet();
@@ -121,7 +152,7 @@ public final class GpuPressureJob {
         s.put("tasks_run", results.size()).put("rounds", rounds).put("task_peak_bytes", c * bytes).put("retries", retries)
                 .put("verify_failures", bad);
         Thread.sleep(200);   // the killed attempts' ends reach the listener
-        s.put("speculative_attempts", speculative.get());
+        s.put("speculative_attempts", speculative.get()).put("attempts_killed", killed.get());
         Map<String, Long> stats = GpuPartitionJob.PluginStatistics.after(attemptsEnded.get());
         s.statistics(stats);
         System.out.print(s.render());
