@@ -284,3 +284,24 @@ def test_interruptions_into_waiting_allocations_never_strand_a_wait_or_a_lease(m
     for t in tasks:
         svc.release_task(t)
     assert svc.memory_pool(0).statistics().in_use_bytes == 0
+
+
+def test_retried_attempts_are_admitted_ahead_of_first_attempts(make_service):
+    svc = make_service(concurrent_gpu_tasks=1)
+    svc.bind_task(1)
+    order = []
+    threads = []
+    for task in (2, 3):   # first attempts, waiting
+        t, out = _thread(lambda task=task: (svc.bind_task(task), order.append(task)))
+        threads.append(t)
+        _until(lambda n=len(threads): svc.statistics().pressure.tasks_waiting_admission == n)
+    svc.pressure.retried(4)   # what the plugin says at a retried attempt's start
+    t, out = _thread(lambda: (svc.bind_task(4), order.append(4)))
+    threads.append(t)
+    _until(lambda: svc.statistics().pressure.tasks_waiting_admission == 3)
+    for task, expected in ((1, [4]), (4, [4, 2]), (2, [4, 2, 3])):
+        svc.release_task(task)
+        _until(lambda expected=expected: order == expected)
+    for t in threads:
+        t.join(5)
+    svc.release_task(3)

@@ -154,6 +154,11 @@ class BridgeControl:
         self.check_open("batchFunction")
         return self.hot.functions.batches(function_id, inputs, outputs, dtypes)
 
+    def retried_attempt(self, task: int) -> None:
+        """The task is a retried attempt: admitted ahead of first attempts (MemoryPressure.retried)."""
+        self.check_open("retriedAttempt")
+        self.service.pressure.retried(task)
+
     def cancel_waits(self, task: int) -> None:
         """The task was killed (the plugin's kill watch saw Spark interrupt it): its waits for
         memory and admission end at once (MemoryPressure.cancel)."""
@@ -333,6 +338,9 @@ def make_proxy(control: BridgeControl) -> Any:
     def j_cancel_waits(task: Any) -> Any:
         c.cancel_waits(int(task))
 
+    def j_retried_attempt(task: Any) -> Any:
+        c.retried_attempt(int(task))
+
     @JImplements(java_class("org.cudabridge.ControlPlane"))
     class ControlProxy:
         lookupTask = JOverride(guarded(j_lookup_task))
@@ -352,5 +360,6 @@ def make_proxy(control: BridgeControl) -> Any:
         pickledFunction = JOverride(guarded(j_pickled_function))
         batchFunction = JOverride(guarded(j_batch_function))
         cancelWaits = JOverride(guarded(j_cancel_waits))
+        retriedAttempt = JOverride(guarded(j_retried_attempt))
 
     return ControlProxy()

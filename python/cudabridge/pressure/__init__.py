@@ -62,6 +62,7 @@ class MemoryPressure:
         self.waits = WaitTable()
         self._gpus = gpus
         self._order: dict[int, int] = {}
+        self._retried: set[int] = set()   # retried attempts not yet released (admitted first)
         self._binds = itertools.count(1)
         self.admission = {o: Admission(o, concurrent_gpu_tasks, self.waits) for o in gpus}
         self.memory_waits = MemoryWaits(registry, self.waits, oom_wait_s, self._holders, self._bind_order)
@@ -78,7 +79,12 @@ class MemoryPressure:
         """Before ``task``'s bind on ``gpu``: waits for its place. False when it held one already
         (a second bind of a bound task, which the bind refuses: its place stays)."""
         self._order.setdefault(task, next(self._binds))
-        return self.admission[gpu].admit(task)
+        return self.admission[gpu].admit(task, retried=task in self._retried)
+
+    def retried(self, task: int) -> None:
+        """``task`` is a retried attempt (Spark's attempt number above 0; the plugin says so at its
+        start): its admission goes ahead of the first attempts waiting."""
+        self._retried.add(task)
 
     def bind_failed(self, task: int, gpu: int) -> None:
         """The bind that followed :meth:`admit` failed: the place goes back."""
@@ -88,6 +94,7 @@ class MemoryPressure:
     def cancel_admission(self, task: int) -> bool:
         """``task`` ends before it was bound (its release while it waits for admission): it stops
         waiting. Whether it was waiting."""
+        self._retried.discard(task)
         return any([a.cancel(task) for a in self.admission.values()])
 
     def cancel(self, task: int) -> None:
@@ -103,6 +110,7 @@ class MemoryPressure:
         (its memory is about to come back)."""
         self.admission[b.gpu].leave(b.task_id)
         self._order.pop(b.task_id, None)
+        self._retried.discard(b.task_id)
         self.memory_waits.forget(b.task_id)
         self.waits.notify()
         waited = self.waits.task_waited(b.task_id)

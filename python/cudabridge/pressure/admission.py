@@ -2,9 +2,10 @@
 
 A task is admitted at its bind (with the plugin's default ``taskBind=lazy``, its first GPU call,
 on its own thread: a task that never touches the GPU never waits) and leaves at its release. One
-past the limit waits there, registered in the wait table (kind ``admission``), in arrival order:
-each GPU keeps a queue of tickets, and a task is admitted when a place is free and its ticket is
-first among those waiting. Places count tasks, not bytes, so a small task never waits behind a
+past the limit waits there, registered in the wait table (kind ``admission``), in arrival order,
+retried attempts first (a task marked ``retried`` goes ahead of every first attempt waiting, after
+the retried ones before it): each GPU keeps the two queues, and a task is admitted when a place is
+free and it is first in line. Places count tasks, not bytes, so a small task never waits behind a
 large one. A task whose release begins while it waits stops waiting (its bind fails with
 UnknownTask).
 """
@@ -30,24 +31,32 @@ class Admission:
         self.limit = limit
         self._waits = waits
         self._admitted: set[int] = set()
-        self._queue: deque[int] = deque()   # tasks waiting, in arrival order
+        self._queue: deque[int] = deque()   # first attempts waiting, in arrival order
+        self._retried: deque[int] = deque()   # retried attempts waiting (ahead of the first attempts)
         self._cancelled: set[int] = set()
         self.admitted_total = 0
 
-    def admit(self, task: int) -> bool:
-        """Waits for a place for ``task`` (at once when one is free and nobody waits before it).
-        False when it holds one already (nothing changes)."""
+    def _line(self, task: int) -> deque:
+        return self._retried if task in self._retried else self._queue
+
+    def _first(self) -> int | None:
+        return self._retried[0] if self._retried else self._queue[0] if self._queue else None
+
+    def admit(self, task: int, retried: bool = False) -> bool:
+        """Waits for a place for ``task`` (at once when one is free and nobody waits before it);
+        a ``retried`` attempt waits ahead of the first attempts. False when it holds one already
+        (nothing changes)."""
         if self.limit == 0:
             return True
         cond = self._waits.changed
         with cond:
             if task in self._admitted:
                 return False
-            if len(self._admitted) < self.limit and not self._queue:
+            if len(self._admitted) < self.limit and self._first() is None:
                 self._admitted.add(task)
                 self.admitted_total += 1
                 return True
-            self._queue.append(task)
+            (self._retried if retried else self._queue).append(task)
         w = self._waits.make(ADMISSION, task, self.gpu, 0)
         admitted = False
         try:
@@ -57,8 +66,8 @@ class Admission:
                     if task in self._cancelled:
                         self._cancelled.discard(task)
                         raise UnknownTask(f"task {task} was released while it waited for admission on GPU {self.gpu}")
-                    if self._queue and self._queue[0] == task and len(self._admitted) < self.limit:
-                        self._queue.popleft()
+                    if self._first() == task and len(self._admitted) < self.limit:
+                        self._line(task).popleft()
                         self._admitted.add(task)
                         self.admitted_total += 1
                         cond.notify_all()   # the next in line may fit too
@@ -68,8 +77,9 @@ class Admission:
         except BaseException:
             admitted = False
             with cond:
-                if task in self._queue:
-                    self._queue.remove(task)
+                line = self._line(task)
+                if task in line:
+                    line.remove(task)
                 cond.notify_all()
             raise
         finally:
@@ -92,7 +102,7 @@ class Admission:
         waiting, with UnknownTask. Whether it was waiting."""
         cond = self._waits.changed
         with cond:
-            if task not in self._queue:
+            if task not in self._queue and task not in self._retried:
                 return False
             self._cancelled.add(task)
             cond.notify_all()
@@ -104,4 +114,4 @@ class Admission:
 
     @property
     def waiting(self) -> int:
-        return len(self._queue)
+        return len(self._queue) + len(self._retried)

@@ -67,6 +67,9 @@ public interface ControlPlane {
      *  columns' arrays and returns a dict with the output columns (names and element types). */
     long batchFunction(long functionId, String[] inputs, String[] outputs, String[] dtypes);
 
+    /** The task is a retried attempt: its admission goes ahead of first attempts waiting. */
+    void retriedAttempt(long taskAttemptId);
+
     /** The task was killed: its waits for memory and for admission end at once (UnknownTask). */
     void cancelWaits(long taskAttemptId);
 

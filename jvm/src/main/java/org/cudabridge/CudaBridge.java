@@ -174,6 +174,14 @@ public final class CudaBridge {
         return tasks.attach(taskAttemptId);
     }
 
+    /** Marks a task as a retried attempt (Spark's attempt number above 0) before its bind: with
+     *  {@code spark.cudabridge.concurrentGpuTasks} set, it is admitted ahead of the first attempts
+     *  waiting. The plugin calls it at the start of every retried attempt. */
+    public void retriedAttempt(long taskAttemptId) {
+        checkRunning("retriedAttempt");
+        control().retriedAttempt(taskAttemptId);
+    }
+
     /** Ends the waits of a killed task at once: its allocations waiting for other tasks' memory
      *  and its bind waiting for admission throw {@link UnknownTaskException}, and none of its
      *  allocations waits again (until its release). The plugin calls it when Spark interrupts the

@@ -171,7 +171,24 @@ public final class TaskBinder {
      * waits inside the service end at once; null: not watched.
      */
     public boolean onTaskStart(long taskAttemptId, String gpuAddress, java.util.function.BooleanSupplier interrupted) {
+        return onTaskStart(taskAttemptId, gpuAddress, interrupted, 0);
+    }
+
+    /**
+     * As {@link #onTaskStart(long, String, java.util.function.BooleanSupplier)}, with Spark's
+     * attempt number: a retried attempt (above 0) is admitted ahead of the first attempts waiting
+     * ({@link CudaBridge#retriedAttempt}; one call into Python per retried attempt only).
+     */
+    public boolean onTaskStart(long taskAttemptId, String gpuAddress, java.util.function.BooleanSupplier interrupted,
+                               int attemptNumber) {
         counters.increment(Counter.TASKS_STARTED);
+        if (attemptNumber > 0 && isAvailable()) {
+            try {
+                bridge.retriedAttempt(taskAttemptId);
+            } catch (RuntimeException e) {   // admitted in arrival order then: nothing else changes
+                LOG.fine("cudabridge: marking task attempt " + taskAttemptId + " as retried failed: " + e);
+            }
+        }
         if (interrupted != null && killWatch != null) {
             killWatch.started(taskAttemptId, interrupted);
         }

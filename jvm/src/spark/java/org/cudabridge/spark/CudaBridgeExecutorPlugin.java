@@ -141,7 +141,7 @@ public final class CudaBridgeExecutorPlugin implements ExecutorPlugin {
                 address = gpu.addresses()[0];
             }
         }
-        b.onTaskStart(tc.taskAttemptId(), address, tc::isInterrupted);   // the kill watch polls it
+        b.onTaskStart(tc.taskAttemptId(), address, tc::isInterrupted, tc.attemptNumber());   // the kill watch polls the flag
     }
 
     @Override
