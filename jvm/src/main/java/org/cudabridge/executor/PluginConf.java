@@ -122,6 +122,15 @@ public final class PluginConf {
      *  IllegalArgumentException naming the key and the value. */
     public void validate() {
         Settings.checkAll(entries);
+        long places = SettingsTable.CONCURRENT_GPU_TASKS.intValue(entries.get(SettingsTable.CONCURRENT_GPU_TASKS.sparkKey()));
+        if (places > 0 && taskBind() == TaskBind.AHEAD) {
+            // the lifecycle thread applies binds ahead and releases tasks: waiting there for a place
+            // would hold up the very releases that free one
+            throw new IllegalArgumentException(TASK_BIND + "=ahead binds tasks on the executor's lifecycle thread, "
+                    + "which must never wait; it does not go with " + SettingsTable.CONCURRENT_GPU_TASKS.sparkKey()
+                    + "=" + places + " (a bind waits there for admission): use " + TASK_BIND + "=lazy (the default) "
+                    + "or eager");
+        }
     }
 
     /**

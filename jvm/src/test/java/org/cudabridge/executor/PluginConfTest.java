@@ -36,6 +36,16 @@ class PluginConfTest {
     }
 
     @Test
+    void admissionDoesNotGoWithBindsAheadOnTheLifecycleThread() {
+        IllegalArgumentException e = assertThrows(IllegalArgumentException.class, () -> new PluginConf(Map.of(
+                "spark.cudabridge.taskBind", "ahead", "spark.cudabridge.concurrentGpuTasks", "2")).validate());
+        assertTrue(e.getMessage().contains("taskBind=ahead") && e.getMessage().contains("concurrentGpuTasks=2"),
+                e.getMessage());
+        new PluginConf(Map.of("spark.cudabridge.taskBind", "lazy", "spark.cudabridge.concurrentGpuTasks", "2")).validate();
+        new PluginConf(Map.of("spark.cudabridge.taskBind", "ahead", "spark.cudabridge.concurrentGpuTasks", "0")).validate();
+    }
+
+    @Test
     void aBadValueOrAMisspelledKeyIsRefusedNamingIt() {
         IllegalArgumentException e = assertThrows(IllegalArgumentException.class,
                 () -> new PluginConf(Map.of("spark.cudabridge.taskBind", "soon")).validate());
