@@ -305,3 +305,36 @@ def test_retried_attempts_are_admitted_ahead_of_first_attempts(make_service):
     for t in threads:
         t.join(5)
     svc.release_task(3)
+
+
+def test_with_retry_runs_a_block_again_after_the_breaker_only(make_service):
+    from cudabridge.pressure import with_retry
+
+    svc = make_service(oom_wait=30)
+    svc.bind_task(1)
+    calls = []
+
+    def block():
+        calls.append(1)
+        a = svc.allocate(1, 6 * MIB)
+        try:
+            if len(calls) < 3:
+                svc.allocate(1, 4 * MIB)   # the task's only holder waits for itself: the breaker
+            return "done"
+        finally:
+            a.free()
+
+    assert with_retry(block) == "done" and len(calls) == 3
+    def never_fits():
+        held = svc.allocate(1, 6 * MIB)
+        try:
+            return svc.allocate(1, 4 * MIB)
+        finally:
+            held.free()
+
+    with pytest.raises(OutOfDeviceMemory) as info:   # the breaker's, after the last attempt
+        with_retry(never_fits, attempts=2)
+    assert info.value.reason == "breaker"
+    with pytest.raises(ValueError):
+        with_retry(lambda: (_ for _ in ()).throw(ValueError("not memory")))
+    svc.release_task(1)

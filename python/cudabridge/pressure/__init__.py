@@ -15,8 +15,11 @@ from __future__ import annotations
 
 import itertools
 import logging
+import time
 from dataclasses import asdict, dataclass, fields
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING, Callable, Mapping, TypeVar
+
+from ..errors import InvalidArgument, OutOfDeviceMemory
 
 from .admission import Admission
 from .memory_waits import MemoryWaits
@@ -27,7 +30,30 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["MemoryPressure", "PressureStatistics", "WaitTable"]
+__all__ = ["MemoryPressure", "PressureStatistics", "WaitTable", "with_retry"]
+
+T = TypeVar("T")
+
+
+def with_retry(block: Callable[[], T], attempts: int = 8) -> T:
+    """``block()``, run again when the deadlock breaker failed one of its allocations
+    (``OutOfDeviceMemory.reason == "breaker"``), after a short pause (10 ms, doubling to 1 s), at
+    most ``attempts`` times in all; any other error, and the breaker's after the last attempt, is
+    raised as it is. Java's GpuRetry.withRetry frees the block's buffers itself; in Python the block
+    frees what it allocated when it fails (``try``/``finally``, or arrays it drops), so that what it
+    held goes to the tasks that waited."""
+    if attempts < 1:
+        raise InvalidArgument(f"with_retry: attempts must be at least 1, got {attempts}")
+    pause = 0.01
+    for attempt in range(1, attempts + 1):
+        try:
+            return block()
+        except OutOfDeviceMemory as exc:
+            if exc.reason != "breaker" or attempt == attempts:
+                raise
+        time.sleep(pause)
+        pause = min(pause * 2, 1.0)
+    raise AssertionError("unreachable")
 
 
 @dataclass(frozen=True)
