@@ -154,6 +154,11 @@ class BridgeControl:
         self.check_open("batchFunction")
         return self.hot.functions.batches(function_id, inputs, outputs, dtypes)
 
+    def memory_returned(self) -> None:
+        """GpuRetry gave back what its block held after a break: waiters re-check at once."""
+        self.check_open("memoryReturned")
+        self.service.pressure.memory_returned()
+
     def retried_attempt(self, task: int) -> None:
         """The task is a retried attempt: admitted ahead of first attempts (MemoryPressure.retried)."""
         self.check_open("retriedAttempt")
@@ -341,6 +346,9 @@ def make_proxy(control: BridgeControl) -> Any:
     def j_retried_attempt(task: Any) -> Any:
         c.retried_attempt(int(task))
 
+    def j_memory_returned() -> Any:
+        c.memory_returned()
+
     @JImplements(java_class("org.cudabridge.ControlPlane"))
     class ControlProxy:
         lookupTask = JOverride(guarded(j_lookup_task))
@@ -361,5 +369,6 @@ def make_proxy(control: BridgeControl) -> Any:
         batchFunction = JOverride(guarded(j_batch_function))
         cancelWaits = JOverride(guarded(j_cancel_waits))
         retriedAttempt = JOverride(guarded(j_retried_attempt))
+        memoryReturned = JOverride(guarded(j_memory_returned))
 
     return ControlProxy()

@@ -35,13 +35,13 @@ __all__ = ["MemoryPressure", "PressureStatistics", "WaitTable", "with_retry"]
 T = TypeVar("T")
 
 
-def with_retry(block: Callable[[], T], attempts: int = 8) -> T:
+def with_retry(block: Callable[[], T], attempts: int = 8, pressure: "MemoryPressure | None" = None) -> T:
     """``block()``, run again when the deadlock breaker failed one of its allocations
     (``OutOfDeviceMemory.reason == "breaker"``), after a short pause (10 ms, doubling to 1 s), at
     most ``attempts`` times in all; any other error, and the breaker's after the last attempt, is
     raised as it is. Java's GpuRetry.withRetry frees the block's buffers itself; in Python the block
     frees what it allocated when it fails (``try``/``finally``, or arrays it drops), so that what it
-    held goes to the tasks that waited."""
+    held goes to the tasks that waited: with ``pressure`` (the service's), they are told at once."""
     if attempts < 1:
         raise InvalidArgument(f"with_retry: attempts must be at least 1, got {attempts}")
     pause = 0.01
@@ -51,6 +51,8 @@ def with_retry(block: Callable[[], T], attempts: int = 8) -> T:
         except OutOfDeviceMemory as exc:
             if exc.reason != "breaker" or attempt == attempts:
                 raise
+        if pressure is not None:
+            pressure.memory_returned()
         time.sleep(pause)
         pause = min(pause * 2, 1.0)
     raise AssertionError("unreachable")
@@ -122,6 +124,11 @@ class MemoryPressure:
         waiting. Whether it was waiting."""
         self._retried.discard(task)
         return any([a.cancel(task) for a in self.admission.values()])
+
+    def memory_returned(self) -> None:
+        """A task gave back what it held after the breaker failed it (GpuRetry, with_retry): the
+        waiters re-check at once, ahead of its own retry, which pauses first."""
+        self.waits.notify()
 
     def cancel(self, task: int) -> None:
         """``task`` was killed (Spark interrupted it; the plugin's kill watch says so): its waits end

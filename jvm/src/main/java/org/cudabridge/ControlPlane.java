@@ -67,6 +67,9 @@ public interface ControlPlane {
      *  columns' arrays and returns a dict with the output columns (names and element types). */
     long batchFunction(long functionId, String[] inputs, String[] outputs, String[] dtypes);
 
+    /** A task gave back what it held after the deadlock breaker failed it: waiters re-check now. */
+    void memoryReturned();
+
     /** The task is a retried attempt: its admission goes ahead of first attempts waiting. */
     void retriedAttempt(long taskAttemptId);
 

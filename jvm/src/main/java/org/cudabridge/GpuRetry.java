@@ -52,6 +52,13 @@ public final class GpuRetry {
                 if (!breaker || attempt >= attempts) {
                     throw e;
                 }
+                // the waiters take what it gave back before its retry does (they re-check at once,
+                // it pauses first); a failure to tell them only delays them to their next poll
+                try {
+                    CudaBridge.get().control().memoryReturned();
+                } catch (RuntimeException ignored) {
+                    // the bridge shut down meanwhile: the retry fails with that
+                }
             } finally {
                 DeviceMemory.trackAllocations(outer);
                 if (outer != null) {
