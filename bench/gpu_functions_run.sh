@@ -8,11 +8,11 @@
 set -uo pipefail
 source bench/gpu_setup.sh
 status=0
-timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_python_functions_gpu.py tests/test_python_functions.py \
+timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_python_functions_gpu.py tests/test_python_functions.py \
   >"$out/pytest_functions.log" 2>&1 || status=1
-timeout 240 python3 bench/bench_jvm.py --backend cuda --quick --threads 1 --seconds 0.1 --copies 10 \
+timeout 150 python3 bench/bench_jvm.py --backend cuda --quick --rounds 3 --threads 1 --seconds 0.1 --copies 10 \
   >"$out/bench_jvm.log" 2>&1 || status=1
-timeout 300 python3 bench/bench_batches.py --backend cuda --rounds 5 --out "$out" >"$out/bench_batches.log" 2>&1 || status=1
+timeout 200 python3 bench/bench_batches.py --backend cuda --rounds 3 --batches 20 --out "$out" >"$out/bench_batches.log" 2>&1 || status=1
 tail -3 "$out/pytest_functions.log"
 grep -i "function" "$out/bench_jvm.log" | head -12
 tail -20 "$out/bench_batches.log"
