@@ -74,8 +74,14 @@ static void free_args(call_arg *args, jsize n) {
         if (args[i].kind != ARG_DIRECT) free(args[i].data);
 }
 
-/* Phase 1: the Java arguments into C memory; -1 with a Java exception pending. */
+/* Phase 1: the Java arguments into C memory; -1 with a Java exception pending. Every entry is
+ * set before any is read, so that free_args may free all n whatever entry failed. */
 static int read_args(JNIEnv *env, const jbyte *kinds, const jlong *values, jobjectArray refs, call_arg *args, jsize n) {
+    for (jsize i = 0; i < n; i++) {
+        args[i].kind = ARG_NULL;
+        args[i].data = NULL;
+        args[i].n = 0;
+    }
     for (jsize i = 0; i < n; i++) {
         call_arg *a = &args[i];
         a->kind = kinds[i];

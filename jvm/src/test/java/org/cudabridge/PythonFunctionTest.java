@@ -145,6 +145,31 @@ class PythonFunctionTest extends RunningBridge {
     }
 
     @Test
+    void theRawNativeRefusesABadArgumentWhereverItStandsAndFreesWhatItRead() {
+        try (TaskScope t = bridge.bindTask(12)) {
+            long fn = 0;
+            long[] scalar = new long[2];
+            // the stack below a native call filled with pointer-like garbage first (launch's arguments,
+            // refused), so that entries the failing call never read are not zeros by luck
+            long[] garbage = new long[512];
+            java.util.Arrays.fill(garbage, 0x00007fdeadbeef00L);
+            assertThrows(RuntimeException.class, () -> NativeBridge.launch(12, 987654321L, new int[] {1, 1, 1, 1, 1, 1},
+                    0, garbage, new byte[512], garbage));
+            // a String, then a byte[] whose reference is missing: the first's copy is freed, nothing else touched
+            byte[] kinds = {PythonFunction.ARG_STRING, PythonFunction.ARG_BYTES, PythonFunction.ARG_BYTES};
+            Object[] refs = {"read first", null, new byte[] {1}};
+            assertRefused(NullPointerException.class,
+                    () -> NativeBridge.callFunction(12, fn, 3, kinds, new long[3], refs, scalar), "reference is null");
+            assertRefused(IllegalArgumentException.class, () -> NativeBridge.callFunction(12, fn, 1,
+                    new byte[] {PythonFunction.ARG_DIRECT}, new long[1], new Object[] {java.nio.ByteBuffer.allocate(4)},
+                    scalar), "not direct");
+            assertRefused(IllegalArgumentException.class, () -> NativeBridge.callFunction(12, fn, 1, new byte[] {99},
+                    new long[1], new Object[] {"x"}, scalar), "unknown argument kind");
+            assertEquals(5L, f("add").call(2, 3));   // and the bridge goes on
+        }
+    }
+
+    @Test
     void aDirectByteBufferIsAViewDuringTheCallOnly() {
         try (TaskScope t = bridge.bindTask(8)) {
             ByteBuffer direct = ByteBuffer.allocateDirect(3).order(ByteOrder.nativeOrder());
