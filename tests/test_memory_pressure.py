@@ -338,3 +338,22 @@ def test_with_retry_runs_a_block_again_after_the_breaker_only(make_service):
     with pytest.raises(ValueError):
         with_retry(lambda: (_ for _ in ()).throw(ValueError("not memory")))
     svc.release_task(1)
+
+
+def test_the_breaker_picks_the_task_bound_last_not_the_largest_id(make_service):
+    """Youngest is bind order (the registry's), whatever the ids: task 9 bound first, task 2 after."""
+    svc = make_service(oom_wait=30)   # concurrentGpuTasks unlimited: no admission bookkeeping
+    svc.bind_task(9)
+    svc.bind_task(2)
+    a9 = svc.allocate(9, 4 * MIB)
+    a2 = svc.allocate(2, 3 * MIB)
+    t, out = _thread(lambda: svc.allocate(9, 4 * MIB))
+    _until(lambda: svc.statistics().pressure.allocations_waiting == 1)
+    with pytest.raises(OutOfDeviceMemory) as info:
+        svc.allocate(2, 4 * MIB)   # both wait: task 2, bound last, gives way
+    assert info.value.reason == "breaker"
+    a2.free()
+    t.join(10)
+    assert "error" not in out, out
+    a9.free()
+    out["result"].free()

@@ -13,7 +13,6 @@ sees.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import time
 from dataclasses import asdict, dataclass, fields
@@ -89,11 +88,9 @@ class MemoryPressure:
                  oom_wait_s: float) -> None:
         self.waits = WaitTable()
         self._gpus = gpus
-        self._order: dict[int, int] = {}
         self._retried: set[int] = set()   # retried attempts not yet released (admitted first)
-        self._binds = itertools.count(1)
         self.admission = {o: Admission(o, concurrent_gpu_tasks, self.waits) for o in gpus}
-        self.memory_waits = MemoryWaits(registry, self.waits, oom_wait_s, self._holders, self._bind_order)
+        self.memory_waits = MemoryWaits(registry, self.waits, oom_wait_s, self._holders)
         for res in gpus.values():
             res.memory.out_of_memory_handler = self.memory_waits.out_of_memory
         registry.on_release(self._released)
@@ -106,7 +103,6 @@ class MemoryPressure:
     def admit(self, task: int, gpu: int) -> bool:
         """Before ``task``'s bind on ``gpu``: waits for its place. False when it held one already
         (a second bind of a bound task, which the bind refuses: its place stays)."""
-        self._order.setdefault(task, next(self._binds))
         return self.admission[gpu].admit(task, retried=task in self._retried)
 
     def retried(self, task: int) -> None:
@@ -117,7 +113,6 @@ class MemoryPressure:
     def bind_failed(self, task: int, gpu: int) -> None:
         """The bind that followed :meth:`admit` failed: the place goes back."""
         self.admission[gpu].leave(task)
-        self._order.pop(task, None)
 
     def cancel_admission(self, task: int) -> bool:
         """``task`` ends before it was bound (its release while it waits for admission): it stops
@@ -142,7 +137,6 @@ class MemoryPressure:
         """The registry's release listener: the task's place goes to the next, and waiters re-check
         (its memory is about to come back)."""
         self.admission[b.gpu].leave(b.task_id)
-        self._order.pop(b.task_id, None)
         self._retried.discard(b.task_id)
         self.memory_waits.forget(b.task_id)
         self.waits.notify()
@@ -150,9 +144,6 @@ class MemoryPressure:
         if waited:   # each task's wait time, where it waited at all
             log.info("task %d waited %.1f ms for admission and %.1f ms for memory on GPU %d", b.task_id,
                      1000 * waited.get(ADMISSION, 0.0), 1000 * waited.get(ALLOCATION, 0.0), b.gpu)
-
-    def _bind_order(self, task: int) -> int:
-        return self._order.get(task, 0)
 
     def _holders(self, gpu: int) -> dict[int, int]:
         owners = self._gpus[gpu].memory._owner_tracker.by_owner

@@ -44,12 +44,11 @@ class MemoryWaits:
     """The out-of-memory handler of every pool of one service (one per service)."""
 
     def __init__(self, registry: "TaskRegistry", waits: WaitTable, oom_wait_s: float,
-                 holders: Callable[[int], Mapping[int, int]], bind_order: Callable[[int], int]) -> None:
+                 holders: Callable[[int], Mapping[int, int]]) -> None:
         self._leases = registry.leases
         self._waits = waits
         self._oom_wait_s = oom_wait_s
         self._holders = holders          # gpu -> {task: bytes held there}
-        self._bind_order = bind_order    # task -> its bind sequence number (larger: younger)
         self._started = threading.local()   # the thread's allocation now waiting: its first wait's start
         self._chosen: set[int] = set()   # tasks the breaker picked, whose waiting allocation fails next
         self._cancelled: set[int] = set()   # tasks killed: their allocations never wait (until their release)
@@ -125,7 +124,8 @@ class MemoryWaits:
         waits = self._waits.snapshot(gpu)
         holders = self._holders(gpu)
         running = self._running(waits)
-        order = {t: self._bind_order(t) for t in {w.task for w in waits} | set(holders)}
+        # bind order (larger: younger): the leases table's, a dict in the order its tasks were bound
+        order = {t: i for i, t in enumerate(list(self._leases.table))}
         picked = victim(holders, waits, running, order)
         if picked is None:
             return None
