@@ -178,7 +178,7 @@ class ResultTaker:
     def _one(self, v: Any, what: str) -> Any:
         if v is None or v.__class__ in (bool, float, str):
             return v
-        if v.__class__ is int or (isinstance(v, int) and not isinstance(v, bool)):
+        if isinstance(v, int):   # bool went back above: an int, or an int subclass (numpy's are not)
             v = int(v)
             if not _I64[0] <= v <= _I64[1]:
                 raise InvalidArgument(f"{what}: int {v} does not fit a Java long")

@@ -112,17 +112,13 @@ class FunctionTable:
         """The function ``reference`` names (``"package.module:function"``), imported once."""
         if not isinstance(reference, str) or not _REFERENCE.match(reference):
             raise FunctionNotFound(f"{reference!r} is not a function reference: expected 'package.module:function'")
-        found = self._by_key.get(reference)
-        if found is not None:
-            return self._by_id[found]
         paths = [os.fspath(p) for p in search_paths]
-        with self._lock:
-            found = self._by_key.get(reference)
-            if found is not None:
-                return self._by_id[found]
+
+        def imported() -> Callable[..., Any]:
             self._add_paths(reference, paths)
-            fn = self._import(reference)
-            return self._keep(reference, reference, fn)
+            return self._import(reference)
+
+        return self.keep(reference, reference, imported)
 
     def resolve_pickled(self, payload: bytes) -> PythonFunction:
         """The function :func:`pickle_function` made ``payload`` of, loaded once per distinct bytes."""
