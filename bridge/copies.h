@@ -311,7 +311,7 @@ static jboolean host_memory_copy(JNIEnv *env, PyObject *fn, jlong handle, jlong 
         cb_host_side host = {env, NULL, mem};
         return gpu_copy(env, handle, devOffset, &host, 0, nbytes, to_device, kind) ? JNI_TRUE : JNI_FALSE;
     }
-    HOT_ENTER(JNI_FALSE, 0)
+    HOT_ENTER(JNI_FALSE, 0, -1)
     int queued = call_with_view(fn, handle, devOffset, mem, (size_t)nbytes, 1, (jlong)(intptr_t)mem, &err);
     HOT_LEAVE()
     if (err.kind) throw_captured(env, &err);

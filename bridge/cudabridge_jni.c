@@ -26,6 +26,7 @@
  *   hot_gate.h        the gate in front of the GIL for the short hot calls
  *   staging_ring.h    pipelined copies through pinned staging slots (host_copy.h: the host memcpy)
  *   process_state.h   the JVM, Python's start state, cached callables and classes, HostMemory
+ *   entry_waits.h     the threads waiting to enter Python (gate, GIL), for the deadlock breaker
  *   thread_states.h   each Java thread's kept Python thread state, GIL sections, errors to Java
  *   jvm_entry.h       JNI_OnLoad, the JNI_CreateJavaVM shims JPype binds through, nativeInit
  *   python_start.h    starting Python and the bootstrap (startPython, isReady)
@@ -68,6 +69,7 @@
 #define CB_STAGE_MAX ((size_t)4 << 20)
 
 #include "process_state.h"
+#include "entry_waits.h"
 #include "thread_states.h"
 #include "jvm_entry.h"
 #include "python_start.h"

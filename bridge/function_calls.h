@@ -352,8 +352,10 @@ JNIEXPORT jobject JNICALL Java_org_cudabridge_NativeBridge_callFunction(JNIEnv *
         }
         gil_section g;
         captured_error err = {0};
-        int gated = 0;
-        if (gil_enter(env, &g) != 0) {
+        entry_begin(task);   /* waiting to enter, for this task (entry_waits.h) */
+        int entered = gil_enter(env, &g);
+        entry_end();
+        if (entered != 0) {
             free_args(args, n);
             return NULL;
         }

@@ -478,6 +478,11 @@ static char *run_bootstrap(JNIEnv *env, jobjectArray pythonpath, const char *lib
         rc = r == NULL ? -1 : 0;
         Py_XDECREF(r);
     }
+    if (rc == 0) {   /* the threads waiting to enter, for the deadlock breaker (entry_waits.h) */
+        PyObject *r = PyObject_CallMethod(hot, "install_entry_waits", "K", (unsigned long long)(uintptr_t)&cb_entering);
+        rc = r == NULL ? -1 : 0;
+        Py_XDECREF(r);
+    }
     if (rc == 0) {
         PyObject *api = PyObject_GetAttrString(hot, "native_api");
         if (api == NULL) {

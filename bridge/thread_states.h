@@ -199,13 +199,22 @@ static void throw_captured(JNIEnv *env, captured_error *err) {
     err->kind = 0;
 }
 
+/* Takes the GIL with this thread's state, registered as waiting to enter meanwhile (entry_waits.h;
+ * a hot call registered its task before the gate already: then it ends that registration). */
+static inline void gil_take(PyThreadState *ts) {
+    int mine = !t_entering;
+    if (mine) entry_begin(-1);
+    PyEval_RestoreThread(ts);
+    if (mine) entry_end();
+}
+
 /* Take the GIL on this thread, creating its kept thread state on first use. Returns 0, or -1
  * with a Java exception pending (no GIL held). */
 static int gil_enter(JNIEnv *env, gil_section *g) {
     if (t_slot.ts != NULL) {
         g->ts = t_slot.ts;
         g->borrowed = 0;
-        PyEval_RestoreThread(g->ts);
+        gil_take(g->ts);
         return 0;
     }
     if (!atomic_load_explicit(&g_ready, memory_order_acquire) && !g_py_initialized) {
@@ -214,7 +223,10 @@ static int gil_enter(JNIEnv *env, gil_section *g) {
     }
     if (PyGILState_GetThisThreadState() != NULL) {
         /* Someone else's state for this thread (see gil_section): borrow it for this call. */
+        int mine = !t_entering;
+        if (mine) entry_begin(-1);
         g->gstate = PyGILState_Ensure();
+        if (mine) entry_end();
         g->ts = NULL;
         g->borrowed = 1;
         return 0;
@@ -248,7 +260,7 @@ static int gil_enter(JNIEnv *env, gil_section *g) {
     }
     g->ts = ts;
     g->borrowed = 0;
-    PyEval_RestoreThread(ts);
+    gil_take(ts);
     return 0;
 }
 
@@ -296,6 +308,7 @@ static void slot_destructor(void *arg) {
         PyThreadState_DeleteCurrent(); /* also releases the GIL and unbinds the PyGILState state */
         atomic_fetch_add(&g_states_deleted, 1);
     }
+    entry_slot_give_back();
     free(slot->stage);
     slot->stage = NULL;
     slot->stage_cap = 0;

@@ -109,6 +109,28 @@ def release_then_call(x):
     return x
 
 
+def hold_gil_until_entering(want, seconds):
+    """Holds the GIL (a switch interval longer than the wait, a loop that never lets it go) until
+    the bridge reports a Java thread waiting to enter for task ``want`` (-1: for a call that names
+    no task), at most ``seconds``. Returns the tasks it saw waiting to enter then (-1 for None)."""
+    import sys
+
+    from cudabridge.jvm.bootstrap import running_service
+
+    memory_waits = running_service().pressure.memory_waits
+    target = None if want < 0 else want
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(seconds + 5)
+    try:
+        end = time.monotonic() + seconds
+        seen = memory_waits.entering()
+        while target not in seen and time.monotonic() < end:
+            seen = memory_waits.entering()
+    finally:
+        sys.setswitchinterval(interval)
+    return ",".join(str(-1 if t is None else t) for t in seen)
+
+
 # over column batches (GpuPython.mapBatches) ------------------------------------------------------
 def per_row(columns):
     """y = 2x + 1 and a flag x > 0, for each row."""

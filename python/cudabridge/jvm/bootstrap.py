@@ -25,9 +25,12 @@ import json
 import logging
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import java_classes
+
+if TYPE_CHECKING:
+    from ..service import CudaBridgeService
 
 log = logging.getLogger("cudabridge.jvm")
 
@@ -141,6 +144,19 @@ def _runnable_of(thread: Any) -> Any:
         except Exception:  # noqa: BLE001  (the other layout)
             continue
     return None
+
+
+def running_service() -> "CudaBridgeService":
+    """The service the bridge started in this JVM, for Python code that runs in the executor (a
+    Python function called for a task: docs/python-functions.md). Raises
+    :class:`~cudabridge.errors.CudaBridgeError` where the bridge has not started one."""
+    service = _started.get("service")
+    if service is None:
+        from ..errors import CudaBridgeError
+
+        raise CudaBridgeError("no cudabridge service runs in this process (the bridge starts one in a JVM: "
+                              "CudaBridge.start, or the Spark plugin)")
+    return service
 
 
 def start(library: str, conf_json: str) -> Any:

@@ -70,6 +70,7 @@ from ..memory.allocation import RELEASED
 from ..memory.native import load as load_native
 from ..memory.native import supported as native_supported
 from ..task_registry import TaskLeases
+from .entry_waits import EntryWaits
 from .function_calls import JavaFunctions
 from .handles import GPU_BITS, GPU_MASK, MAX_GPUS, HandleTable
 
@@ -660,6 +661,14 @@ class JavaHotPath:
         gate_yield = ctypes.CFUNCTYPE(ctypes.c_int)(yield_address)
         gate_resume = ctypes.CFUNCTYPE(None, ctypes.c_int)(resume_address)
         self._service.pressure.memory_waits.around_wait(gate_yield, gate_resume)
+
+    def install_entry_waits(self, entering_address: int) -> None:
+        """Called by the bridge library at start with its table of Java threads waiting to enter
+        Python, for the gate or the GIL (bridge/entry_waits.h): the deadlock breaker counts their
+        tasks as running (pressure/memory_waits.py). Read through a PYFUNCTYPE prototype, which
+        keeps the GIL: the read is a scan of atomics that never waits."""
+        read = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_longlong), ctypes.c_int)(entering_address)
+        self._service.pressure.memory_waits.entry_waits(EntryWaits(read))
 
     @property
     def native_api(self) -> Any:

@@ -6,9 +6,12 @@ test_memory_pressure.py runs hypothesis over random ones). Its inputs:
 * ``holders``: task -> bytes it holds on the GPU (its live allocations there);
 * ``waits``: the registered waits on the GPU (waits.py), each with its task and kind;
 * ``running``: tasks with a thread inside one of their operations that is not a registered wait
-  (a copy, a launch, a Python function running; a thread waiting for the GIL in the bridge is on
-  its way into one and counts as running too);
-* ``order``: task -> bind order (larger: bound later, younger).
+  (a copy, a launch, a Python function running);
+* ``order``: task -> bind order (larger: bound later, younger);
+* ``entering``: the threads waiting in the bridge to enter Python, for the gate or the GIL
+  (bridge/entry_waits.h), each as the task its call names, or None for a call that names none (a
+  free, a copy: they name a handle). Such a thread is on its way into an operation that may give
+  memory back: its task counts as running, and one of no known task as possibly any holder's.
 
 A task *holds memory* when ``holders`` says so; it is *blocked* when it has a registered wait and
 is not running. The breaker acts only when every task holding memory on the GPU is blocked and
@@ -28,14 +31,15 @@ from .waits import ALLOCATION, Wait
 
 
 def victim(holders: Mapping[int, int], waits: Iterable[Wait], running: Iterable[int],
-           order: Mapping[int, int]) -> tuple[int, str] | None:
+           order: Mapping[int, int], entering: Iterable[int | None] = ()) -> tuple[int, str] | None:
     """(the task whose waiting allocation fails now, the reason: ``"breaker"``, or ``"too_large"``
     when no task holds memory at all), or None (the module docstring's rule)."""
     waits = list(waits)
     alloc_waiters = {w.task for w in waits if w.kind == ALLOCATION}
     if not alloc_waiters:
         return None
-    run = set(running)
+    entering = list(entering)
+    run = set(running) | {t for t in entering if t is not None}
     held = {t for t, n in holders.items() if n > 0}
     waiting = {w.task for w in waits}
     if not held:
@@ -43,6 +47,8 @@ def victim(holders: Mapping[int, int], waits: Iterable[Wait], running: Iterable[
         return min(alloc_waiters, key=lambda t: (order.get(t, 0), t)), "too_large"
     if any(t in run or t not in waiting for t in held):
         return None   # a holder runs (or is between operations): its frees may come
+    if None in entering:
+        return None   # a thread of no known task is entering: it may be a holder's, on its way to a free
     candidates = held & alloc_waiters
     if not candidates:
         return None   # holders wait for admission only: the admitted ones hold nothing (cannot happen), wait

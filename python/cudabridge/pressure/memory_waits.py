@@ -52,6 +52,7 @@ class MemoryWaits:
         self._started = threading.local()   # the thread's allocation now waiting: its first wait's start
         self._chosen: set[int] = set()   # tasks the breaker picked, whose waiting allocation fails next
         self._cancelled: set[int] = set()   # tasks killed: their allocations never wait (until their release)
+        self._entering: Callable[[], list[int | None]] = list   # no bridge: no thread waits to enter
         self._before_wait: Callable[[], Any] | None = None
         self._after_wait: Callable[[Any], None] | None = None
         self.breaks = 0
@@ -62,6 +63,15 @@ class MemoryWaits:
         """What a front does around each wait of an allocation: ``after(before())``. The Java
         bridge lets its gate go (a JNI allocation holds it: the frees the wait is for must pass)."""
         self._before_wait, self._after_wait = before, after
+
+    def entry_waits(self, entering: Callable[[], list[int | None]]) -> None:
+        """The threads waiting to enter Python in a front (the Java bridge's, jvm/entry_waits.py):
+        each as its call's task, None where the call names none. The breaker counts them running."""
+        self._entering = entering
+
+    def entering(self) -> list[int | None]:
+        """The threads waiting to enter Python now, as :meth:`entry_waits`'s reader gives them."""
+        return self._entering()
 
     def out_of_memory(self, pool: Any, r: int, owner: object, exc: OutOfDeviceMemory, attempt: int) -> bool:
         """The pool's handler (module docstring): True to run the slow path again. ``attempt``
@@ -121,12 +131,17 @@ class MemoryWaits:
         if me.task in self._chosen:
             self._chosen.discard(me.task)
             return "breaker"
-        waits = self._waits.snapshot(gpu)
+        # Read in the order a thread moves through them (entering, then inside an operation, then
+        # waiting, or done), the waits last: a thread that moves on during the reads is seen where it
+        # was or where it went, never in neither, and waits only end during them (fewer blocked).
+        entering = self.entering()
+        inside = {t: list(lease.inside) for t, lease in list(self._leases.table.items())}
         holders = self._holders(gpu)
-        running = self._running(waits)
+        waits = self._waits.snapshot(gpu)
+        running = self._running(waits, inside)
         # bind order (larger: younger): the leases table's, a dict in the order its tasks were bound
-        order = {t: i for i, t in enumerate(list(self._leases.table))}
-        picked = victim(holders, waits, running, order)
+        order = {t: i for i, t in enumerate(inside)}
+        picked = victim(holders, waits, running, order, entering)
         if picked is None:
             return None
         chosen, reason = picked
@@ -134,27 +149,26 @@ class MemoryWaits:
             return reason if chosen == me.task else None
         now = time.monotonic()
         log.warning("GPU %d: every task holding memory is waiting; failing task %d's allocation (the youngest "
-                    "waiting holder). Holders (bytes): %s. Waits: %s", gpu, chosen, dict(holders),
-                    "; ".join(w.describe(now) for w in waits))
+                    "waiting holder). Holders (bytes): %s. Waits: %s. Threads entering the bridge (tasks): %s", gpu,
+                    chosen, dict(holders), "; ".join(w.describe(now) for w in waits), entering or "none")
         if chosen != me.task:
             self._chosen.add(chosen)
             self._waits.notify()
             return None
         return reason
 
-    def _running(self, waits: list) -> set[int]:
-        """Tasks with a thread inside one of their operations that is not one of these waits."""
+    @staticmethod
+    def _running(waits: list, inside: Mapping[int, list[int]]) -> set[int]:
+        """Tasks with a thread inside one of their operations (``inside``: task -> the threads
+        inside its lease) that is not one of these waits."""
         waiting_threads: dict[int, list[int]] = {}
         for w in waits:
             waiting_threads.setdefault(w.task, []).append(w.thread)
         running = set()
         for task, threads in waiting_threads.items():
-            lease = self._leases.get(task)
-            if lease is None:
-                continue
             # every entry of a waiting thread is that wait (a Python function's call holds the
             # lease around the allocation that waits: two entries, one thread, waiting)
-            if any(t not in threads for t in list(lease.inside)):
+            if any(t not in threads for t in inside.get(task, ())):
                 running.add(task)
         return running
 

@@ -8,6 +8,10 @@ import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import java.util.List;
+import java.util.concurrent.CountDownLatch;
+import java.util.concurrent.TimeUnit;
+import java.util.concurrent.atomic.AtomicBoolean;
+import java.util.concurrent.atomic.AtomicReference;
 
 import org.junit.jupiter.api.AfterEach;
 import org.junit.jupiter.api.Tag;
@@ -114,5 +118,64 @@ class NativeBridgeTest extends RunningBridge {
         ReleaseReport r = bridge.releaseTasks(List.of(t))[0];
         assertNotNull(r.failure(), "its release through the API then fails in Python: " + r);
         assertTrue(t.isReleased());
+    }
+
+    /**
+     * A Java thread waiting in the bridge for the GIL is registered with the task its call names
+     * (a ping names none: unknown, -1), for the deadlock breaker: Java sees it RUNNABLE, Python
+     * not at all (issue 28). A Python function holds the GIL until it sees them.
+     */
+    @Test
+    @SuppressWarnings("try")   // scopes held for their task binding only
+    void threadsWaitingForTheGilAreSeenWithTheirTask() throws Exception {
+        PythonFunction hold = bridge.pythonFunction("functions_for_tests:hold_gil_until_entering", PythonFunctionTest.PATH);
+        AtomicBoolean stop = new AtomicBoolean();
+        AtomicReference<Throwable> failed = new AtomicReference<>();
+        CountDownLatch going = new CountDownLatch(2);   // each thread made one call (its thread state exists)
+        Thread synchronizing = new Thread(() -> {   // calls that name their task
+            try (TaskScope s = bridge.bindTask(12)) {
+                for (boolean first = true; !stop.get(); first = false) {
+                    bridge.synchronize();
+                    if (first) {
+                        going.countDown();
+                    }
+                }
+            } catch (Throwable e) {
+                failed.set(e);
+                going.countDown();
+            }
+        });
+        Thread pinging = new Thread(() -> {   // calls that name none
+            try {
+                for (boolean first = true; !stop.get(); first = false) {
+                    NativeBridge.ping();
+                    if (first) {
+                        going.countDown();
+                    }
+                }
+            } catch (Throwable e) {
+                failed.set(e);
+                going.countDown();
+            }
+        });
+        String withTask;
+        String unknown;
+        try (TaskScope t = bridge.bindTask(11)) {
+            synchronizing.start();
+            pinging.start();
+            assertTrue(going.await(30, TimeUnit.SECONDS));
+            withTask = (String) hold.call(12L, 10.0);
+            unknown = (String) hold.call(-1L, 10.0);
+        } finally {
+            stop.set(true);
+            synchronizing.join();
+            pinging.join();
+        }
+        assertNull(failed.get());
+        assertTrue(List.of(withTask.split(",")).contains("12"), withTask);
+        assertTrue(List.of(unknown.split(",")).contains("-1"), unknown);
+        try (TaskScope t = bridge.bindTask(13)) {
+            assertEquals("", hold.call(-2L, 0.0), "nobody waits to enter once they stopped");
+        }
     }
 }
