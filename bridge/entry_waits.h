@@ -36,14 +36,12 @@ static entry_slot g_entry_slots[CB_ENTRY_SLOTS];
 static atomic_int g_entry_high;          /* slots [0, high) have been taken at some time */
 static atomic_long g_entry_overflow;     /* threads waiting to enter that have no slot */
 
-static __thread int t_entry = -1;        /* this thread's slot; -1 none yet, -2 none free */
-static __thread int t_entering;          /* 1 between entry_begin and entry_end */
+static __thread int t_entry = -1;        /* this thread's slot; -1 none yet (or none was free) */
 
 static void keep_slot(void);             /* thread_states.h: the thread's end runs its slot destructor */
 
-/* This thread's slot, taken at its first call (-2: none free; tried again at the next call). */
+/* This thread's slot, taken at its first call (-1: none free; tried again at the next call). */
 static int entry_slot_of_thread(void) {
-    if (t_entry >= 0) return t_entry;
     for (int i = 0; i < CB_ENTRY_SLOTS; i++) {
         int free_slot = 0;
         if (atomic_load_explicit(&g_entry_slots[i].taken, memory_order_relaxed) == 0 &&
@@ -55,23 +53,22 @@ static int entry_slot_of_thread(void) {
             return i;
         }
     }
-    return -2;
+    return -1;
 }
 
-/* Before the thread may wait for the gate or the GIL: what it waits for (task < 0: unknown). */
-static inline void entry_begin(long long task) {
-    int i = entry_slot_of_thread();
+/* Before the thread may wait for the gate or the GIL: what it waits for (task < 0: unknown).
+ * Returns what entry_end takes: the slot, or -1 where the thread is counted in the overflow. */
+static inline int entry_begin(long long task) {
+    int i = t_entry >= 0 ? t_entry : entry_slot_of_thread();
     long long state = task < 0 ? CB_ENTRY_UNKNOWN : task + 2;
-    t_entering = 1;
     if (i >= 0) atomic_store_explicit(&g_entry_slots[i].state, state, memory_order_release);
     else atomic_fetch_add(&g_entry_overflow, 1);
+    return i;
 }
 
-/* Once the thread holds the GIL (or gave up). */
-static inline void entry_end(void) {
-    if (!t_entering) return;
-    t_entering = 0;
-    if (t_entry >= 0) atomic_store_explicit(&g_entry_slots[t_entry].state, CB_ENTRY_NONE, memory_order_release);
+/* Once the thread holds the GIL (or gave up): `entry` is entry_begin's result. */
+static inline void entry_end(int entry) {
+    if (entry >= 0) atomic_store_explicit(&g_entry_slots[entry].state, CB_ENTRY_NONE, memory_order_release);
     else atomic_fetch_sub(&g_entry_overflow, 1);
 }
 

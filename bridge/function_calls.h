@@ -352,9 +352,9 @@ JNIEXPORT jobject JNICALL Java_org_cudabridge_NativeBridge_callFunction(JNIEnv *
         }
         gil_section g;
         captured_error err = {0};
-        entry_begin(task);   /* waiting to enter, for this task (entry_waits.h) */
-        int entered = gil_enter(env, &g);
-        entry_end();
+        int entry = entry_begin(task);   /* waiting to enter, for this task (entry_waits.h) */
+        int entered = gil_enter_registered(env, &g, 1);
+        entry_end(entry);
         if (entered != 0) {
             free_args(args, n);
             return NULL;

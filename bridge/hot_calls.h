@@ -24,16 +24,16 @@
     }                                                                                                        \
     gil_section g;                                                                                           \
     captured_error err = {0};                                                                                \
-    entry_begin(task);                                                                                       \
+    int entry = entry_begin(task);                                                                           \
     int gated = (short_call) ? gate_enter((uintptr_t)&t_slot) : 0;                                           \
     t_in_gate = gated;                                                                                       \
-    if (gil_enter(env, &g) != 0) {                                                                           \
-        entry_end();                                                                                         \
+    if (gil_enter_registered(env, &g, 1) != 0) {                                                             \
+        entry_end(entry);                                                                                    \
         if (gated) gate_exit();                                                                              \
         t_in_gate = 0;                                                                                       \
         return ret;                                                                                          \
     }                                                                                                        \
-    entry_end();
+    entry_end(entry);
 /* t_in_gate, not gated: a call that waited (gate_yield) may have gone back in (gate_resume). */
 #define HOT_LEAVE()       \
     gil_exit(&g);         \

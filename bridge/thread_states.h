@@ -199,22 +199,23 @@ static void throw_captured(JNIEnv *env, captured_error *err) {
     err->kind = 0;
 }
 
-/* Takes the GIL with this thread's state, registered as waiting to enter meanwhile (entry_waits.h;
- * a hot call registered its task before the gate already: then it ends that registration). */
-static inline void gil_take(PyThreadState *ts) {
-    int mine = !t_entering;
-    if (mine) entry_begin(-1);
+/* Takes the GIL with this thread's state, registered meanwhile as waiting to enter for no known
+ * task (entry_waits.h), unless the caller registered it for its task already (`registered`). */
+static inline void gil_take(PyThreadState *ts, int registered) {
+    int entry = registered ? 0 : entry_begin(-1);
     PyEval_RestoreThread(ts);
-    if (mine) entry_end();
+    if (!registered) entry_end(entry);
 }
 
 /* Take the GIL on this thread, creating its kept thread state on first use. Returns 0, or -1
- * with a Java exception pending (no GIL held). */
-static int gil_enter(JNIEnv *env, gil_section *g) {
+ * with a Java exception pending (no GIL held). `registered`: the caller registered the thread as
+ * waiting to enter, for its call's task (entry_begin); otherwise the wait here is registered for
+ * no known task. */
+static int gil_enter_registered(JNIEnv *env, gil_section *g, int registered) {
     if (t_slot.ts != NULL) {
         g->ts = t_slot.ts;
         g->borrowed = 0;
-        gil_take(g->ts);
+        gil_take(g->ts, registered);
         return 0;
     }
     if (!atomic_load_explicit(&g_ready, memory_order_acquire) && !g_py_initialized) {
@@ -223,10 +224,9 @@ static int gil_enter(JNIEnv *env, gil_section *g) {
     }
     if (PyGILState_GetThisThreadState() != NULL) {
         /* Someone else's state for this thread (see gil_section): borrow it for this call. */
-        int mine = !t_entering;
-        if (mine) entry_begin(-1);
+        int entry = registered ? 0 : entry_begin(-1);
         g->gstate = PyGILState_Ensure();
-        if (mine) entry_end();
+        if (!registered) entry_end(entry);
         g->ts = NULL;
         g->borrowed = 1;
         return 0;
@@ -260,9 +260,11 @@ static int gil_enter(JNIEnv *env, gil_section *g) {
     }
     g->ts = ts;
     g->borrowed = 0;
-    gil_take(ts);
+    gil_take(ts, registered);
     return 0;
 }
+
+static inline int gil_enter(JNIEnv *env, gil_section *g) { return gil_enter_registered(env, g, 0); }
 
 static inline void gil_exit(gil_section *g) {
     if (g->borrowed) {
