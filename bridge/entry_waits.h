@@ -36,19 +36,18 @@ static entry_slot g_entry_slots[CB_ENTRY_SLOTS];
 static atomic_int g_entry_high;          /* slots [0, high) have been taken at some time */
 static atomic_long g_entry_overflow;     /* threads waiting to enter that have no slot */
 
-static __thread int t_entry = -1;        /* this thread's slot; -1 none yet (or none was free) */
-
 static void keep_slot(void);             /* thread_states.h: the thread's end runs its slot destructor */
 
-/* This thread's slot, taken at its first call (-1: none free; tried again at the next call). */
-static int entry_slot_of_thread(void) {
+/* This thread's slot, taken at its first call into *mine (the thread's own: thread_states.h's
+ * thread_slot.entry, the slot + 1, 0 none yet); -1: none free, tried again at the next call. */
+static int entry_slot_of_thread(int *mine) {
     for (int i = 0; i < CB_ENTRY_SLOTS; i++) {
         int free_slot = 0;
         if (atomic_load_explicit(&g_entry_slots[i].taken, memory_order_relaxed) == 0 &&
             atomic_compare_exchange_strong(&g_entry_slots[i].taken, &free_slot, 1)) {
             int high = atomic_load(&g_entry_high);
             while (high < i + 1 && !atomic_compare_exchange_weak(&g_entry_high, &high, i + 1)) {}
-            t_entry = i;
+            *mine = i + 1;
             keep_slot();   /* the slot goes back when the thread ends (entry_slot_give_back) */
             return i;
         }
@@ -56,10 +55,11 @@ static int entry_slot_of_thread(void) {
     return -1;
 }
 
-/* Before the thread may wait for the gate or the GIL: what it waits for (task < 0: unknown).
- * Returns what entry_end takes: the slot, or -1 where the thread is counted in the overflow. */
-static inline int entry_begin(long long task) {
-    int i = t_entry >= 0 ? t_entry : entry_slot_of_thread();
+/* Before the thread may wait for the gate or the GIL: what it waits for (task < 0: unknown);
+ * `mine`: the thread's slot (entry_slot_of_thread). Returns what entry_end takes: the slot, or -1
+ * where the thread is counted in the overflow. */
+static inline int entry_begin(int *mine, long long task) {
+    int i = *mine ? *mine - 1 : entry_slot_of_thread(mine);
     long long state = task < 0 ? CB_ENTRY_UNKNOWN : task + 2;
     if (i >= 0) atomic_store_explicit(&g_entry_slots[i].state, state, memory_order_release);
     else atomic_fetch_add(&g_entry_overflow, 1);
@@ -73,11 +73,11 @@ static inline void entry_end(int entry) {
 }
 
 /* The thread ends (thread_states.h's slot destructor): its slot goes back. */
-static void entry_slot_give_back(void) {
-    if (t_entry < 0) return;
-    atomic_store(&g_entry_slots[t_entry].state, CB_ENTRY_NONE);
-    atomic_store(&g_entry_slots[t_entry].taken, 0);
-    t_entry = -1;
+static void entry_slot_give_back(int *mine) {
+    if (*mine == 0) return;
+    atomic_store(&g_entry_slots[*mine - 1].state, CB_ENTRY_NONE);
+    atomic_store(&g_entry_slots[*mine - 1].taken, 0);
+    *mine = 0;
 }
 
 /* For the breaker (python/cudabridge/jvm/hot_path.py reads it through ctypes, the GIL held): the

@@ -352,7 +352,7 @@ JNIEXPORT jobject JNICALL Java_org_cudabridge_NativeBridge_callFunction(JNIEnv *
         }
         gil_section g;
         captured_error err = {0};
-        int entry = entry_begin(task);   /* waiting to enter, for this task (entry_waits.h) */
+        int entry = entry_begin(&t_slot.entry, task);   /* waiting to enter, for this task (entry_waits.h) */
         int entered = gil_enter_registered(env, &g, 1);
         entry_end(entry);
         if (entered != 0) {

@@ -24,7 +24,7 @@
     }                                                                                                        \
     gil_section g;                                                                                           \
     captured_error err = {0};                                                                                \
-    int entry = entry_begin(task);                                                                           \
+    int entry = entry_begin(&t_slot.entry, task);                                                                        \
     int gated = (short_call) ? gate_enter((uintptr_t)&t_slot) : 0;                                           \
     t_in_gate = gated;                                                                                       \
     if (gil_enter_registered(env, &g, 1) != 0) {                                                             \

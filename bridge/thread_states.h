@@ -21,6 +21,7 @@ typedef struct {
     char *stage;
     size_t stage_cap;
     int keyed;           /* the pthread key points at this slot */
+    int entry;           /* the thread's slot in entry_waits.h's table + 1; 0 none yet */
 } thread_slot;
 
 static __thread thread_slot t_slot;
@@ -202,7 +203,7 @@ static void throw_captured(JNIEnv *env, captured_error *err) {
 /* Takes the GIL with this thread's state, registered meanwhile as waiting to enter for no known
  * task (entry_waits.h), unless the caller registered it for its task already (`registered`). */
 static inline void gil_take(PyThreadState *ts, int registered) {
-    int entry = registered ? 0 : entry_begin(-1);
+    int entry = registered ? 0 : entry_begin(&t_slot.entry, -1);
     PyEval_RestoreThread(ts);
     if (!registered) entry_end(entry);
 }
@@ -224,7 +225,7 @@ static int gil_enter_registered(JNIEnv *env, gil_section *g, int registered) {
     }
     if (PyGILState_GetThisThreadState() != NULL) {
         /* Someone else's state for this thread (see gil_section): borrow it for this call. */
-        int entry = registered ? 0 : entry_begin(-1);
+        int entry = registered ? 0 : entry_begin(&t_slot.entry, -1);
         g->gstate = PyGILState_Ensure();
         if (!registered) entry_end(entry);
         g->ts = NULL;
@@ -310,7 +311,7 @@ static void slot_destructor(void *arg) {
         PyThreadState_DeleteCurrent(); /* also releases the GIL and unbinds the PyGILState state */
         atomic_fetch_add(&g_states_deleted, 1);
     }
-    entry_slot_give_back();
+    entry_slot_give_back(&slot->entry);
     free(slot->stage);
     slot->stage = NULL;
     slot->stage_cap = 0;
