@@ -9,7 +9,12 @@ after a warm-up round; inside each app the job runs --jobs times and the last ru
 (JIT and Spark warm). The report: each candidate's median job time with min-max, and the ratios
 within each round (target: waiting / large pool <= 1.5x).
 
-    python bench/bench_pressure.py [--rounds 5] [--out bench/out]    # emulated device
+With ``--io-ms X`` each task first spends X ms off the GPU (reading its input, no GPU memory held)
+before it builds its peak, as Spark's tasks overlap I/O with others' GPU work (the reason an
+executor runs more tasks than fit at once). Without it the tasks hold their peak all their time:
+the pool that holds half the concurrent peaks bounds the job at about half the large pool's speed.
+
+    python bench/bench_pressure.py [--rounds 5] [--io-ms 0] [--out bench/out]    # emulated device
 """
 
 from __future__ import annotations
@@ -40,7 +45,7 @@ CANDIDATES = {
 }
 
 
-def run(conf: dict, extra: list, jobs: int, master: str) -> dict:
+def run(conf: dict, extra: list, jobs: int, master: str, io_ms: int) -> dict:
     from cudabridge.spark import build as b
 
     cp = b.classpath()
@@ -52,7 +57,7 @@ def run(conf: dict, extra: list, jobs: int, master: str) -> dict:
         cmd += ["--conf", f"{k}={v}"]
     with tempfile.TemporaryDirectory(prefix="bench-pressure-") as d:
         summary = Path(d) / "s.json"
-        cmd += [str(b.examples_jar_path()), *JOB, *extra, "--rounds", str(jobs), "--summary-json", str(summary)]
+        cmd += [str(b.examples_jar_path()), *JOB, "--io-ms", str(io_ms), *extra, "--rounds", str(jobs), "--summary-json", str(summary)]
         proc = subprocess.run(cmd, cwd=d, capture_output=True, text=True, timeout=900,
                               env=dict(os.environ, SPARK_LOCAL_IP="127.0.0.1"))
         if proc.returncode != 0 or not summary.is_file():
@@ -69,13 +74,14 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--jobs", type=int, default=3, help="runs of the job inside each app (the last one counts)")
     ap.add_argument("--master", default="local[4,100]")
+    ap.add_argument("--io-ms", type=int, default=0, help="each task's time off the GPU before its GPU work")
     ap.add_argument("--out")
     args = ap.parse_args()
     names = list(CANDIDATES)
     rounds = []
     for r in range(args.rounds + 1):   # round 0: warm-up, dropped
         order = names[r % len(names):] + names[:r % len(names)]
-        res = {name: run(*CANDIDATES[name], args.jobs, args.master) for name in order}
+        res = {name: run(*CANDIDATES[name], args.jobs, args.master, args.io_ms) for name in order}
         print(f"round {r}: " + ", ".join(f"{n} {res[n]['job_ms']:.0f} ms" for n in names), flush=True)
         if r:
             rounds.append(res)
@@ -93,7 +99,8 @@ def main() -> int:
     print(report.text())
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
-        (Path(args.out) / "bench_pressure.json").write_text(json.dumps({"args": vars(args), "rounds": rounds,
+        name = "bench_pressure.json" if not args.io_ms else f"bench_pressure_io{args.io_ms}.json"
+        (Path(args.out) / name).write_text(json.dumps({"args": vars(args), "rounds": rounds,
                                                                         "summary": report.summary()}, indent=1))
     return 0
 

@@ -100,6 +100,10 @@ class StandaloneCluster:
     start_timeout: float = 90.0
     stop_timeout: float = 20.0
     host: str = "127.0.0.1"
+    # each worker on an address of its own (127.0.0.2, 127.0.0.3, ...: all loopback on Linux), so
+    # that Spark sees its executors on different hosts: speculation places a copy of a task only on
+    # a host that runs no attempt of it
+    hosts_per_worker: bool = False
     daemons: list[Daemon] = field(default_factory=list)
     master_port: int = 0
     master_ui_port: int = 0
@@ -122,6 +126,10 @@ class StandaloneCluster:
     @property
     def pid_dir(self) -> Path:
         return self.base / "pids"
+
+    def worker_host(self, instance: int) -> str:
+        """The address worker ``instance`` (1-based) and its executors bind."""
+        return f"127.0.0.{instance + 1}" if self.hosts_per_worker else self.host
 
     def worker_dir(self, instance: int) -> Path:
         """SPARK_WORKER_DIR of worker ``instance`` (1-based): its executors' ``app-*/<id>/`` live there."""
@@ -228,9 +236,10 @@ class StandaloneCluster:
             self.worker_dir(i).mkdir(parents=True, exist_ok=True)
             opts = [f"-Dspark.worker.resource.gpu.amount={self.gpus}",
                     f"-Dspark.worker.resource.gpu.discoveryScript={self.discovery_script}"]
-            wenv = dict(env, SPARK_WORKER_DIR=str(self.worker_dir(i)), SPARK_WORKER_OPTS=" ".join(opts))
+            wenv = dict(env, SPARK_WORKER_DIR=str(self.worker_dir(i)), SPARK_WORKER_OPTS=" ".join(opts),
+                        SPARK_LOCAL_IP=self.worker_host(i))
             workers.append(Daemon(WORKER_CLASS, i,
-                                  ["--host", self.host, "--port", str(free_port()), "--webui-port", str(free_port()),
+                                  ["--host", self.worker_host(i), "--port", str(free_port()), "--webui-port", str(free_port()),
                                    "--cores", str(self.cores), "--memory", self.memory,
                                    "--work-dir", str(self.worker_dir(i)), self.master_url], wenv))
         self._start_daemons(workers)

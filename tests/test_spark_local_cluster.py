@@ -155,7 +155,8 @@ def test_an_attempt_killed_as_a_losing_copy_gives_everything_back_and_the_job_co
     """Example (e) in two executors, partition 0's first attempt holding its memory for 8 s: the
     driver kills that attempt after 1.5 s the way Spark kills a speculative race's losing copy
     (killTaskAttempt, interrupting its thread; Spark places no speculative copy on a host already
-    running an attempt, so on one machine speculation itself never launches one). The plugin's kill
+    running an attempt, so in local-cluster, one host, speculation itself never launches one: the
+    real race runs in tests/test_spark_speculation.py, on two loopback addresses). The plugin's kill
     watch ends any wait of it, its release reclaims what it held, Spark runs it again, the job
     completes, every task started is released in both executors, and nothing is live afterwards."""
     sh.build()

@@ -19,7 +19,9 @@ import org.cudabridge.executor.GpuTask;
  * Example (e): more GPU memory asked for at once than the pool holds, without failed jobs. Each
  * task builds up {@code --chunks} buffers of {@code --chunk-mib} MiB (its peak), holds them for
  * {@code --hold-ms} while it fills and checks them, and frees them; with {@code local[N]}, N tasks
- * at once ask for N times their peak. Allocations that do not fit wait for other tasks' frees
+ * at once ask for N times their peak. With {@code --io-ms}, each task first spends that long off the
+ * GPU (reading its input: no GPU memory held), as Spark's tasks overlap I/O with other tasks' GPU
+ * work, the reason an executor runs more tasks than fit on its GPU at once. Allocations that do not fit wait for other tasks' frees
  * ({@code spark.cudabridge.oomWait}); when every task holding memory waits, the deadlock breaker
  * fails the youngest one's allocation, and {@link GpuRetry#withRetry} frees what the task built and
  * builds it again. {@code --no-retry} runs the work without it (a breaker's out of memory then fails
@@ -27,7 +29,7 @@ import org.cudabridge.executor.GpuTask;
  *
  * <pre>
  * spark-submit --class org.cudabridge.examples.GpuPressureJob --conf spark.cudabridge.poolLimit=64m ... \
- *   cudabridge-examples.jar [--partitions 16] [--chunks 4] [--chunk-mib 8] [--hold-ms 20] [--no-retry]
+ *   cudabridge-examples.jar [--partitions 16] [--chunks 4] [--chunk-mib 8] [--hold-ms 20] [--io-ms 0] [--no-retry]
  *   [--cancel-after-ms 500] [--rounds 1] [--slow-partition 0 --slow-ms 8000 [--kill-slow-after-ms 1000]]
  *   [--summary-json out.json]
  * </pre>
@@ -37,8 +39,9 @@ import org.cudabridge.executor.GpuTask;
  * its memory X ms; with {@code --kill-slow-after-ms Y} the driver kills that attempt Y ms after it
  * started, as Spark kills the losing copy when a speculative twin wins ({@code killTaskAttempt} with
  * {@code interruptThread}), and Spark runs it again. (Spark never places a speculative copy on a
- * host that runs an attempt of its task, so on one machine, {@code local-cluster} included,
- * speculation itself launches none.) Prints tasks run, retries, failures checked, and the service's statistics.
+ * host that runs an attempt of its task, so in {@code local-cluster}, one host, speculation itself
+ * launches none; with {@code spark.speculation} on a cluster of several hosts a real copy wins and
+ * Spark kills the slow attempt the same way: tests/test_spark_speculation.py.) Prints tasks run, retries, failures checked, and the service's statistics.
  */
 public final class GpuPressureJob {
     private GpuPressureJob() {}
@@ -52,6 +55,7 @@ public final class GpuPressureJob {
         int chunks = 4;
         int chunkMib = 8;
         long holdMs = 20;
+        long ioMs = 0;
         boolean retry = true;
         long cancelAfterMs = -1;
         int rounds = 1;
@@ -65,6 +69,7 @@ public final class GpuPressureJob {
                 case "--chunks": chunks = Integer.parseInt(args[++i]); break;
                 case "--chunk-mib": chunkMib = Integer.parseInt(args[++i]); break;
                 case "--hold-ms": holdMs = Long.parseLong(args[++i]); break;
+                case "--io-ms": ioMs = Long.parseLong(args[++i]); break;
                 case "--no-retry": retry = false; break;
                 case "--cancel-after-ms": cancelAfterMs = Long.parseLong(args[++i]); break;
                 case "--rounds": rounds = Integer.parseInt(args[++i]); break;
@@ -120,6 +125,7 @@ public final class GpuPressureJob {
         final int c = chunks;
         final long bytes = (long) chunkMib << 20;
         final long hold = holdMs;
+        final long io = ioMs;
         final boolean withRetry = retry;
         final int slowP = slowPartition;
         final long slow = slowMs;
@@ -138,6 +144,7 @@ public final class GpuPressureJob {
                         TaskContext tc = TaskContext.get();
                         // the first attempt of the slow partition holds its memory long: a speculative copy wins
                         boolean slowHere = tc.partitionId() == slowP && tc.attemptNumber() == 0;
+                        sleep(io);   // the task's input, read off the GPU
                         return task(c, bytes, slowHere ? Math.max(hold, slow) : hold, withRetry, false);
                     }).collect();
             jobMs.add(String.format("%.1f", (System.nanoTime() - t0) / 1e6));
@@ -242,6 +249,9 @@ public final class GpuPressureJob {
     }
 
     private static void sleep(long ms) {
+        if (ms <= 0) {
+            return;
+        }
         try {
             Thread.sleep(ms);
         } catch (InterruptedException e) {
