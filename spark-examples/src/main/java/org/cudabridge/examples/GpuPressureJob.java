@@ -133,7 +133,15 @@ public final class GpuPressureJob {
         if (cancelAfterMs >= 0) {
             String cancelled = cancelOnce(sc, ids, partitions, c, bytes, hold, withRetry, cancelAfterMs);
             s.put("first_job", cancelled);
-            s.put("buffers_left_at_kill", LEFT_AT_KILL.get());
+            // the killed tasks' helpers are refused once their tasks are released (at most 30 s)
+            long deadline = System.nanoTime() + 30_000_000_000L;
+            while (TaskHelper.ended() < TaskHelper.STARTED.get() && System.nanoTime() < deadline) {
+                Thread.sleep(20);
+            }
+            s.put("buffers_left_at_kill", LEFT_AT_KILL.get() + TaskHelper.LEFT.get());
+            s.put("helpers_started", TaskHelper.STARTED.get()).put("helpers_ended", TaskHelper.ended());
+            s.put("helper_closes_raced_release", TaskHelper.CLOSES_RACED.get());
+            s.put("helper_endings", new java.util.TreeMap<>(TaskHelper.ENDINGS).toString());
         }
         List<long[]> results = null;
         List<String> jobMs = new ArrayList<>();
@@ -145,7 +153,7 @@ public final class GpuPressureJob {
                         // the first attempt of the slow partition holds its memory long: a speculative copy wins
                         boolean slowHere = tc.partitionId() == slowP && tc.attemptNumber() == 0;
                         sleep(io);   // the task's input, read off the GPU
-                        return task(c, bytes, slowHere ? Math.max(hold, slow) : hold, withRetry, false);
+                        return task(c, bytes, slowHere ? Math.max(hold, slow) : hold, withRetry, false, false);
                     }).collect();
             jobMs.add(String.format("%.1f", (System.nanoTime() - t0) / 1e6));
         }
@@ -187,7 +195,8 @@ public final class GpuPressureJob {
         try {
             // held longer, so that the cancel finds tasks holding memory and waiting
             // no GpuRetry here: it would free what a killed task holds; this job leaves that to the releases
-            sc.parallelize(ids, partitions).mapPartitions((Iterator<Integer> it) -> task(c, bytes, hold * 20, false, true))
+            // each task runs a helper thread that allocates, copies and launches for it until refused
+            sc.parallelize(ids, partitions).mapPartitions((Iterator<Integer> it) -> task(c, bytes, hold * 20, false, true, true))
                     .collect();
             outcome = "completed before the cancel";
         } catch (Exception e) {
@@ -200,9 +209,26 @@ public final class GpuPressureJob {
     }
 
     /** One task: {attempts of the block, verify failures}. {@code leaveAtKill}: a killed task leaves
-     *  what it holds to its release (counted in {@link #LEFT_AT_KILL}) instead of freeing it. */
-    static Iterator<long[]> task(int chunks, long bytes, long holdMs, boolean retry, boolean leaveAtKill) {
+     *  what it holds to its release (counted in {@link #LEFT_AT_KILL}) instead of freeing it.
+     *  {@code helper}: a {@link TaskHelper} works for the task meanwhile; a killed task leaves it
+     *  running, to be refused once the task is released. */
+    static Iterator<long[]> task(int chunks, long bytes, long holdMs, boolean retry, boolean leaveAtKill, boolean helper) {
         CudaBridge bridge = GpuTask.bridge();
+        TaskHelper h = helper ? new TaskHelper(bridge) : null;
+        try {
+            return task(bridge, chunks, bytes, holdMs, retry, leaveAtKill);
+        } catch (RuntimeException e) {
+            h = null;   // killed (or failed): the helper goes on until the service refuses it
+            throw e;
+        } finally {
+            if (h != null) {
+                h.close();
+            }
+        }
+    }
+
+    private static Iterator<long[]> task(CudaBridge bridge, int chunks, long bytes, long holdMs, boolean retry,
+                                         boolean leaveAtKill) {
         long[] attempts = {0};
         java.util.function.Supplier<Long> block = () -> {
             attempts[0]++;
