@@ -281,3 +281,12 @@ def test_the_dtype_table_matches_java_and_numpy():
         assert dtype_of_typestr(np.dtype(name).str, "x") == name
     with pytest.raises(InvalidArgument, match="not supported"):
         dtype_of_typestr("<c16", "x")
+
+
+def test_running_service_outside_a_jvm_bridge_is_a_clear_error():
+    """The executor's service for Python code in it: none where no bridge started one."""
+    from cudabridge.errors import CudaBridgeError
+    from cudabridge.jvm.bootstrap import running_service
+
+    with pytest.raises(CudaBridgeError, match="no cudabridge service runs in this process"):
+        running_service()
