@@ -112,7 +112,10 @@ def release_then_call(x):
 def hold_gil_until_entering(want, seconds):
     """Holds the GIL (a switch interval longer than the wait, a loop that never lets it go) until
     the bridge reports a Java thread waiting to enter for task ``want`` (-1: for a call that names
-    no task), at most ``seconds``. Returns the tasks it saw waiting to enter then (-1 for None)."""
+    no task), at most ``seconds``. Returns the tasks it saw waiting to enter then (-1 for None).
+    A thread caught inside its call (waiting for the GIL in Python's own loop, not at the bridge's
+    entry) is not entering: every 50 ms the GIL goes for a moment, so that such a thread finishes
+    its call and is caught at the entry of its next one."""
     import sys
 
     from cudabridge.jvm.bootstrap import running_service
@@ -120,14 +123,18 @@ def hold_gil_until_entering(want, seconds):
     memory_waits = running_service().pressure.memory_waits
     target = None if want < 0 else want
     interval = sys.getswitchinterval()
-    sys.setswitchinterval(seconds + 5)
-    try:
-        end = time.monotonic() + seconds
-        seen = memory_waits.entering()
-        while target not in seen and time.monotonic() < end:
-            seen = memory_waits.entering()
-    finally:
-        sys.setswitchinterval(interval)
+    end = time.monotonic() + seconds
+    seen = memory_waits.entering()
+    while target not in seen and time.monotonic() < end:
+        sys.setswitchinterval(seconds + 5)
+        try:
+            burst = time.monotonic() + 0.05
+            while target not in seen and time.monotonic() < burst:
+                seen = memory_waits.entering()
+        finally:
+            sys.setswitchinterval(interval)
+        if target not in seen:
+            time.sleep(0.001)   # the GIL goes: threads inside their calls finish them
     return ",".join(str(-1 if t is None else t) for t in seen)
 
 
