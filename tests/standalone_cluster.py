@@ -44,6 +44,21 @@ DISCOVERY_SCRIPT = Path(__file__).resolve().parent / "emulated_gpu_discovery.sh"
 LOG_TAIL_CHARS = 6000      # of each log, in explain()
 
 
+def executors_conf(workers: int = 2) -> dict[str, str]:
+    """An application's settings for a cluster of ``workers`` workers of 2 cores and 1 GPU each (the
+    defaults of :class:`StandaloneCluster`): one executor per worker, its GPU shared by its two task
+    slots (two tasks at a time on it), and no task before every executor registered."""
+    return {
+        "spark.executor.resource.gpu.amount": "1",
+        "spark.task.resource.gpu.amount": "0.5",
+        "spark.executor.cores": "2",
+        "spark.executor.memory": "512m",
+        "spark.cores.max": str(2 * workers),
+        "spark.scheduler.minRegisteredResourcesRatio": "1.0",
+        "spark.scheduler.maxRegisteredResourcesWaitingTime": "120s",
+    }
+
+
 def free_port() -> int:
     """A TCP port free on 127.0.0.1 now (the OS picks it; a daemon binds it a moment later)."""
     with closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as s:

@@ -14,7 +14,7 @@ import json
 import pytest
 
 import spark_harness as sh
-from standalone_cluster import StandaloneCluster
+from standalone_cluster import StandaloneCluster, executors_conf
 
 pytestmark = pytest.mark.slow
 
@@ -28,14 +28,7 @@ CONF = {
     "spark.speculation.multiplier": "2",
     "spark.speculation.quantile": "0.5",
     "spark.speculation.minTaskRuntime": "500ms",
-    # one GPU per executor, shared by its two task slots
-    "spark.executor.resource.gpu.amount": "1",
-    "spark.task.resource.gpu.amount": "0.5",
-    "spark.executor.cores": "2",
-    "spark.executor.memory": "512m",
-    "spark.cores.max": "4",
-    "spark.scheduler.minRegisteredResourcesRatio": "1.0",
-    "spark.scheduler.maxRegisteredResourcesWaitingTime": "120s",
+    **executors_conf(2),   # one GPU per executor, shared by its two task slots
 }
 
 

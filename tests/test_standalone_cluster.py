@@ -38,7 +38,7 @@ from pathlib import Path
 import pytest
 
 import spark_harness as sh
-from standalone_cluster import MASTER_CLASS, WORKER_CLASS, StandaloneCluster, alive, submit
+from standalone_cluster import MASTER_CLASS, WORKER_CLASS, StandaloneCluster, alive, executors_conf, submit
 from wheel_env import wheel_env  # noqa: F401  (the fixture: the wheel installed in a fresh venv)
 
 pytestmark = pytest.mark.slow
@@ -97,15 +97,9 @@ def _run_job(wheel_env, cluster: StandaloneCluster, cwd: Path, archive: Path, ja
         "spark.cudabridge.emulatedKernels": "example_kernels",
         "spark.cudabridge.reportIntervalMs": "250",
         "spark.cudabridge.metrics.refreshMs": "0",   # the gauges read fresh statistics
-        # one GPU per executor, shared by its two task slots (2 cores): two tasks at a time on it
-        "spark.executor.resource.gpu.amount": "1",
-        "spark.task.resource.gpu.amount": "0.5",
-        "spark.executor.cores": "2",
-        "spark.executor.memory": "512m",
-        "spark.cores.max": "4",
-        # no task before both executors registered: each must run some (the check below)
-        "spark.scheduler.minRegisteredResourcesRatio": "1.0",
-        "spark.scheduler.maxRegisteredResourcesWaitingTime": "120s",
+        # one GPU per executor, shared by its two task slots; no task before both executors
+        # registered: each must run some (the check below)
+        **executors_conf(2),
         "spark.ui.enabled": "false",
         "spark.log.level": "WARN",
         **sh.csv_sink_conf(metrics),
