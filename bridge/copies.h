@@ -219,8 +219,20 @@ static int gpu_copy(JNIEnv *env, jlong handle, jlong devOffset, cb_host_side *ho
  * thread's pageable buffer: the array is read (or written) in a short critical region, with no
  * JNI call and no GIL wait inside it, and the buffer goes to Python as a pageable view (into
  * pageable memory the backend returns only when the bytes are there). */
+static void heap_copy_in_call(JNIEnv *env, jlong handle, jlong devOffset, jobject array, jlong byteOffset,
+                              jlong nbytes, jint elemSize, int to_device);
+
+/* The copy, inside a call published for its buffer (entry_waits.h) from start to end: its GIL
+ * waits, its chunks and its driver calls. */
 static void heap_copy(JNIEnv *env, jlong handle, jlong devOffset, jobject array, jlong byteOffset, jlong nbytes,
                       jint elemSize, int to_device) {
+    unsigned long long entry_prior = entry_begin(&t_slot.entry, ENTRY_HANDLE(handle));
+    heap_copy_in_call(env, handle, devOffset, array, byteOffset, nbytes, elemSize, to_device);
+    entry_end(&t_slot.entry, entry_prior);
+}
+
+static void heap_copy_in_call(JNIEnv *env, jlong handle, jlong devOffset, jobject array, jlong byteOffset,
+                              jlong nbytes, jint elemSize, int to_device) {
     if (!check_array(env, array, byteOffset, nbytes, elemSize)) return;
     if (!atomic_load_explicit(&g_ready, memory_order_acquire)) {
         throw_state(env, "cudabridge: the bridge is not started in this JVM");
@@ -309,9 +321,12 @@ static jboolean host_memory_copy(JNIEnv *env, PyObject *fn, jlong handle, jlong 
                                  int to_device, int kind) {
     if (atomic_load_explicit(&g_ready, memory_order_acquire) && g_api != NULL && g_api->driver != NULL && nbytes > 0) {
         cb_host_side host = {env, NULL, mem};
-        return gpu_copy(env, handle, devOffset, &host, 0, nbytes, to_device, kind) ? JNI_TRUE : JNI_FALSE;
+        unsigned long long entry_prior = entry_begin(&t_slot.entry, ENTRY_HANDLE(handle));   /* entry_waits.h */
+        int queued = gpu_copy(env, handle, devOffset, &host, 0, nbytes, to_device, kind);
+        entry_end(&t_slot.entry, entry_prior);
+        return queued ? JNI_TRUE : JNI_FALSE;
     }
-    HOT_ENTER(JNI_FALSE, 0, -1)
+    HOT_ENTER(JNI_FALSE, 0, ENTRY_HANDLE(handle))
     int queued = call_with_view(fn, handle, devOffset, mem, (size_t)nbytes, 1, (jlong)(intptr_t)mem, &err);
     HOT_LEAVE()
     if (err.kind) throw_captured(env, &err);

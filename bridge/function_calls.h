@@ -352,10 +352,10 @@ JNIEXPORT jobject JNICALL Java_org_cudabridge_NativeBridge_callFunction(JNIEnv *
         }
         gil_section g;
         captured_error err = {0};
-        int entry = entry_begin(&t_slot.entry, task);   /* waiting to enter, for this task (entry_waits.h) */
-        int entered = gil_enter_registered(env, &g, 1);
-        entry_end(entry);
-        if (entered != 0) {
+        /* inside a call for this task until HOT_LEAVE (entry_waits.h) */
+        unsigned long long entry_prior = entry_begin(&t_slot.entry, ENTRY_TASK(task));
+        if (gil_enter(env, &g) != 0) {
+            entry_end(&t_slot.entry, entry_prior);
             free_args(args, n);
             return NULL;
         }

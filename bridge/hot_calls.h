@@ -13,31 +13,32 @@
 /* ---------------------------------------------------------------------------------------------
  * The hot path
  * ------------------------------------------------------------------------------------------- */
-/* Entering a hot call: the bridge must be up; the thread registers as waiting to enter for `task`
- * (-1: the call names none; entry_waits.h); the short calls (allocate, free, memset, stream, ping)
- * pass the gate (hot_gate.h) before they take the GIL; then the GIL. HOT_LEAVE drops the
- * GIL first and then leaves the gate. */
-#define HOT_ENTER(ret, short_call, task)                                                                    \
+/* Entering a hot call: the bridge must be up; the call publishes what it is for (`what`:
+ * ENTRY_TASK(task), ENTRY_HANDLE(handle), ENTRY_UNKNOWN or ENTRY_NOTHING; entry_waits.h) until
+ * HOT_LEAVE; the short calls (allocate, free, memset, stream, ping) pass the gate (hot_gate.h)
+ * before they take the GIL; then the GIL. HOT_LEAVE drops the GIL, ends the publication and leaves
+ * the gate. */
+#define HOT_ENTER(ret, short_call, what)                                                                    \
     if (!atomic_load_explicit(&g_ready, memory_order_acquire)) {                                             \
         throw_state(env, "cudabridge: the bridge is not started in this JVM (call CudaBridge.start first)"); \
         return ret;                                                                                          \
     }                                                                                                        \
     gil_section g;                                                                                           \
     captured_error err = {0};                                                                                \
-    int entry = entry_begin(&t_slot.entry, task);                                                                        \
+    unsigned long long entry_prior = entry_begin(&t_slot.entry, what);                                       \
     int gated = (short_call) ? gate_enter((uintptr_t)&t_slot) : 0;                                           \
     t_in_gate = gated;                                                                                       \
-    if (gil_enter_registered(env, &g, 1) != 0) {                                                             \
-        entry_end(entry);                                                                                    \
+    if (gil_enter(env, &g) != 0) {                                                                           \
+        entry_end(&t_slot.entry, entry_prior);                                                               \
         if (gated) gate_exit();                                                                              \
         t_in_gate = 0;                                                                                       \
         return ret;                                                                                          \
-    }                                                                                                        \
-    entry_end(entry);
+    }
 /* t_in_gate, not gated: a call that waited (gate_yield) may have gone back in (gate_resume). */
-#define HOT_LEAVE()       \
-    gil_exit(&g);         \
-    if (t_in_gate) gate_exit(); \
+#define HOT_LEAVE()                                \
+    gil_exit(&g);                                  \
+    entry_end(&t_slot.entry, entry_prior);         \
+    if (t_in_gate) gate_exit();                    \
     t_in_gate = 0;
 
 
@@ -128,7 +129,7 @@ static int parse_pair(PyObject *r, long long *a, long long *b, captured_error *e
 /* Calls fn(ints...) -> (int, int) into out[0..1]. Through the gate (allocate, stream) or not. in[0]
  * is the call's task (allocate, release, stream). */
 static void pair_call(JNIEnv *env, PyObject *fn, const long long *in, int nin, jlongArray out, int short_call) {
-    HOT_ENTER(, short_call, in[0])
+    HOT_ENTER(, short_call, ENTRY_TASK(in[0]))
     PyObject *args[4];
     long long a = 0, b = 0;
     if (make_longs(args, in, nin, &err) == 0) {
@@ -181,7 +182,7 @@ JNIEXPORT void JNICALL Java_org_cudabridge_NativeBridge_releaseTask(JNIEnv *env,
  * with (-1, -1) for a task whose release failed; GIL held. counts gets 2n values, *messages a
  * malloc'ed copy of the messages (or NULL). */
 static void release_many_call(JNIEnv *env, const jlong *tasks, jint n, jlong *counts, char **messages) {
-    HOT_ENTER(, 0, -1)
+    HOT_ENTER(, 0, ENTRY_UNKNOWN)
     PyObject *tuple = long_tuple(tasks, n);
     PyObject *r = NULL;
     if (tuple != NULL) {
@@ -277,7 +278,7 @@ JNIEXPORT jobjectArray JNICALL Java_org_cudabridge_NativeBridge_releaseTasks(JNI
 
 /* With the strings copied: native_bind(task, gpu or None, priority) -> out = {stream, GPU ordinal}. */
 static void bind_call(JNIEnv *env, jlong task, const char *gpu, const char *priority, jlongArray out) {
-    HOT_ENTER(, 0, task)
+    HOT_ENTER(, 0, ENTRY_TASK(task))
     long long a = 0, b = 0;
     PyObject *args[3] = {PyLong_FromLongLong(task), NULL, NULL};
     if (args[0] != NULL) args[1] = gpu ? PyUnicode_FromString(gpu) : Py_NewRef(Py_None);
@@ -332,10 +333,11 @@ JNIEXPORT void JNICALL Java_org_cudabridge_NativeBridge_taskStream(JNIEnv *env, 
     pair_call(env, m_stream, in, 1, out, 1);
 }
 
-/* Calls fn(ints...) and discards its None; through the gate for the short calls, or not. `task`: the
- * call's task, -1 for a call that names a handle instead (entry_waits.h). */
-static void void_call(JNIEnv *env, PyObject *fn, const long long *in, int nin, int short_call, long long task) {
-    HOT_ENTER(, short_call, task)
+/* Calls fn(ints...) and discards its None; through the gate for the short calls, or not. `what`:
+ * what the call is for (entry_waits.h). */
+static void void_call(JNIEnv *env, PyObject *fn, const long long *in, int nin, int short_call,
+                      unsigned long long what) {
+    HOT_ENTER(, short_call, what)
     PyObject *args[5];
     if (make_longs(args, in, nin, &err) == 0) {
         call_void(fn, args, (size_t)nin, &err);
@@ -348,14 +350,14 @@ static void void_call(JNIEnv *env, PyObject *fn, const long long *in, int nin, i
 JNIEXPORT void JNICALL Java_org_cudabridge_NativeBridge_free(JNIEnv *env, jclass cls, jlong handle) {
     (void)cls;
     long long in[1] = {handle};
-    void_call(env, m_free, in, 1, 1, -1);
+    void_call(env, m_free, in, 1, 1, ENTRY_HANDLE(handle));
 }
 
 JNIEXPORT void JNICALL Java_org_cudabridge_NativeBridge_memset(JNIEnv *env, jclass cls, jlong handle, jlong offset,
                                                                jint value, jlong nbytes) {
     (void)cls;
     long long in[4] = {handle, offset, value, nbytes};
-    void_call(env, m_memset, in, 4, 1, -1);
+    void_call(env, m_memset, in, 4, 1, ENTRY_HANDLE(handle));
 }
 
 #define LAUNCH_MAX_ARGS CB_LAUNCH_MAX_ARGS
@@ -389,7 +391,7 @@ JNIEXPORT void JNICALL Java_org_cudabridge_NativeBridge_launch(JNIEnv *env, jcla
     (*env)->GetLongArrayRegion(env, offsets, 0, n, buf + n);
     (*env)->GetByteArrayRegion(env, kinds, 0, n, kb);
     if ((*env)->ExceptionCheck(env)) return;
-    HOT_ENTER(, 1, task)
+    HOT_ENTER(, 1, ENTRY_TASK(task))
     if (g_api != NULL) {
         if (g_api->launch(g_api->core, task, kernel, d, shared, (const long long *)buf, kb, (const long long *)buf + n, n) < 0) capture_python_error(&err);
         HOT_LEAVE()
@@ -415,24 +417,24 @@ JNIEXPORT void JNICALL Java_org_cudabridge_NativeBridge_launch(JNIEnv *env, jcla
 JNIEXPORT void JNICALL Java_org_cudabridge_NativeBridge_synchronize(JNIEnv *env, jclass cls, jlong task) {
     (void)cls;
     long long in[1] = {task};
-    void_call(env, m_sync, in, 1, 0, task);
+    void_call(env, m_sync, in, 1, 0, ENTRY_TASK(task));
 }
 
 JNIEXPORT void JNICALL Java_org_cudabridge_NativeBridge_copyDevice(JNIEnv *env, jclass cls, jlong dst, jlong dstOff,
                                                                    jlong src, jlong srcOff, jlong nbytes) {
     (void)cls;
     long long in[5] = {dst, dstOff, src, srcOff, nbytes};
-    void_call(env, m_copy_device, in, 5, 0, -1);
+    void_call(env, m_copy_device, in, 5, 0, ENTRY_HANDLE(dst));
 }
 
 JNIEXPORT void JNICALL Java_org_cudabridge_NativeBridge_ping(JNIEnv *env, jclass cls) {
     (void)cls;
-    void_call(env, m_ping, NULL, 0, 1, -1);
+    void_call(env, m_ping, NULL, 0, 1, ENTRY_NOTHING);
 }
 
 /* One Python call for `count` frees (the handles were read from Java before the GIL is taken). */
 static void free_many_call(JNIEnv *env, const jlong *vals, jint count) {
-    HOT_ENTER(, 1, -1)
+    HOT_ENTER(, 1, ENTRY_UNKNOWN)
     PyObject *tuple = long_tuple(vals, count);
     if (tuple == NULL) {
         capture_python_error(&err);

@@ -22,7 +22,7 @@ JNIEXPORT jobject JNICALL Java_org_cudabridge_NativeBridge_allocPinned(JNIEnv *e
         throw_plain(env, c_iae, "java/lang/IllegalArgumentException", "allocatePinned: pinnedOut needs one element");
         return NULL;
     }
-    HOT_ENTER(NULL, 0, task)
+    HOT_ENTER(NULL, 0, ENTRY_NOTHING)   /* page-locked host memory: no GPU memory of the task */
     long long addr = 0, pinned = 0;
     PyObject *args[2] = {PyLong_FromLongLong(nbytes), PyLong_FromLongLong(task)};
     if (args[0] == NULL || args[1] == NULL) {
@@ -88,7 +88,7 @@ JNIEXPORT void JNICALL Java_org_cudabridge_NativeBridge_freePinned(JNIEnv *env, 
         return;
     }
     long long in[1] = {(long long)(intptr_t)addr};
-    void_call(env, m_free_pinned, in, 1, 0, -1);
+    void_call(env, m_free_pinned, in, 1, 0, ENTRY_NOTHING);
 }
 
 #endif /* CB_PINNED_BUFFERS_H */

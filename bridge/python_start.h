@@ -478,8 +478,10 @@ static char *run_bootstrap(JNIEnv *env, jobjectArray pythonpath, const char *lib
         rc = r == NULL ? -1 : 0;
         Py_XDECREF(r);
     }
-    if (rc == 0) {   /* the threads waiting to enter, for the deadlock breaker (entry_waits.h) */
-        PyObject *r = PyObject_CallMethod(hot, "install_entry_waits", "K", (unsigned long long)(uintptr_t)&cb_entering);
+    if (rc == 0) {   /* the threads inside calls of tasks, for the deadlock breaker (entry_waits.h) */
+        PyObject *r = PyObject_CallMethod(hot, "install_entry_waits", "KKK", (unsigned long long)(uintptr_t)&cb_entering,
+                                          (unsigned long long)(uintptr_t)&cb_entry_pause,
+                                          (unsigned long long)(uintptr_t)&cb_entry_resume);
         rc = r == NULL ? -1 : 0;
         Py_XDECREF(r);
     }
@@ -565,6 +567,7 @@ JNIEXPORT void JNICALL Java_org_cudabridge_NativeBridge_startPython(JNIEnv *env,
         g_py_initialized = 1;
         /* This thread holds the GIL with the main thread state, kept as its own (never deleted). */
         t_slot.ts = PyThreadState_Get();
+        t_slot.ts_forever = 1;   /* its slot destructor leaves it alone (thread_states.h) */
         atomic_fetch_add(&g_states_created, 1);
     } else {
         if (strcmp(python, g_py_program) != 0) {

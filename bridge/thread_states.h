@@ -21,7 +21,8 @@ typedef struct {
     char *stage;
     size_t stage_cap;
     int keyed;           /* the pthread key points at this slot */
-    int entry;           /* the thread's slot in entry_waits.h's table + 1; 0 none yet */
+    int ts_forever;      /* ts is the main thread state (the thread that started Python): never deleted */
+    entry_mine entry;    /* its part of entry_waits.h's table */
 } thread_slot;
 
 static __thread thread_slot t_slot;
@@ -44,6 +45,14 @@ static int cb_gate_yield(void) {
 static void cb_gate_resume(int yielded) {
     if (yielded && !t_in_gate) t_in_gate = gate_enter((uintptr_t)&t_slot);
 }
+
+/* The same allocation, before it registers its wait: the thread stops counting as inside its call
+ * for the deadlock breaker (entry_waits.h) until cb_entry_resume, after the wait is over, so that
+ * a thread waiting for memory is a registered wait and not a running call. Through ctypes too, on
+ * the waiting thread itself; 0 from a thread in no published call (a Python thread). */
+static unsigned long long cb_entry_pause(void) { return entry_pause(&t_slot.entry); }
+
+static void cb_entry_resume(unsigned long long saved) { entry_resume(&t_slot.entry, saved); }
 static pthread_key_t g_slot_key;
 static pthread_once_t g_key_once = PTHREAD_ONCE_INIT;
 static int g_key_error;
@@ -200,23 +209,13 @@ static void throw_captured(JNIEnv *env, captured_error *err) {
     err->kind = 0;
 }
 
-/* Takes the GIL with this thread's state, registered meanwhile as waiting to enter for no known
- * task (entry_waits.h), unless the caller registered it for its task already (`registered`). */
-static inline void gil_take(PyThreadState *ts, int registered) {
-    int entry = registered ? 0 : entry_begin(&t_slot.entry, -1);
-    PyEval_RestoreThread(ts);
-    if (!registered) entry_end(entry);
-}
-
 /* Take the GIL on this thread, creating its kept thread state on first use. Returns 0, or -1
- * with a Java exception pending (no GIL held). `registered`: the caller registered the thread as
- * waiting to enter, for its call's task (entry_begin); otherwise the wait here is registered for
- * no known task. */
-static int gil_enter_registered(JNIEnv *env, gil_section *g, int registered) {
+ * with a Java exception pending (no GIL held). */
+static int gil_enter(JNIEnv *env, gil_section *g) {
     if (t_slot.ts != NULL) {
         g->ts = t_slot.ts;
         g->borrowed = 0;
-        gil_take(g->ts, registered);
+        PyEval_RestoreThread(g->ts);
         return 0;
     }
     if (!atomic_load_explicit(&g_ready, memory_order_acquire) && !g_py_initialized) {
@@ -225,9 +224,7 @@ static int gil_enter_registered(JNIEnv *env, gil_section *g, int registered) {
     }
     if (PyGILState_GetThisThreadState() != NULL) {
         /* Someone else's state for this thread (see gil_section): borrow it for this call. */
-        int entry = registered ? 0 : entry_begin(&t_slot.entry, -1);
         g->gstate = PyGILState_Ensure();
-        if (!registered) entry_end(entry);
         g->ts = NULL;
         g->borrowed = 1;
         return 0;
@@ -261,11 +258,9 @@ static int gil_enter_registered(JNIEnv *env, gil_section *g, int registered) {
     }
     g->ts = ts;
     g->borrowed = 0;
-    gil_take(ts, registered);
+    PyEval_RestoreThread(ts);
     return 0;
 }
-
-static inline int gil_enter(JNIEnv *env, gil_section *g) { return gil_enter_registered(env, g, 0); }
 
 static inline void gil_exit(gil_section *g) {
     if (g->borrowed) {
@@ -296,8 +291,9 @@ static void ctx_restore(const cb_driver *d, cb_CUcontext ctx, cb_CUcontext prev)
 static void slot_destructor(void *arg) {
     thread_slot *slot = (thread_slot *)arg;
     if (slot == NULL) return;
+    entry_slot_give_back(&slot->entry);   /* first: nothing below may keep it from others */
     PyThreadState *ts = slot->ts;
-    if (ts != NULL) {
+    if (ts != NULL && !slot->ts_forever) {   /* the main thread state stays: Python is never finalized */
         slot->ts = NULL;
         PyEval_RestoreThread(ts);
         if (m_thread_exit != NULL) {
@@ -311,7 +307,6 @@ static void slot_destructor(void *arg) {
         PyThreadState_DeleteCurrent(); /* also releases the GIL and unbinds the PyGILState state */
         atomic_fetch_add(&g_states_deleted, 1);
     }
-    entry_slot_give_back(&slot->entry);
     free(slot->stage);
     slot->stage = NULL;
     slot->stage_cap = 0;
@@ -320,10 +315,11 @@ static void slot_destructor(void *arg) {
 
 /* Makes sure the slot's destructor runs when this thread ends (best effort: without the key, what
  * the slot holds outlives the thread). */
-static void keep_slot(void) {
+static int keep_slot(void) {
     if (!t_slot.keyed && pthread_once(&g_key_once, make_key) == 0 && g_key_error == 0 &&
         pthread_setspecific(g_slot_key, &t_slot) == 0)
         t_slot.keyed = 1;
+    return t_slot.keyed;
 }
 
 static char *stage_buffer(size_t n) {

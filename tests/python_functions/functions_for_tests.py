@@ -111,11 +111,10 @@ def release_then_call(x):
 
 def hold_gil_until_entering(want, seconds):
     """Holds the GIL (a switch interval longer than the wait, a loop that never lets it go) until
-    the bridge reports a Java thread waiting to enter for task ``want`` (-1: for a call that names
-    no task), at most ``seconds``. Returns the tasks it saw waiting to enter then (-1 for None).
-    A thread caught inside its call (waiting for the GIL in Python's own loop, not at the bridge's
-    entry) is not entering: every 50 ms the GIL goes for a moment, so that such a thread finishes
-    its call and is caught at the entry of its next one."""
+    the bridge reports a Java thread inside a call for task ``want`` (-1: of unknown task), at most
+    ``seconds``. Returns the tasks it saw then (-1 for unknown). Every 50 ms the GIL goes for a
+    moment, so that the threads' calls go on.
+    """
     import sys
 
     from cudabridge.jvm.bootstrap import running_service
@@ -158,3 +157,8 @@ def wrong_type(columns):
 
 
 not_a_function = 42
+
+
+def main_thread_alive():
+    """Whether ``threading``'s main thread (the interpreter's main thread state) is alive."""
+    return threading.main_thread().is_alive()

@@ -662,13 +662,21 @@ class JavaHotPath:
         gate_resume = ctypes.CFUNCTYPE(None, ctypes.c_int)(resume_address)
         self._service.pressure.memory_waits.around_wait(gate_yield, gate_resume)
 
-    def install_entry_waits(self, entering_address: int) -> None:
-        """Called by the bridge library at start with its table of Java threads waiting to enter
-        Python, for the gate or the GIL (bridge/entry_waits.h): the deadlock breaker counts their
-        tasks as running (pressure/memory_waits.py). Read through a PYFUNCTYPE prototype, which
-        keeps the GIL: the read is a scan of atomics that never waits."""
-        read = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_longlong), ctypes.c_int)(entering_address)
-        self._service.pressure.memory_waits.entry_waits(EntryWaits(read))
+    def install_entry_waits(self, entering_address: int, pause_address: int, resume_address: int) -> None:
+        """Called by the bridge library at start with its table of Java threads inside calls of
+        tasks (bridge/entry_waits.h), read through a PYFUNCTYPE prototype, which keeps the GIL (a
+        scan of atomics that never waits), and the pause and resume a waiting allocation calls on
+        its own thread: the deadlock breaker counts those tasks as running (pressure/
+        memory_waits.py), and a thread waiting for memory as waiting."""
+        read = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_ulonglong), ctypes.c_int)(entering_address)
+        pause = ctypes.PYFUNCTYPE(ctypes.c_ulonglong)(pause_address)
+        resume = ctypes.PYFUNCTYPE(None, ctypes.c_ulonglong)(resume_address)
+        self._service.pressure.memory_waits.entry_waits(EntryWaits(read, self._handle_owner), pause, resume)
+
+    def _handle_owner(self, hid: int) -> int | None:
+        """The task a live buffer handle belongs to, or None."""
+        a = self._live.get(hid)
+        return None if a is None else a.owner
 
     @property
     def native_api(self) -> Any:

@@ -8,10 +8,11 @@ test_memory_pressure.py runs hypothesis over random ones). Its inputs:
 * ``running``: tasks with a thread inside one of their operations that is not a registered wait
   (a copy, a launch, a Python function running);
 * ``order``: task -> bind order (larger: bound later, younger);
-* ``entering``: the threads waiting in the bridge to enter Python, for the gate or the GIL
-  (bridge/entry_waits.h), each as the task its call names, or None for a call that names none (a
-  free, a copy: they name a handle). Such a thread is on its way into an operation that may give
-  memory back: its task counts as running, and one of no known task as possibly any holder's.
+* ``entering``: the Java threads inside bridge calls of tasks, from before they wait for the gate
+  and the GIL until they leave the call, not waiting for memory (bridge/entry_waits.h), each as its
+  call's task, or None where that is unknown (a batch of frees or releases). Such a thread is in an
+  operation that may give memory back: its task counts as running, and an unknown one as possibly
+  any holder's.
 
 A task *holds memory* when ``holders`` says so; it is *blocked* when it has a registered wait and
 is not running. The breaker acts only when every task holding memory on the GPU is blocked and

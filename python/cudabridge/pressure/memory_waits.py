@@ -37,7 +37,12 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 POLL_FIRST_S = 0.001
+
 POLL_MAX_S = 0.016
+
+
+def _nothing(_saved: int) -> None:
+    pass
 
 
 class MemoryWaits:
@@ -52,7 +57,9 @@ class MemoryWaits:
         self._started = threading.local()   # the thread's allocation now waiting: its first wait's start
         self._chosen: set[int] = set()   # tasks the breaker picked, whose waiting allocation fails next
         self._cancelled: set[int] = set()   # tasks killed: their allocations never wait (until their release)
-        self._entering: Callable[[], list[int | None]] = list   # no bridge: no thread waits to enter
+        self._entering: Callable[[], list[int | None]] = list   # no bridge: no thread inside its calls
+        self._entry_pause: Callable[[], int] = int             # ... and nothing to pause (0)
+        self._entry_resume: Callable[[int], None] = _nothing
         self._before_wait: Callable[[], Any] | None = None
         self._after_wait: Callable[[Any], None] | None = None
         self.breaks = 0
@@ -64,13 +71,16 @@ class MemoryWaits:
         bridge lets its gate go (a JNI allocation holds it: the frees the wait is for must pass)."""
         self._before_wait, self._after_wait = before, after
 
-    def entry_waits(self, entering: Callable[[], list[int | None]]) -> None:
-        """The threads waiting to enter Python in a front (the Java bridge's, jvm/entry_waits.py):
-        each as its call's task, None where the call names none. The breaker counts them running."""
-        self._entering = entering
+    def entry_waits(self, entering: Callable[[], list[int | None]], pause: Callable[[], int],
+                    resume: Callable[[int], None]) -> None:
+        """The threads inside a front's calls of tasks (the Java bridge's, jvm/entry_waits.py):
+        ``entering()`` gives each as its task, None where it is unknown; the breaker counts them
+        running. ``pause()`` on a waiting thread takes its own entry out for the wait (what it
+        returns goes to ``resume`` after), so that it counts as waiting, not running."""
+        self._entering, self._entry_pause, self._entry_resume = entering, pause, resume
 
     def entering(self) -> list[int | None]:
-        """The threads waiting to enter Python now, as :meth:`entry_waits`'s reader gives them."""
+        """The threads inside calls of tasks now, as :meth:`entry_waits`'s reader gives them."""
         return self._entering()
 
     def out_of_memory(self, pool: Any, r: int, owner: object, exc: OutOfDeviceMemory, attempt: int) -> bool:
@@ -92,8 +102,12 @@ class MemoryWaits:
         deadline = since + self._oom_wait_s
         pause = min(POLL_FIRST_S * (1 << min(attempt, 4)), POLL_MAX_S)
         w = self._waits.make(ALLOCATION, owner, pool.device, r, first=attempt == 0)   # type: ignore[arg-type]
+        paused = 0
         try:
             self._waits.add(w)   # the first statement of the try (waits.py: never stranded)
+            # registered as waiting: the thread's bridge call stops counting as running (in that
+            # order, so that it is always seen as one or the other; the other order below)
+            paused = self._entry_pause()
             if not lease.open:
                 raise self._leases.refusal(owner, lease)
             if owner in self._cancelled:
@@ -118,11 +132,14 @@ class MemoryWaits:
             finally:
                 if self._after_wait is not None:
                     self._after_wait(held)
-            if owner in self._chosen:   # picked while it waited
-                return self.out_of_memory(pool, r, owner, exc, attempt + 1)
-            return True
         finally:
-            self._waits.leave(w)
+            try:
+                self._entry_resume(paused)
+            finally:
+                self._waits.leave(w)
+        if owner in self._chosen:   # picked while it waited
+            return self.out_of_memory(pool, r, owner, exc, attempt + 1)
+        return True
 
     def _break(self, gpu: int, me: Any) -> str | None:
         """The reason this waiter's allocation fails now, or None: its task was picked by the
@@ -131,9 +148,9 @@ class MemoryWaits:
         if me.task in self._chosen:
             self._chosen.discard(me.task)
             return "breaker"
-        # Read in the order a thread moves through them (entering, then inside an operation, then
-        # waiting, or done), the waits last: a thread that moves on during the reads is seen where it
-        # was or where it went, never in neither, and waits only end during them (fewer blocked).
+        # Read in the order a thread moves through them (inside a bridge call, inside an operation's
+        # lease, waiting, or done), the waits last: a thread that moves on during the reads is seen
+        # where it was or where it went, and waits only end during them (fewer blocked).
         entering = self.entering()
         inside = {t: list(lease.inside) for t, lease in list(self._leases.table.items())}
         holders = self._holders(gpu)
@@ -149,7 +166,7 @@ class MemoryWaits:
             return reason if chosen == me.task else None
         now = time.monotonic()
         log.warning("GPU %d: every task holding memory is waiting; failing task %d's allocation (the youngest "
-                    "waiting holder). Holders (bytes): %s. Waits: %s. Threads entering the bridge (tasks): %s", gpu,
+                    "waiting holder). Holders (bytes): %s. Waits: %s. Threads in bridge calls (tasks): %s", gpu,
                     chosen, dict(holders), "; ".join(w.describe(now) for w in waits), entering or "none")
         if chosen != me.task:
             self._chosen.add(chosen)

@@ -121,61 +121,70 @@ class NativeBridgeTest extends RunningBridge {
     }
 
     /**
-     * A Java thread waiting in the bridge for the GIL is registered with the task its call names
-     * (a ping names none: unknown, -1), for the deadlock breaker: Java sees it RUNNABLE, Python
-     * not at all (issue 28). A Python function holds the GIL until it sees them.
+     * A Java thread inside a bridge call of a task is published with what the call is for, from
+     * before its wait for the GIL until it leaves (issue 28): its task (a synchronize), a buffer's
+     * owner (a memset names only the handle), or unknown (a release of a batch); a ping, which can
+     * give no GPU memory back, is not. Java sees such a thread RUNNABLE, Python not at all: the
+     * deadlock breaker reads this. A Python function holds the GIL until it sees each.
      */
     @Test
     @SuppressWarnings("try")   // scopes held for their task binding only
-    void threadsWaitingForTheGilAreSeenWithTheirTask() throws Exception {
+    void threadsInsideCallsAreSeenWithTheirTask() throws Exception {
         PythonFunction hold = bridge.pythonFunction("functions_for_tests:hold_gil_until_entering", PythonFunctionTest.PATH);
         AtomicBoolean stop = new AtomicBoolean();
         AtomicReference<Throwable> failed = new AtomicReference<>();
-        CountDownLatch going = new CountDownLatch(2);   // each thread made one call (its thread state exists)
-        Thread synchronizing = new Thread(() -> {   // calls that name their task
-            try (TaskScope s = bridge.bindTask(12)) {
-                for (boolean first = true; !stop.get(); first = false) {
-                    bridge.synchronize();
-                    if (first) {
-                        going.countDown();
-                    }
-                }
-            } catch (Throwable e) {
-                failed.set(e);
-                going.countDown();
-            }
-        });
-        Thread pinging = new Thread(() -> {   // calls that name none
-            try {
-                for (boolean first = true; !stop.get(); first = false) {
-                    NativeBridge.ping();
-                    if (first) {
-                        going.countDown();
-                    }
-                }
-            } catch (Throwable e) {
-                failed.set(e);
-                going.countDown();
-            }
-        });
-        String withTask;
+        CountDownLatch going = new CountDownLatch(4);   // each thread made one call
+        List<Thread> threads = List.of(
+                looping(stop, failed, going, () -> bridge.synchronize(), 12L),   // names its task
+                looping(stop, failed, going, null, 15L),                        // names a handle of task 15
+                looping(stop, failed, going, () -> NativeBridge.releaseTasks(new long[] {424242}, 1, new long[2]), -1L),
+                looping(stop, failed, going, NativeBridge::ping, -1L));
+        String task;
+        String owner;
         String unknown;
         try (TaskScope t = bridge.bindTask(11)) {
-            synchronizing.start();
-            pinging.start();
+            threads.forEach(Thread::start);
             assertTrue(going.await(30, TimeUnit.SECONDS));
-            withTask = (String) hold.call(12L, 10.0);
+            task = (String) hold.call(12L, 10.0);
+            owner = (String) hold.call(15L, 10.0);
             unknown = (String) hold.call(-1L, 10.0);
         } finally {
             stop.set(true);
-            synchronizing.join();
-            pinging.join();
+            for (Thread th : threads) {
+                th.join();
+            }
         }
         assertNull(failed.get());
-        assertTrue(List.of(withTask.split(",")).contains("12"), withTask);
+        assertTrue(List.of(task.split(",")).contains("12"), task);
+        assertTrue(List.of(owner.split(",")).contains("15"), owner);
         assertTrue(List.of(unknown.split(",")).contains("-1"), unknown);
         try (TaskScope t = bridge.bindTask(13)) {
-            assertEquals("", hold.call(-2L, 0.0), "nobody waits to enter once they stopped");
+            assertEquals("13", hold.call(-2L, 0.0), "only its own call (a Python function of task 13) once they stopped");
         }
+    }
+
+    /** A thread bound to {@code task} (when not -1) that calls {@code call} until {@code stop};
+     *  with no call, task 15's memsets of a buffer by its handle alone. */
+    @SuppressWarnings("try")
+    static Thread looping(AtomicBoolean stop, AtomicReference<Throwable> failed, CountDownLatch going, Runnable call,
+                          long task) {
+        return new Thread(() -> {
+            try (TaskScope s = task >= 0 ? bridge.bindTask(task) : null) {
+                DeviceBuffer b = call == null ? bridge.allocate(64) : null;
+                Runnable r = call != null ? call : () -> NativeBridge.memset(b.handle(), 0, 0, 64);
+                for (boolean first = true; !stop.get(); first = false) {
+                    r.run();
+                    if (first) {
+                        going.countDown();
+                    }
+                }
+                if (b != null) {
+                    b.close();
+                }
+            } catch (Throwable e) {
+                failed.set(e);
+                going.countDown();
+            }
+        });
     }
 }
