@@ -1,4 +1,4 @@
-"""Memory pressure's cost (issue 28): example (e), GpuPressureJob, in local[4] where four tasks at
+"""Memory pressure's cost (issue 28): example (f), GpuPressureJob, in local[4] where four tasks at
 once ask for twice the pool (16 tasks of a 32 MiB peak over a 64 MiB pool: the summed peaks are 8x),
 against the same job with a pool large enough for all of them at once, and against failing fast
 with Spark's retries (oomWait 1 ms, no GpuRetry: an allocation that does not fit fails its attempt

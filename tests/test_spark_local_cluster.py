@@ -152,7 +152,7 @@ def test_example_d_by_reference_from_py_files_in_two_executors(tmp_path, work_di
 
 def test_an_attempt_killed_as_a_losing_copy_gives_everything_back_and_the_job_completes(tmp_path,
                                                                                       work_dir_cleanup):
-    """Example (e) in two executors, partition 0's first attempt holding its memory for 8 s: the
+    """Example (f) in two executors, partition 0's first attempt holding its memory for 8 s: the
     driver kills that attempt after 1.5 s the way Spark kills a speculative race's losing copy
     (killTaskAttempt, interrupting its thread; Spark places no speculative copy on a host already
     running an attempt, so in local-cluster, one host, speculation itself never launches one: the

@@ -1,4 +1,4 @@
-"""Memory pressure in Spark (issue 28): example (e), GpuPressureJob, asks for more GPU memory at
+"""Memory pressure in Spark (issue 28): example (f), GpuPressureJob, asks for more GPU memory at
 once than the pool holds (16 tasks, each with a 32 MiB peak, in local[4] over a 64 MiB pool: the
 summed peaks are 8x the pool, four tasks at once 2x). With waiting on it completes, with and
 without concurrentGpuTasks; a cancelled job's tasks, holding memory, waiting and running helper

@@ -2,7 +2,7 @@
 holds GPU memory. Spark places a copy of a task only on a host that runs no attempt of it, so the
 cluster's two workers bind addresses of their own (127.0.0.2 and 127.0.0.3, loopback): a
 standalone cluster of separate JVMs (tests/standalone_cluster.py), the bridge from this checkout's
-build on each executor's class path. Example (e), GpuPressureJob, holds partition 0's first attempt
+build on each executor's class path. Example (f), GpuPressureJob, holds partition 0's first attempt
 for 8 s in each of two jobs: a copy runs on the other executor and wins, the killed attempt's
 memory comes back, every task started is released, nothing is live afterwards, and the second job
 shows the executors kept serving."""

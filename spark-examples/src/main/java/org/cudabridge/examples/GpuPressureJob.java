@@ -16,7 +16,7 @@ import org.cudabridge.GpuRetry;
 import org.cudabridge.executor.GpuTask;
 
 /**
- * Example (e): more GPU memory asked for at once than the pool holds, without failed jobs. Each
+ * Example (f): more GPU memory asked for at once than the pool holds, without failed jobs. Each
  * task builds up {@code --chunks} buffers of {@code --chunk-mib} MiB (its peak), holds them for
  * {@code --hold-ms} while it fills and checks them, and frees them; with {@code local[N]}, N tasks
  * at once ask for N times their peak. With {@code --io-ms}, each task first spends that long off the
@@ -80,7 +80,7 @@ public final class GpuPressureJob {
                 default: throw new IllegalArgumentException("unknown argument " + args[i] + "; see the class comment");
             }
         }
-        SparkSession spark = SparkSession.builder().appName("cudabridge-example-e").getOrCreate();
+        SparkSession spark = SparkSession.builder().appName("cudabridge-example-f").getOrCreate();
         JavaSparkContext sc = JavaSparkContext.fromSparkContext(spark.sparkContext());
         java.util.concurrent.atomic.AtomicLong attemptsEnded = new java.util.concurrent.atomic.AtomicLong();
         java.util.concurrent.atomic.AtomicLong speculative = new java.util.concurrent.atomic.AtomicLong();

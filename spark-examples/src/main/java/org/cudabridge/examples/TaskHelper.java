@@ -14,7 +14,7 @@ import org.cudabridge.ModuleSource;
 import org.cudabridge.TaskScope;
 
 /**
- * A helper thread of a task (example (e)'s cancelled job): attached to the task, it allocates,
+ * A helper thread of a task (example (f)'s cancelled job): attached to the task, it allocates,
  * copies into, launches a kernel over and frees a buffer, again and again, until it is stopped or
  * the service refuses it (the task was killed and released under it). What it held when refused
  * was the task's, reclaimed by the task's release: counted in {@link #LEFT}, how each helper ended
