@@ -41,3 +41,15 @@ def test_the_service_says_when_it_runs_without_its_c_paths(value, missing):
         assert f"{native.ENV_SWITCH} switches it off" in warned[0]
     else:
         assert not warned, run.stderr
+
+
+def test_no_tracked_file_is_one_git_ignores():
+    """Build outputs (the C paths' .so files, jars) are ignored and never committed: a committed one
+    would shadow a fresh build of a clean checkout with another machine's binary."""
+    root = native.PACKAGE_DIR.parent.parent
+    if not (root / ".git").exists():
+        pytest.skip("not a git checkout")
+    run = subprocess.run(["git", "ls-files", "--cached", "--ignored", "--exclude-standard"], cwd=root,
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == [], f"tracked files git ignores: {run.stdout.split()}"
