@@ -171,3 +171,40 @@ def test_a_release_cut_short_is_finished_by_the_next_release_or_by_close(twin):
     reports = svc.close()                     # close finishes the one cut short too
     assert sorted(r.task_id for r in reports) == [3, 4]
     assert reg.releases_in_progress() == []
+
+
+def test_a_tasks_first_operations_import_no_module():
+    """An operation of a task never runs an import: an asynchronous exception landing in a first
+    import (in importlib's module locks, Python code) can strand the module's lock, and every
+    thread that imports it next waits forever. The storm above hung that way, one run in a few,
+    while launch imported the kernel parameters' module on its first call. A fresh interpreter:
+    here every module is long imported."""
+    code = f"""
+import sys
+import numpy as np
+from cudabridge.config import ServiceConfig
+from cudabridge.kernels import LaunchConfig, copy_to_global
+from cudabridge.kernels.modules import ModuleSource
+from cudabridge.service import CudaBridgeService
+svc = CudaBridgeService(ServiceConfig(backend="emulated", emulated_kernels="host_kernels_for_tests,host_kernels_for_globals"))
+kernel = svc.load_module(ModuleSource.of({SAXPY_SOURCE!r})).kernel("saxpy")
+scale = svc.load_module(ModuleSource.of({GLOBALS_SOURCE!r})).global_("scale")
+svc.bind_task(1)
+before = set(sys.modules)
+x, y = svc.allocate(1, 64), svc.allocate(1, 64)
+svc.launch(1, kernel, LaunchConfig(1, 32), [x, y, 16, 2.0])
+svc.launch(1, kernel, LaunchConfig(1, 32), [(x, 4), y, 15, 2.0])
+copy_to_global(svc.registry, 1, scale, bytearray(np.float32(2.0).tobytes()))
+svc.synchronize(1)
+x.free()
+svc.release_task(1)
+print("imported", sorted(m for m in set(sys.modules) - before))
+svc.close()
+"""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([*sys.path])}
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert run.returncode == 0, run.stderr
+    assert "imported []" in run.stdout, run.stdout

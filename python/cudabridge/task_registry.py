@@ -71,13 +71,15 @@ from typing import TYPE_CHECKING, Callable, Iterator, Mapping, NamedTuple
 from .errors import CudaError, InvalidArgument, KernelFault, PoolClosed, UnknownTask, index_int
 from .kernels.launch_config import check_launch_request
 from .kernels.launch_log import LaunchLog
+from .kernels.params import DevicePointer
+from .memory import Allocation
 from .memory.native import load as load_native
 from .stream_pool import StreamPolicy
 
 if TYPE_CHECKING:
     from .kernels import LaunchConfig
     from .kernels.host_kernels import Launchable
-    from .memory import Allocation, StreamOrderedMemoryPool
+    from .memory import StreamOrderedMemoryPool
     from .stream_pool import StreamPool
 
 log = logging.getLogger(__name__)
@@ -473,8 +475,6 @@ class TaskRegistry:
     @staticmethod
     def _kernel_arg(pool: "StreamOrderedMemoryPool", b: "TaskBinding", index: int, arg: object,
                     kernel: "Launchable") -> object:
-        from .kernels.params import DevicePointer
-        from .memory import Allocation   # the memory package imports this module's errors
         offset = 0
         if arg.__class__ is tuple and len(arg) == 2 and arg[0].__class__ is Allocation:
             arg, offset = arg     # an address inside the buffer (Java's buffer.at(offset))
