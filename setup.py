@@ -44,8 +44,8 @@ def c_extensions() -> list[Extension]:
     out = []
     for module, c_path in c_paths.EXTENSIONS.items():
         src = PACKAGE / c_path.source
-        out.append(Extension(module, [src.as_posix()], include_dirs=[src.parent.as_posix()],
-                             depends=sorted(p.as_posix() for p in src.parent.glob("*.h")),
+        out.append(Extension(module, [src.as_posix()], include_dirs=[d.as_posix() for d in c_paths.include_dirs(src)],
+                             depends=[p.as_posix() for p in c_paths.inputs(src)[1:]],
                              extra_compile_args=list(c_paths.COMPILE_ARGS), libraries=list(c_paths.LIBRARIES)))
     for module, part in c_paths.ALLOCATOR_PARTS.items():   # C++, no Python twin: built wherever the C paths are
         src = PACKAGE / part.source

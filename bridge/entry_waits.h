@@ -16,7 +16,8 @@
  * call that waits for memory itself clears its entry for the wait (cb_entry_pause/resume,
  * thread_states.h, from pressure/memory_waits.py): a waiting thread is a registered wait, not running.
  *
- * The cost on the hot path is two stores into the thread's own cache line. A thread takes a slot
+ * The cost on the hot path is a load and a store into the thread's own cache line as a call enters
+ * and a store as it leaves (plus the depth count in the thread's own slot). A thread takes a slot
  * at its first call and gives it back when it ends (thread_states.h's slot destructor); a thread
  * that finds none free (more than CB_ENTRY_SLOTS at once) is counted in one shared counter, read as
  * an unknown entry, for its life.

@@ -43,6 +43,32 @@ def test_the_service_says_when_it_runs_without_its_c_paths(value, missing):
         assert not warned, run.stderr
 
 
+def _local_includes(path):
+    import re
+
+    return re.findall(r'^\s*#\s*include\s+"([^"]+)"', path.read_text(), re.MULTILINE)
+
+
+@pytest.mark.parametrize("module", sorted(native.EXTENSIONS))
+def test_every_header_a_c_path_includes_is_an_input_of_its_build(module):
+    """A change to any header an extension includes, its own or a shared one (lease_protocol.h),
+    rebuilds it: setup.py's depends and build()'s freshness check both come from native.inputs,
+    and the include path from native.include_dirs."""
+    source = native.PACKAGE_DIR / native.EXTENSIONS[module].source
+    inputs = {p.resolve() for p in native.inputs(source)}
+    dirs = [d.resolve() for d in native.include_dirs(source)]
+    seen, todo = set(), [source]
+    while todo:
+        for name in _local_includes(todo.pop()):
+            found = [d / name for d in dirs if (d / name).is_file()]
+            assert found, f"{module}: #include \"{name}\" is on none of its include dirs {dirs}"
+            header = found[0].resolve()
+            assert header in inputs, f"{module}: {header} is included but not an input of its build"
+            if header not in seen:
+                seen.add(header)
+                todo.append(header)
+
+
 def test_no_tracked_file_is_one_git_ignores():
     """Build outputs (the C paths' .so files, jars) are ignored and never committed: a committed one
     would shadow a fresh build of a clean checkout with another machine's binary."""

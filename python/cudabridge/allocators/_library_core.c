@@ -20,6 +20,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <pythread.h>
+#include "lease_protocol.h"
 #include <string.h>
 
 typedef struct {
@@ -43,7 +44,7 @@ typedef struct {
     int closed;
 } LibraryCore;
 
-static PyObject *name_dict, *name_task, *name_inside, *name_open, *name_binding, *name_ptr, *name_owner, *name_pool, *name_free,
+static PyObject *name_dict, *name_task, *name_binding, *name_ptr, *name_owner, *name_pool, *name_free,
     *name_popleft, *name_appendleft;
 
 static int core_traverse(LibraryCore *self, visitproc visit, void *arg) {
@@ -106,16 +107,6 @@ static PyObject *attached_task(LibraryCore *self, int *failed) {
     return task;   /* new reference */
 }
 
-/* Removes the last `me` from `inside` (the lease protocol's one remove). */
-static int inside_remove(PyObject *inside, PyObject *me) {
-    for (Py_ssize_t i = PyList_GET_SIZE(inside) - 1; i >= 0; i--) {
-        int eq = PyObject_RichCompareBool(PyList_GET_ITEM(inside, i), me, Py_EQ);
-        if (eq < 0) return -1;
-        if (eq) return PyList_SetSlice(inside, i, i + 1, NULL);
-    }
-    PyErr_SetString(PyExc_RuntimeError, "library allocator: the thread's lease entry is gone");
-    return -1;
-}
 
 static int count_one(PyObject *counter) {
     PyObject *n = PyIter_Next(counter);
@@ -226,27 +217,19 @@ static int allocate_common(LibraryCore *self, PyObject *size, PyObject *device, 
     }
     int rc = HAND_OVER;
     PyObject *lease = PyDict_GetItemWithError(self->leases, task);   /* borrowed */
-    PyObject *inside = NULL, *me = NULL, *binding = NULL, *a = NULL;
+    PyObject *inside = NULL, *binding = NULL, *a = NULL;
+    unsigned long me = 0;
     if (lease == NULL) {
         if (PyErr_Occurred()) PyErr_Clear();
         goto done;
     }
     Py_INCREF(lease);
-    inside = PyObject_GetAttr(lease, name_inside);
-    if (inside == NULL || !PyList_CheckExact(inside)) {
-        PyErr_Clear();
-        goto done;
-    }
-    me = PyLong_FromUnsignedLong(PyThread_get_thread_ident());
-    if (me == NULL || PyList_Append(inside, me) < 0) {
-        PyErr_Clear();
-        Py_CLEAR(me);
+    int is_open = lease_join(lease, &inside, &me);
+    if (is_open < 0) {
+        PyErr_Clear();   /* not as documented: the reference says why */
         goto done;
     }
     /* inside the lease from here: every way out leaves it */
-    PyObject *open = PyObject_GetAttr(lease, name_open);
-    int is_open = open == NULL ? -1 : PyObject_IsTrue(open);
-    Py_XDECREF(open);
     binding = is_open == 1 ? PyObject_GetAttr(lease, name_binding) : NULL;
     if (binding == NULL || !PyTuple_Check(binding) || PyTuple_GET_SIZE(binding) < 4) {
         PyErr_Clear();   /* refused (its release has begun) or not as expected: the reference says why */
@@ -283,7 +266,11 @@ static int allocate_common(LibraryCore *self, PyObject *size, PyObject *device, 
     }
     rc = 0;
 leave_lease:
-    if (inside_remove(inside, me) < 0 && rc != -1) rc = -1;
+    int left = lease_leave(inside, me);
+    if (left != 1 && rc != -1) {
+        if (left == 0) PyErr_SetString(PyExc_RuntimeError, "library allocator: the thread's lease entry is gone");
+        rc = -1;
+    }
     if (rc == 0) {
         PyObject *n = PyIter_Next(self->allocated);
         if (n == NULL) {
@@ -305,7 +292,6 @@ leave_lease:
     }
 done:
     Py_XDECREF(binding);
-    Py_XDECREF(me);
     Py_XDECREF(inside);
     Py_XDECREF(lease);
     Py_DECREF(task);
@@ -403,8 +389,6 @@ static struct PyModuleDef library_core_module = {PyModuleDef_HEAD_INIT, "_librar
 PyMODINIT_FUNC PyInit__library_core(void) {
     name_dict = PyUnicode_InternFromString("__dict__");
     name_task = PyUnicode_InternFromString("task");
-    name_inside = PyUnicode_InternFromString("inside");
-    name_open = PyUnicode_InternFromString("open");
     name_binding = PyUnicode_InternFromString("binding");
     name_ptr = PyUnicode_InternFromString("ptr");
     name_owner = PyUnicode_InternFromString("owner");
@@ -412,7 +396,7 @@ PyMODINIT_FUNC PyInit__library_core(void) {
     name_free = PyUnicode_InternFromString("free");
     name_popleft = PyUnicode_InternFromString("popleft");
     name_appendleft = PyUnicode_InternFromString("appendleft");
-    if (!name_dict || !name_task || !name_inside || !name_open || !name_binding || !name_ptr || !name_owner || !name_pool || !name_free ||
+    if (!name_dict || !name_task || !name_binding || !name_ptr || !name_owner || !name_pool || !name_free ||
         !name_popleft || !name_appendleft)
         return NULL;
     if (PyType_Ready(&LibraryCoreType) < 0) return NULL;

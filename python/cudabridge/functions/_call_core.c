@@ -21,6 +21,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <pythread.h>
+#include "lease_protocol.h"
 
 typedef struct {
     PyObject_HEAD
@@ -37,7 +38,7 @@ typedef struct {
     PyObject *service_error;  /* errors.CudaBridgeError: raised as it is */
 } CallCore;
 
-static PyObject *name_dict, *name_task, *name_inside, *name_open, *name_binding, *name_enter, *name_exit, *name_cupy,
+static PyObject *name_dict, *name_task, *name_binding, *name_enter, *name_exit, *name_cupy,
     *name_torch;
 
 static int core_traverse(CallCore *self, visitproc visit, void *arg) {
@@ -85,16 +86,6 @@ static int core_init(CallCore *self, PyObject *args, PyObject *kwds) {
     return 0;
 }
 
-/* Removes the last `me` from `inside` (the lease protocol's one remove). */
-static int name_inside_remove(PyObject *inside, PyObject *me) {
-    for (Py_ssize_t i = PyList_GET_SIZE(inside) - 1; i >= 0; i--) {
-        int eq = PyObject_RichCompareBool(PyList_GET_ITEM(inside, i), me, Py_EQ);
-        if (eq < 0) return -1;
-        if (eq) return PyList_SetSlice(inside, i, i + 1, NULL);
-    }
-    PyErr_SetString(PyExc_RuntimeError, "function call: the thread's lease entry is gone");
-    return -1;
-}
 
 /* Which of CuPy (1) and PyTorch (2) are imported: function_calls.contexts_state. */
 static int contexts_state(void) {
@@ -181,22 +172,14 @@ static PyObject *call_common(CallCore *self, PyObject *task, PyObject *fid, PyOb
     }
     Py_INCREF(fn);
     Py_INCREF(lease);
-    PyObject *out = HAND_OVER, *inside = NULL, *me = NULL, *binding = NULL, *d = NULL, *previous = NULL;
-    inside = PyObject_GetAttr(lease, name_inside);
-    if (inside == NULL || !PyList_CheckExact(inside)) {
-        PyErr_Clear();
-        goto done;
-    }
-    me = PyLong_FromUnsignedLong(PyThread_get_thread_ident());
-    if (me == NULL || PyList_Append(inside, me) < 0) {
-        PyErr_Clear();
-        Py_CLEAR(me);
+    PyObject *out = HAND_OVER, *inside = NULL, *binding = NULL, *d = NULL, *previous = NULL;
+    unsigned long me = 0;
+    int is_open = lease_join(lease, &inside, &me);
+    if (is_open < 0) {
+        PyErr_Clear();   /* not as documented: the reference says why */
         goto done;
     }
     /* inside the lease from here: every way out leaves it */
-    PyObject *open = PyObject_GetAttr(lease, name_open);
-    int is_open = open == NULL ? -1 : PyObject_IsTrue(open);
-    Py_XDECREF(open);
     binding = is_open == 1 ? PyObject_GetAttr(lease, name_binding) : NULL;
     if (binding == NULL || !PyTuple_Check(binding) || PyTuple_GET_SIZE(binding) < 4) {
         PyErr_Clear();   /* refused (its release has begun) or not as expected: the reference says why */
@@ -257,7 +240,9 @@ detach:
     if (PyDict_SetItem(d, name_task, previous) < 0 && r != NULL) Py_CLEAR(r);
     out = r;
 leave_lease:
-    if (name_inside_remove(inside, me) < 0 && out != NULL) {
+    int left = lease_leave(inside, me);
+    if (left != 1 && out != NULL) {
+        if (left == 0) PyErr_SetString(PyExc_RuntimeError, "function call: the thread's lease entry is gone");
         if (out != HAND_OVER) Py_DECREF(out);
         out = NULL;
     }
@@ -265,7 +250,6 @@ done:
     Py_XDECREF(previous);
     Py_XDECREF(d);
     Py_XDECREF(binding);
-    Py_XDECREF(me);
     Py_XDECREF(inside);
     Py_DECREF(lease);
     Py_DECREF(fn);
@@ -308,14 +292,12 @@ static struct PyModuleDef call_core_module = {PyModuleDef_HEAD_INIT, "_call_core
 PyMODINIT_FUNC PyInit__call_core(void) {
     name_dict = PyUnicode_InternFromString("__dict__");
     name_task = PyUnicode_InternFromString("task");
-    name_inside = PyUnicode_InternFromString("inside");
-    name_open = PyUnicode_InternFromString("open");
     name_binding = PyUnicode_InternFromString("binding");
     name_enter = PyUnicode_InternFromString("__enter__");
     name_exit = PyUnicode_InternFromString("__exit__");
     name_cupy = PyUnicode_InternFromString("cupy");
     name_torch = PyUnicode_InternFromString("torch");
-    if (!name_dict || !name_task || !name_inside || !name_open || !name_binding || !name_enter || !name_exit || !name_cupy ||
+    if (!name_dict || !name_task || !name_binding || !name_enter || !name_exit || !name_cupy ||
         !name_torch)
         return NULL;
     if (PyType_Ready(&CallCoreType) < 0) return NULL;

@@ -60,6 +60,7 @@
 #include "cuda_driver.h"
 #include "native_api.h"
 #include "staging_pool.h"
+#include "lease_protocol.h"   /* the lease protocol's join and leave, shared with the other C twins */
 
 #define GPU_BITS 6
 #define MAX_GPUS (1 << GPU_BITS)
@@ -67,7 +68,7 @@
 #define SMALL_BATCH 16          /* free_many checks duplicates pairwise up to this many */
 #define ALLOCATION_RELEASED 2   /* Allocation._state once its owner's release reclaimed it (allocation.py) */
 
-static PyObject *s_stream, *s_gpu, *s_id, *s_ptr, *s_binding, *s_inside, *s_open, *s_task_id, *s_get,
+static PyObject *s_stream, *s_gpu, *s_id, *s_ptr, *s_binding, *s_inside, *s_task_id, *s_get,
     *s_refusal, *s_insert, *s_pop, *s_refusal_many, *s_free, *s_allocate, *s_free_many, *s_launch, *s_record, *s_synchronize, *s_clear,
     *s_recent, *s_owner, *s_size, *s_state, *s_limits, *s_max_dynamic_shared, *s_streams, *s_released_with;
 
@@ -468,7 +469,7 @@ static struct PyModuleDef hotcore_module = {
 PyMODINIT_FUNC PyInit__hotcore(void) {
 #define INTERN(var, text) if (((var) = PyUnicode_InternFromString(text)) == NULL) return NULL
     INTERN(s_stream, "stream"); INTERN(s_gpu, "gpu"); INTERN(s_id, "id"); INTERN(s_ptr, "ptr");
-    INTERN(s_binding, "binding"); INTERN(s_inside, "inside"); INTERN(s_open, "open"); INTERN(s_task_id, "task_id");
+    INTERN(s_binding, "binding"); INTERN(s_inside, "inside"); INTERN(s_task_id, "task_id");
     INTERN(s_get, "get"); INTERN(s_refusal, "refusal"); INTERN(s_insert, "insert"); INTERN(s_pop, "pop");
     INTERN(s_refusal_many, "refusal_many"); INTERN(s_free, "free"); INTERN(s_allocate, "allocate");
     INTERN(s_free_many, "free_many"); INTERN(s_launch, "launch"); INTERN(s_record, "record");

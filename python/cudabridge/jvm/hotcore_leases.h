@@ -37,55 +37,34 @@ static PyObject *lookup_lease(HotCore *self, PyObject *task) {
     return lease;
 }
 
-/* Remove one occurrence of this thread's ident from lease.inside (TaskLeases.leave). Keeps
- * any error already raised. */
+/* Leave (TaskLeases.leave): remove one occurrence of this thread's ident from lease.inside,
+ * keeping any error already raised (lease_protocol.h's step; a failed removal is dropped: the way
+ * out carries its own result). */
 static void leave_lease(PyObject *inside, unsigned long ident) {
     PyObject *et, *ev, *etb;
     PyErr_Fetch(&et, &ev, &etb);
-    for (Py_ssize_t i = PyList_GET_SIZE(inside) - 1; i >= 0; i--) {
-        PyObject *item = PyList_GET_ITEM(inside, i);
-        if (PyLong_CheckExact(item) && PyLong_AsUnsignedLong(item) == ident) {
-            if (PyList_SetSlice(inside, i, i + 1, NULL) < 0) PyErr_Clear();
-            break;
-        }
-        if (PyErr_Occurred()) PyErr_Clear();
-    }
+    if (lease_leave(inside, ident) < 0) PyErr_Clear();
     PyErr_Restore(et, ev, etb);
 }
 
 /* The lease protocol's enter (TaskLeases.enter), the guard every operation that queues work for
- * a task passes: look the lease up, append this thread's ident to lease.inside, then read
- * lease.open. Returns 0 inside, with new references in *lease and *inside (leave with
- * leave_lease(*inside, *ident), then drop both); -1 with the error raised and nothing held: not
- * bound (leases.refusal(task, None)), its release begun (leases.refusal(task, lease)), or the
- * protocol's objects not as documented. */
+ * a task passes: look the lease up, then join it (lease_protocol.h: append this thread's ident to
+ * lease.inside, then read lease.open). Returns 0 inside, with new references in *lease and *inside
+ * (leave with leave_lease(*inside, *ident), then drop both); -1 with the error raised and nothing
+ * held: not bound (leases.refusal(task, None)), its release begun (leases.refusal(task, lease)),
+ * or the protocol's objects not as documented. */
 static int enter_lease(HotCore *self, PyObject *task, PyObject **lease, PyObject **inside, unsigned long *ident) {
     PyObject *l = lookup_lease(self, task);
     if (l == NULL) return -1;
-    PyObject *in = PyObject_GetAttr(l, s_inside);
-    if (in == NULL || !PyList_CheckExact(in)) {
-        if (in != NULL)
-            PyErr_Format(PyExc_TypeError, "the lease protocol: lease.inside must be a list, got %R", in);
-        Py_XDECREF(in);
-        Py_DECREF(l);
-        return -1;
-    }
-    unsigned long me_id = PyThread_get_thread_ident();
-    PyObject *me = PyLong_FromUnsignedLong(me_id);
-    if (me == NULL || PyList_Append(in, me) < 0) {
-        Py_XDECREF(me);
-        Py_DECREF(in);
-        Py_DECREF(l);
-        return -1;
-    }
-    Py_DECREF(me);
-    PyObject *open = PyObject_GetAttr(l, s_open);
-    int is_open = open ? PyObject_IsTrue(open) : -1;
-    Py_XDECREF(open);
-    if (is_open <= 0) {   /* an error, or the release has begun (the task may be bound again since) */
-        leave_lease(in, me_id);
-        if (is_open == 0) refuse_task(self, task, l);
-        Py_DECREF(in);
+    PyObject *in = NULL;
+    unsigned long me_id = 0;
+    int joined = lease_join(l, &in, &me_id);
+    if (joined <= 0) {   /* an error, or the release has begun (the task may be bound again since) */
+        if (joined == 0) {
+            leave_lease(in, me_id);
+            refuse_task(self, task, l);
+            Py_DECREF(in);
+        }
         Py_DECREF(l);
         return -1;
     }

@@ -65,6 +65,20 @@ ALLOCATOR_PARTS = {
 # not the headers' assertions); the C paths are built as they were measured (bench/RESULTS.md).
 COMPILE_ARGS = ("-O2", "-UNDEBUG", "-Wall", "-Werror=implicit-function-declaration")
 LIBRARIES = ("dl",)
+# Headers every C twin may include (lease_protocol.h): the package directory is on each one's
+# include path, and its headers are inputs of each build.
+SHARED_INCLUDE = PACKAGE_DIR
+
+
+def inputs(source: Path) -> list[Path]:
+    """What a build of ``source`` depends on: the source, the headers beside it
+    (jvm/cuda_driver.h, ...) and the shared ones."""
+    here = source.resolve().parent
+    return [source, *sorted(source.parent.glob("*.h")), *(sorted(SHARED_INCLUDE.glob("*.h")) if here != SHARED_INCLUDE else [])]
+
+
+def include_dirs(source: Path) -> list[Path]:
+    return [source.parent] if source.resolve().parent == SHARED_INCLUDE else [source.parent, SHARED_INCLUDE]
 
 
 def target(source: Path = SOURCE) -> Path:
@@ -88,12 +102,11 @@ def build(force: bool = False, cc: str | None = None, source: Path = SOURCE) -> 
     """Compile the extension next to its source (if older than the source, or ``force``). The
     Java hot path's ``cudabridge/jvm/_hotcore.c`` is built the same way (``source=``)."""
     out = target(source)
-    inputs = [source, *source.parent.glob("*.h")]   # the headers beside it (jvm/cuda_driver.h, ...)
-    if not force and out.exists() and all(out.stat().st_mtime >= p.stat().st_mtime for p in inputs):
+    if not force and out.exists() and all(out.stat().st_mtime >= p.stat().st_mtime for p in inputs(source)):
         return out
     cc = cc or (os.environ.get("CXX") or "g++" if source.suffix == ".cpp" else os.environ.get("CC") or "gcc")
     include = sysconfig.get_paths()["include"]
-    cmd = [*shlex.split(cc), *COMPILE_ARGS, "-fPIC", "-shared", f"-I{include}", f"-I{source.parent}", str(source),
+    cmd = [*shlex.split(cc), *COMPILE_ARGS, "-fPIC", "-shared", f"-I{include}", *(f"-I{d}" for d in include_dirs(source)), str(source),
            "-o", str(out) + ".tmp", *(f"-l{lib}" for lib in LIBRARIES)]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True)
