@@ -93,6 +93,8 @@ def test_numba_allocates_from_the_pool_and_launches_on_the_tasks_stream():
         import numpy as np
         from numba import cuda
         from cudabridge.allocators import numba as cb_numba
+        if not hasattr(np, "row_stack"):   # numba-cuda 0.30 compiles every kernel through np.row_stack,
+            np.row_stack = np.vstack       # which NumPy 2.4 removed (the GPU machine's image has both)
         allocator = cb_numba.install(service)
         b = service.bind_task(3)
         @cuda.jit
