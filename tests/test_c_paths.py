@@ -79,3 +79,16 @@ def test_no_tracked_file_is_one_git_ignores():
                          capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stderr
     assert run.stdout.split() == [], f"tracked files git ignores: {run.stdout.split()}"
+
+
+def test_dev_setup_rebuilds_when_any_native_source_changes():
+    """./dev/setup reinstalls only when a build input is newer than its stamp: every kind of source
+    setup.py compiles must be among the names it looks at (a changed .cpp once went unbuilt)."""
+    import re
+
+    root = native.PACKAGE_DIR.parent.parent
+    text = (root / "dev" / "setup").read_text()
+    watched = {m for m in re.findall(r"-name '\*(\.[a-z]+)'", text)}
+    sources = [native.PACKAGE_DIR / p.source for p in (*native.EXTENSIONS.values(), *native.ALLOCATOR_PARTS.values())]
+    needed = {p.suffix for p in sources} | {p.suffix for s in sources for p in native.inputs(s)}
+    assert needed <= watched, f"dev/setup does not look at {sorted(needed - watched)}"
