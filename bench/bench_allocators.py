@@ -3,7 +3,10 @@
     python bench/bench_allocators.py [--backend cuda|emulated] [--rounds 5] [--steps 30] [--out DIR]
 
 * The plug-ins' own layer, on either backend: the allocation pair through a LibraryAllocator
-  against the pool's own pair, on a task's thread and stream.
+  against the pool's own pair, on a task's thread and stream; and the pair through torch's
+  compiled part called from C++ as torch calls it (tests/native/pluggable_caller.cpp, built with
+  g++), from a Python thread and from a new native thread with no Python thread state (as
+  autograd's device threads allocate), naming the task's stream.
 
 * CuPy, in this process: a step of elementwise chains and reductions over 1, 4, 16 and 64 MiB
   arrays (many temporaries) on the task's stream, with CuPy's own memory pool against
@@ -77,10 +80,46 @@ def layer_rounds(report: Report, backend: str, rounds: int, pairs: int) -> None:
         allocator.drain()
         return (time.perf_counter() - t0) / pairs * 1e6
 
-    res = interleave({"pool": pool_pair, "plug-in": plugin_pair}, rounds=rounds)
+    # torch's compiled part called as torch calls it (C++ function pointers, no GIL held), through
+    # the tests' caller (tests/native/pluggable_caller.cpp): from this Python thread, and from a new
+    # native thread with no Python thread state (as autograd's device threads), naming the task's
+    # stream; the torch plug-in's own allocator, connected to the part
+    import tempfile
+    import ctypes
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    from cudabridge.allocators import torch as cb_torch
+    from standin_torch import build_caller
+
+    cb_torch.attach(service)
+    fn = cb_torch.compiled_part().addresses()
+    with tempfile.TemporaryDirectory() as tmp:
+        caller = build_caller(Path(tmp))
+    err = ctypes.create_string_buffer(256)
+
+    def torch_part_pair() -> float:
+        t0 = time.perf_counter()
+        for _ in range(pairs):
+            p = caller.caller_alloc(fn["alloc"], MIB, 0, b.stream, err, len(err))
+            caller.caller_free(fn["free"], p, MIB, 0, b.stream)
+        return (time.perf_counter() - t0) / pairs * 1e6
+
+    def torch_part_native_thread_pair() -> float:
+        took = caller.caller_pairs_on_new_thread(fn["alloc"], fn["free"], MIB, 0, b.stream, pairs, err, len(err))
+        if took < 0:
+            raise RuntimeError(err.value.decode())
+        return took / 1e3 / pairs
+
+    res = interleave({"pool": pool_pair, "plug-in": plugin_pair, "torch part": torch_part_pair,
+                      "torch part, a native thread": torch_part_native_thread_pair}, rounds=rounds)
     report.values_of(res, "pool", "us", better="lower")
     report.values_of(res, "plug-in", "us", better="lower")
     report.ratio_of("pair: plug-in / pool", res, "plug-in", "pool", better="lower")
+    report.values_of(res, "torch part", "us", better="lower")
+    report.values_of(res, "torch part, a native thread", "us", better="lower")
+    report.ratio_of("pair: torch part, a native thread / pool", res, "torch part, a native thread", "pool",
+                    better="lower")
+    cb_torch.detach()
     service.registry.detach()
     service.release_task(1)
     service.close()

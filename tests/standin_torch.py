@@ -33,6 +33,8 @@ def build_caller(out_dir: Path) -> ctypes.CDLL:
     lib.caller_record_stream.argtypes = [vp, vp, vp, ctypes.c_char_p, sz]
     lib.caller_reset.restype = None
     lib.caller_reset.argtypes = [vp]
+    lib.caller_pairs_on_new_thread.restype = ctypes.c_longlong
+    lib.caller_pairs_on_new_thread.argtypes = [vp, vp, sz, ctypes.c_int, vp, ctypes.c_int, ctypes.c_char_p, sz]
     return lib
 
 
@@ -74,6 +76,16 @@ class StandinTorch:
         err = ctypes.create_string_buffer(1024)
         if self._caller.caller_record_stream(self._fn["record_stream"], t.data_ptr, stream, err, len(err)) != 0:
             raise RuntimeError(err.value.decode())
+
+    def pairs_on_new_thread(self, nbytes: int, stream: int, pairs: int) -> float:
+        """``pairs`` allocations, each freed at once, on a new native thread with no Python thread
+        state (as autograd's device threads allocate): the seconds they took."""
+        err = ctypes.create_string_buffer(1024)
+        took = self._caller.caller_pairs_on_new_thread(self._fn["alloc"], self._fn["free"], nbytes, self._device,
+                                                       stream, pairs, err, len(err))
+        if took < 0:
+            raise RuntimeError(err.value.decode())
+        return took / 1e9
 
     def empty_cache(self) -> None:
         self._caller.caller_reset(self._fn["reset"])

@@ -1,7 +1,8 @@
 /*
- * _library_core.c: the C twin of LibraryAllocator's allocation (library_allocator.py), so that a
- * library's allocation reaches the pool's C fast path with no Python frame between: PyTorch's
- * compiled part calls allocate_pointer here straight from C++, CuPy's callable calls allocate.
+ * _library_core.c: the C twin of LibraryAllocator's allocation and frees (library_allocator.py),
+ * so that a library's allocation reaches the pool's C fast path with no Python frame between:
+ * PyTorch's compiled part calls allocate_pointer and free_pointer here straight from C++, CuPy's
+ * callable calls allocate and its owner's finalizer free; drain makes the queued frees.
  *
  * The Python methods are the reference: this twin takes the common case (a thread attached to a
  * bound task, on its GPU, no frees queued, a stream the pool accepts) and hands every other call,
@@ -41,17 +42,20 @@ typedef struct {
     PyObject *frees_made;      /* itertools.count of frees made */
     PyObject *after_reclaim;   /* itertools.count of frees of reclaimed memory, dropped */
     PyObject *drain_ref;       /* the reference drain (bound): a free that fails otherwise goes there */
+    PyObject *set_aside;       /* dict: address -> allocation held back for it (LibraryAllocator._set_aside) */
+    PyObject *free_pointer_ref;/* the reference free_pointer (bound): what the twin does not take */
     int closed;
 } LibraryCore;
 
 static PyObject *name_dict, *name_task, *name_binding, *name_ptr, *name_owner, *name_pool, *name_free,
-    *name_popleft, *name_appendleft;
+    *name_popleft, *name_appendleft, *name_append;
 
 static int core_traverse(LibraryCore *self, visitproc visit, void *arg) {
     Py_VISIT(self->pool_allocate); Py_VISIT(self->leases); Py_VISIT(self->local); Py_VISIT(self->by_owner);
     Py_VISIT(self->by_pointer); Py_VISIT(self->frees); Py_VISIT(self->allocated); Py_VISIT(self->allocate_ref);
     Py_VISIT(self->pointer_ref); Py_VISIT(self->hold_back); Py_VISIT(self->unknown_stream);
     Py_VISIT(self->invalid_free); Py_VISIT(self->frees_made); Py_VISIT(self->after_reclaim); Py_VISIT(self->drain_ref);
+    Py_VISIT(self->set_aside); Py_VISIT(self->free_pointer_ref);
     return 0;
 }
 
@@ -60,6 +64,7 @@ static int core_clear(LibraryCore *self) {
     Py_CLEAR(self->by_pointer); Py_CLEAR(self->frees); Py_CLEAR(self->allocated); Py_CLEAR(self->allocate_ref);
     Py_CLEAR(self->pointer_ref); Py_CLEAR(self->hold_back); Py_CLEAR(self->unknown_stream);
     Py_CLEAR(self->invalid_free); Py_CLEAR(self->frees_made); Py_CLEAR(self->after_reclaim); Py_CLEAR(self->drain_ref);
+    Py_CLEAR(self->set_aside); Py_CLEAR(self->free_pointer_ref);
     return 0;
 }
 
@@ -72,17 +77,17 @@ static void core_dealloc(LibraryCore *self) {
 static int core_init(LibraryCore *self, PyObject *args, PyObject *kwds) {
     static char *kw[] = {"pool_allocate", "leases", "local", "by_owner", "by_pointer", "frees", "allocated",
                          "allocate_ref", "pointer_ref", "hold_back", "unknown_stream", "invalid_free", "frees_made",
-                         "after_reclaim", "drain_ref", NULL};
-    PyObject *pa, *le, *lo, *bo, *bp, *fr, *al, *ar, *pr, *hb, *us, *inf, *fm, *afr, *dr;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!O!OO!O!OOOOOOOOOO", kw, &PyDict_Type, &pa, &PyDict_Type, &le,
+                         "after_reclaim", "drain_ref", "set_aside", "free_pointer_ref", NULL};
+    PyObject *pa, *le, *lo, *bo, *bp, *fr, *al, *ar, *pr, *hb, *us, *inf, *fm, *afr, *dr, *sa, *fpr;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!O!OO!O!OOOOOOOOOOO!O", kw, &PyDict_Type, &pa, &PyDict_Type, &le,
                                      &lo, &PyDict_Type, &bo, &PyDict_Type, &bp, &fr, &al, &ar, &pr, &hb, &us, &inf, &fm,
-                                     &afr, &dr))
+                                     &afr, &dr, &PyDict_Type, &sa, &fpr))
         return -1;
 #define KEEP(field, v) do { Py_INCREF(v); Py_XSETREF(self->field, v); } while (0)
     KEEP(pool_allocate, pa); KEEP(leases, le); KEEP(local, lo); KEEP(by_owner, bo); KEEP(by_pointer, bp);
     KEEP(frees, fr); KEEP(allocated, al); KEEP(allocate_ref, ar); KEEP(pointer_ref, pr); KEEP(hold_back, hb);
     KEEP(unknown_stream, us); KEEP(invalid_free, inf); KEEP(frees_made, fm); KEEP(after_reclaim, afr);
-    KEEP(drain_ref, dr);
+    KEEP(drain_ref, dr); KEEP(set_aside, sa); KEEP(free_pointer_ref, fpr);
 #undef KEEP
     self->closed = 0;
     return 0;
@@ -353,6 +358,50 @@ static PyObject *core_allocate_pointer(LibraryCore *self, PyObject *const *args,
     return ptr;
 }
 
+/* Queues (a, counted) for the next drain: one deque append, no lock (safe in a finalizer, on any
+ * thread, inside the pool's own calls). 0, or -1 with an error. */
+static int queue_free(LibraryCore *self, PyObject *a, PyObject *counted) {
+    PyObject *item = PyTuple_Pack(2, a, counted);
+    PyObject *r = item == NULL ? NULL : PyObject_CallMethodOneArg(self->frees, name_append, item);
+    Py_XDECREF(item);
+    if (r == NULL) return -1;
+    Py_DECREF(r);
+    return 0;
+}
+
+/* free(a): LibraryAllocator.free. */
+static PyObject *core_free(LibraryCore *self, PyObject *a) {
+    if (queue_free(self, a, Py_True) < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+/* free_pointer(ptr): LibraryAllocator.free_pointer. An address it does not hold goes to the
+ * reference, which raises InvalidFree and changes nothing. */
+static PyObject *core_free_pointer(LibraryCore *self, PyObject *ptr) {
+    PyObject *a = PyDict_GetItemWithError(self->by_pointer, ptr);   /* borrowed */
+    if (a == NULL) {
+        if (PyErr_Occurred()) return NULL;
+        return PyObject_CallOneArg(self->free_pointer_ref, ptr);
+    }
+    Py_INCREF(a);
+    if (PyDict_DelItem(self->by_pointer, ptr) < 0 || queue_free(self, a, Py_True) < 0) {
+        Py_DECREF(a);
+        return NULL;
+    }
+    Py_DECREF(a);
+    PyObject *held = PyDict_GetItemWithError(self->set_aside, ptr);   /* borrowed */
+    if (held == NULL) {
+        if (PyErr_Occurred()) return NULL;
+        Py_RETURN_NONE;
+    }
+    /* the late free of a reclaimed one: what was held back for it goes back */
+    Py_INCREF(held);
+    int rc = PyDict_DelItem(self->set_aside, ptr) < 0 ? -1 : queue_free(self, held, Py_False);
+    Py_DECREF(held);
+    if (rc < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
 static PyObject *core_close(LibraryCore *self, PyObject *unused) {
     (void)unused;
     self->closed = 1;   /* every later call goes to the reference, which refuses it */
@@ -365,6 +414,8 @@ static PyMethodDef core_methods[] = {
     {"allocate_pointer", (PyCFunction)(void (*)(void))core_allocate_pointer, METH_FASTCALL | METH_KEYWORDS,
      "allocate_pointer(size, device, stream=None) -> int (LibraryAllocator.allocate_pointer)"},
     {"drain", (PyCFunction)core_drain, METH_NOARGS, "drain() -> int (LibraryAllocator.drain)"},
+    {"free", (PyCFunction)core_free, METH_O, "free(allocation): queued (LibraryAllocator.free)"},
+    {"free_pointer", (PyCFunction)core_free_pointer, METH_O, "free_pointer(ptr): queued (LibraryAllocator.free_pointer)"},
     {"close", (PyCFunction)core_close, METH_NOARGS, "close(): every later call goes to the reference"},
     {NULL, NULL, 0, NULL},
 };
@@ -396,8 +447,9 @@ PyMODINIT_FUNC PyInit__library_core(void) {
     name_free = PyUnicode_InternFromString("free");
     name_popleft = PyUnicode_InternFromString("popleft");
     name_appendleft = PyUnicode_InternFromString("appendleft");
+    name_append = PyUnicode_InternFromString("append");
     if (!name_dict || !name_task || !name_binding || !name_ptr || !name_owner || !name_pool || !name_free ||
-        !name_popleft || !name_appendleft)
+        !name_popleft || !name_appendleft || !name_append)
         return NULL;
     if (PyType_Ready(&LibraryCoreType) < 0) return NULL;
     PyObject *m = PyModule_Create(&library_core_module);

@@ -17,7 +17,8 @@
  *
  * Invariants:
  *  - torch calls these with or without the GIL, from any thread (autograd's included): each call
- *    takes it with PyGILState_Ensure and gives it back before returning or throwing;
+ *    takes it with PyGILState_Ensure and gives it back before returning or throwing; a thread
+ *    with no Python thread state of its own gets one at its first call, kept until it ends;
  *  - free never throws (torch calls it from destructors): a failure there is written with
  *    PyErr_WriteUnraisable and the memory stays with the pool (reclaimed at its task's release,
  *    or at close);
@@ -32,8 +33,44 @@
 #include <string>
 
 static PyObject *g_alloc, *g_free, *g_record, *g_reset;   // strong references, set by connect(); GIL
+static PyInterpreterState *g_interp;   // the interpreter this module was imported into
 
 namespace {
+
+bool interpreter_ending() {
+#if PY_VERSION_HEX >= 0x030D0000
+    return !Py_IsInitialized() || Py_IsFinalizing();
+#else
+    return !Py_IsInitialized() || _Py_IsFinalizing();
+#endif
+}
+
+// The Python thread state of a thread that has none of its own (autograd's device threads, any
+// C++ thread of torch's or the user's), made at its first call and kept until the thread ends.
+// Without it, PyGILState_Ensure would make one and PyGILState_Release destroy it again on every
+// call: a thread state's allocation, its registration with the interpreter and its teardown per
+// allocation and per free. Made with PyThreadState_New, which leaves it bound to the thread with
+// a count of one: Ensure and Release then only take and give back the GIL.
+struct KeptThreadState {
+    PyThreadState *ts = nullptr;
+    ~KeptThreadState() {
+        if (ts == nullptr || interpreter_ending()) return;   // at the interpreter's end: left to it
+        PyEval_RestoreThread(ts);
+        PyThreadState_Clear(ts);
+        PyThreadState_DeleteCurrent();
+    }
+};
+thread_local KeptThreadState t_kept;
+
+// The GIL for this call, on the thread's own thread state or the kept one.
+PyGILState_STATE take_gil() {
+    if (t_kept.ts == nullptr && g_interp != nullptr && PyGILState_GetThisThreadState() == nullptr)
+        t_kept.ts = PyThreadState_New(g_interp);   // needs no GIL; NULL (out of memory): Ensure makes one
+    return PyGILState_Ensure();
+}
+
+// A C size or pointer as a Python int (new reference, or NULL with an error). GIL held.
+PyObject *as_int(uintptr_t v) { return PyLong_FromSize_t((size_t)v); }
 
 // The pending Python error as one line ("Type: message"), cleared. GIL held.
 std::string take_error() {
@@ -63,14 +100,16 @@ extern "C" {
 
 __attribute__((visibility("default"))) void *cb_torch_alloc(size_t size, int device, void *stream) {
     if (size == 0) return nullptr;   // as torch's own allocator: no memory, no call
-    PyGILState_STATE st = PyGILState_Ensure();
+    PyGILState_STATE st = take_gil();
     if (g_alloc == nullptr) {
         PyGILState_Release(st);
         throw std::runtime_error("cudabridge torch allocator: not connected to a service (cudabridge.allocators.torch.install)");
     }
     PyObject *fn = g_alloc;
     Py_INCREF(fn);
-    PyObject *r = PyObject_CallFunction(fn, "nin", (Py_ssize_t)size, device, (Py_ssize_t)(uintptr_t)stream);
+    PyObject *args[3] = {as_int(size), PyLong_FromLong(device), as_int((uintptr_t)stream)};
+    PyObject *r = args[0] && args[1] && args[2] ? PyObject_Vectorcall(fn, args, 3, nullptr) : nullptr;
+    for (PyObject *a : args) Py_XDECREF(a);
     Py_DECREF(fn);
     void *ptr = nullptr;
     std::string why;
@@ -91,11 +130,13 @@ __attribute__((visibility("default"))) void cb_torch_free(void *ptr, size_t size
     (void)device;
     (void)stream;   // the allocation knows its stream, and any recorded since
     if (ptr == nullptr) return;
-    PyGILState_STATE st = PyGILState_Ensure();
+    PyGILState_STATE st = take_gil();
     if (g_free != nullptr) {
         PyObject *fn = g_free;
         Py_INCREF(fn);   // a disconnect inside the call must not free the callable under it
-        PyObject *r = PyObject_CallFunction(fn, "n", (Py_ssize_t)(uintptr_t)ptr);
+        PyObject *p = as_int((uintptr_t)ptr);
+        PyObject *r = p != nullptr ? PyObject_CallOneArg(fn, p) : nullptr;
+        Py_XDECREF(p);
         if (r == nullptr) PyErr_WriteUnraisable(fn);
         Py_XDECREF(r);
         Py_DECREF(fn);
@@ -105,12 +146,14 @@ __attribute__((visibility("default"))) void cb_torch_free(void *ptr, size_t size
 
 __attribute__((visibility("default"))) void cb_torch_record_stream(void *ptr, void *stream) {
     if (ptr == nullptr) return;
-    PyGILState_STATE st = PyGILState_Ensure();
+    PyGILState_STATE st = take_gil();
     std::string why;
     if (g_record != nullptr) {
         PyObject *fn = g_record;
         Py_INCREF(fn);
-        PyObject *r = PyObject_CallFunction(fn, "nn", (Py_ssize_t)(uintptr_t)ptr, (Py_ssize_t)(uintptr_t)stream);
+        PyObject *args[2] = {as_int((uintptr_t)ptr), as_int((uintptr_t)stream)};
+        PyObject *r = args[0] && args[1] ? PyObject_Vectorcall(fn, args, 2, nullptr) : nullptr;
+        for (PyObject *a : args) Py_XDECREF(a);
         if (r == nullptr) why = take_error();
         Py_XDECREF(r);
         Py_DECREF(fn);
@@ -120,7 +163,7 @@ __attribute__((visibility("default"))) void cb_torch_record_stream(void *ptr, vo
 }
 
 __attribute__((visibility("default"))) void cb_torch_reset(void) {
-    PyGILState_STATE st = PyGILState_Ensure();
+    PyGILState_STATE st = take_gil();
     if (g_reset != nullptr) {
         PyObject *fn = g_reset;
         Py_INCREF(fn);
@@ -191,4 +234,7 @@ static struct PyModuleDef torch_allocator_module = {PyModuleDef_HEAD_INIT, "_tor
                                     "PyTorch's pluggable allocator functions over cudabridge's pools", -1, torch_allocator_methods,
                                     nullptr, nullptr, nullptr, nullptr};
 
-PyMODINIT_FUNC PyInit__torch_allocator(void) { return PyModule_Create(&torch_allocator_module); }
+PyMODINIT_FUNC PyInit__torch_allocator(void) {
+    g_interp = PyInterpreterState_Get();
+    return PyModule_Create(&torch_allocator_module);
+}

@@ -1,5 +1,5 @@
-"""``python -m cudabridge.memory.build_fastpath [--force]``: compile the service's four C
-extensions and the allocator plug-ins' compiled parts in place with gcc and g++ (no setuptools),
+"""``python -m cudabridge.memory.build_fastpath [--force]``: compile the service's C
+extensions (native.EXTENSIONS) and the allocator plug-ins' compiled parts in place with gcc and g++ (no setuptools),
 for a machine with a compiler and a Python but no package index; an install builds them with
 setup.py."""
 
