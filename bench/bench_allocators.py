@@ -110,8 +110,26 @@ def layer_rounds(report: Report, backend: str, rounds: int, pairs: int) -> None:
             raise RuntimeError(err.value.decode())
         return took / 1e3 / pairs
 
+    # CuPy's malloc and its allocations' owner over the tests' stand-in CuPy (standin_libraries.py:
+    # CuPy's interface, Python classes for its memory objects): what our side of CuPy's pair costs
+    from cudabridge.allocators import cupy as cb_cupy
+    from standin_libraries import StandinCupy
+
+    cp = StandinCupy(None)
+    cb_cupy.install(service, module=cp)
+
+    def cupy_standin_pair() -> float:
+        empty = cp.empty
+        with cp.stream(b.stream):
+            t0 = time.perf_counter()
+            for _ in range(pairs):
+                empty(MIB)   # dropped at once: its owner queues the free, the next allocation drains it
+            took = time.perf_counter() - t0
+        return took / pairs * 1e6
+
     res = interleave({"pool": pool_pair, "plug-in": plugin_pair, "torch part": torch_part_pair,
-                      "torch part, a native thread": torch_part_native_thread_pair}, rounds=rounds)
+                      "torch part, a native thread": torch_part_native_thread_pair,
+                      "cupy (stand-in)": cupy_standin_pair}, rounds=rounds)
     report.values_of(res, "pool", "us", better="lower")
     report.values_of(res, "plug-in", "us", better="lower")
     report.ratio_of("pair: plug-in / pool", res, "plug-in", "pool", better="lower")
@@ -119,6 +137,7 @@ def layer_rounds(report: Report, backend: str, rounds: int, pairs: int) -> None:
     report.values_of(res, "torch part, a native thread", "us", better="lower")
     report.ratio_of("pair: torch part, a native thread / pool", res, "torch part, a native thread", "pool",
                     better="lower")
+    report.values_of(res, "cupy (stand-in)", "us", better="lower")
     cb_torch.detach()
     service.registry.detach()
     service.release_task(1)

@@ -186,6 +186,36 @@ def test_a_free_from_a_finalizer_inside_the_pools_locked_slow_path_only_queues(s
     assert allocator.statistics().frees == 1
 
 
+def test_cupys_malloc_is_the_c_twin_on_the_native_path_and_a_failed_wrapping_frees_the_allocation(
+        service, emulated, twin):
+    """The CuPy malloc runs in C where the allocator does (no Python frame of ours per allocation);
+    either way, an allocation CuPy's wrapper refuses goes back at once: nothing leaks, the error
+    reaches CuPy's caller."""
+    cp = StandinCupy(emulated)
+
+    class RefusingUnownedMemory:
+        def __init__(self, ptr, size, owner, device):
+            raise MemoryError("UnownedMemory refused")
+
+    allocator = cb_cupy.install(service, module=cp)
+    assert type(cp._allocator).__name__ == ("CupyMalloc" if twin == "native" else "function")
+    service.bind_task(13)
+    cp.cuda.memory.UnownedMemory = RefusingUnownedMemory
+    allocator = cb_cupy.install(service, module=cp)
+
+    def task():
+        service.registry.attach(13)
+        with pytest.raises(MemoryError, match="refused"):
+            cp.empty(MIB)
+        allocator.drain()
+
+    _in_thread(task)
+    s = allocator.statistics()
+    assert (s.allocations, s.frees, s.in_use_bytes) == (1, 1, 0)
+    assert service.memory_pool(0).owned_by(13) == []
+    assert service.release_task(13).leaks_reclaimed == 0
+
+
 @pytest.mark.parametrize("naive", [False, True], ids=["allocation-stream", "naive-freeing-thread-stream"])
 def test_a_free_on_another_thread_is_ordered_after_the_allocation_stream(tight_service, emulated, naive):
     service = tight_service

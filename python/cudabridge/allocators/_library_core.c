@@ -402,6 +402,8 @@ static PyObject *core_free_pointer(LibraryCore *self, PyObject *ptr) {
     Py_RETURN_NONE;
 }
 
+#include "cupy_malloc.h"   /* CuPy's malloc and its allocations' owner: over allocate_common and queue_free */
+
 static PyObject *core_close(LibraryCore *self, PyObject *unused) {
     (void)unused;
     self->closed = 1;   /* every later call goes to the reference, which refuses it */
@@ -416,6 +418,8 @@ static PyMethodDef core_methods[] = {
     {"drain", (PyCFunction)core_drain, METH_NOARGS, "drain() -> int (LibraryAllocator.drain)"},
     {"free", (PyCFunction)core_free, METH_O, "free(allocation): queued (LibraryAllocator.free)"},
     {"free_pointer", (PyCFunction)core_free_pointer, METH_O, "free_pointer(ptr): queued (LibraryAllocator.free_pointer)"},
+    {"cupy_malloc", (PyCFunction)core_cupy_malloc, METH_VARARGS,
+     "cupy_malloc(allocator, unowned, pointer, get_device, current_stream, reference) -> CuPy's malloc (cupy.py)"},
     {"close", (PyCFunction)core_close, METH_NOARGS, "close(): every later call goes to the reference"},
     {NULL, NULL, 0, NULL},
 };
@@ -457,6 +461,10 @@ PyMODINIT_FUNC PyInit__library_core(void) {
     Py_INCREF(&LibraryCoreType);
     if (PyModule_AddObject(m, "LibraryCore", (PyObject *)&LibraryCoreType) < 0) {
         Py_DECREF(&LibraryCoreType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    if (cupy_malloc_ready(m) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -22,7 +22,9 @@ the callable's frame: CuPy gives a C ``malloc`` no way to fail. ``CFunctionAlloc
 stores whatever address it returns (``self.ptr = _call_malloc(...)``, cupy/cuda/memory.pyx), so
 an allocation the pool refuses (out of memory, a task being released, a stream it does not know)
 would become an array at address 0 with an exception left pending, not an error at the call;
-and its free names only the address. The callable raises CuPy's caller a typed error. What it
+and its free names only the address. The callable raises CuPy's caller a typed error. It is a C
+object where the allocator runs on its C twin (``_library_core.c``'s ``CupyMalloc``, with the
+``CupyOwner`` as the memory's owner): no Python frame of ours per allocation or free. What it
 costs against CuPy's own pool pair is measured by bench/bench_allocators.py.
 """
 
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..memory.native import load as load_native
 from . import allocator_for, import_library
 from .library_allocator import LibraryAllocator, Service
 
@@ -59,7 +62,7 @@ def hand_over(array: Any, task_id: int) -> Any:
     data = getattr(array, "data", None)
     mem = getattr(data, "mem", None)
     owner = getattr(mem, "_owner", None)
-    if owner.__class__ is not _Release:
+    if owner.__class__ not in _OWNERS:
         return None
     a = owner.allocation
     if a is None or a.owner != task_id or data.ptr != a.ptr or not a.alive:
@@ -68,6 +71,10 @@ def hand_over(array: Any, task_id: int) -> Any:
     owner.allocation = None
     return a
 
+
+# The owners of this plug-in's allocations: the reference's, and the C twin's where it is built.
+_core_module = load_native("cudabridge.allocators._library_core")
+_OWNERS = (_Release,) if _core_module is None else (_Release, _core_module.CupyOwner)
 
 # The cupy module install() set the allocator of (task_stream() makes its streams).
 _module: Any = None
@@ -83,7 +90,10 @@ def _import_cupy() -> Any:
 
 
 def make_malloc(allocator: LibraryAllocator, cupy: Any) -> Any:
-    """The callable CuPy calls for each allocation (``size`` -> ``MemoryPointer``)."""
+    """The callable CuPy calls for each allocation (``size`` -> ``MemoryPointer``): the C twin
+    (``_library_core.c``'s ``CupyMalloc``, whose allocations' owner is its ``CupyOwner``) where the
+    allocator runs on its C twin, else the Python ``malloc`` below, which stays its reference (the
+    twin hands it every call it does not take)."""
     memory = cupy.cuda.memory
     unowned, pointer = memory.UnownedMemory, memory.MemoryPointer
     get_device = cupy.cuda.runtime.getDevice
@@ -97,6 +107,9 @@ def make_malloc(allocator: LibraryAllocator, cupy: Any) -> Any:
         a = allocate(size, device, current_stream().ptr)
         return pointer(unowned(a.ptr, a.size, _Release(allocator, a), device), 0)
 
+    core = allocator.core
+    if core is not None:
+        return core.cupy_malloc(allocator, unowned, pointer, get_device, current_stream, malloc)
     return malloc
 
 

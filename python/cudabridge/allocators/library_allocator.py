@@ -145,6 +145,12 @@ class LibraryAllocator:
             self.free_pointer = self._core.free_pointer           # type: ignore[method-assign]
 
     @property
+    def core(self) -> Any:
+        """The C twin (``_library_core.LibraryCore``) these methods run on, or None (the Python
+        path): the library plug-ins build their own C parts over it (cupy.py's malloc)."""
+        return self._core
+
+    @property
     def fast_path(self) -> str:
         """"native" (the C twin) or "python"."""
         return "python" if self._core is None else "native"
