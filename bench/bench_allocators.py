@@ -5,8 +5,9 @@
 * The plug-ins' own layer, on either backend: the allocation pair through a LibraryAllocator
   against the pool's own pair, on a task's thread and stream; and the pair through torch's
   compiled part called from C++ as torch calls it (tests/native/pluggable_caller.cpp, built with
-  g++), from a Python thread and from a new native thread with no Python thread state (as
-  autograd's device threads allocate), naming the task's stream.
+  g++), from a Python thread, from a new native thread that keeps a Python thread state with the
+  GIL given back (as autograd's device threads do), and from one with none (a user's C++ thread),
+  naming the task's stream.
 
 * CuPy, in this process: a step of elementwise chains and reductions over 1, 4, 16 and 64 MiB
   arrays (many temporaries) on the task's stream, with CuPy's own memory pool against
@@ -36,6 +37,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 from rounds import Report, interleave, library_path
 
@@ -104,11 +106,14 @@ def layer_rounds(report: Report, backend: str, rounds: int, pairs: int) -> None:
             caller.caller_free(fn["free"], p, MIB, 0, b.stream)
         return (time.perf_counter() - t0) / pairs * 1e6
 
-    def torch_part_native_thread_pair() -> float:
-        took = caller.caller_pairs_on_new_thread(fn["alloc"], fn["free"], MIB, 0, b.stream, pairs, err, len(err))
-        if took < 0:
-            raise RuntimeError(err.value.decode())
-        return took / 1e3 / pairs
+    def on_new_thread(python_state: int) -> Callable[[], float]:
+        def pair() -> float:
+            took = caller.caller_pairs_on_new_thread(fn["alloc"], fn["free"], MIB, 0, b.stream, pairs, python_state,
+                                                     err, len(err))
+            if took < 0:
+                raise RuntimeError(err.value.decode())
+            return took / 1e3 / pairs
+        return pair
 
     # CuPy's malloc and its allocations' owner over the tests' stand-in CuPy (standin_libraries.py:
     # CuPy's interface, Python classes for its memory objects): what our side of CuPy's pair costs
@@ -128,15 +133,17 @@ def layer_rounds(report: Report, backend: str, rounds: int, pairs: int) -> None:
         return took / pairs * 1e6
 
     res = interleave({"pool": pool_pair, "plug-in": plugin_pair, "torch part": torch_part_pair,
-                      "torch part, a native thread": torch_part_native_thread_pair,
+                      "torch part, an autograd-like thread": on_new_thread(1),
+                      "torch part, a thread with no Python state": on_new_thread(0),
                       "cupy (stand-in)": cupy_standin_pair}, rounds=rounds)
     report.values_of(res, "pool", "us", better="lower")
     report.values_of(res, "plug-in", "us", better="lower")
     report.ratio_of("pair: plug-in / pool", res, "plug-in", "pool", better="lower")
     report.values_of(res, "torch part", "us", better="lower")
-    report.values_of(res, "torch part, a native thread", "us", better="lower")
-    report.ratio_of("pair: torch part, a native thread / pool", res, "torch part, a native thread", "pool",
-                    better="lower")
+    report.values_of(res, "torch part, an autograd-like thread", "us", better="lower")
+    report.values_of(res, "torch part, a thread with no Python state", "us", better="lower")
+    report.ratio_of("pair: torch part, an autograd-like thread / pool", res, "torch part, an autograd-like thread",
+                    "pool", better="lower")
     report.values_of(res, "cupy (stand-in)", "us", better="lower")
     cb_torch.detach()
     service.registry.detach()

@@ -34,7 +34,8 @@ def build_caller(out_dir: Path) -> ctypes.CDLL:
     lib.caller_reset.restype = None
     lib.caller_reset.argtypes = [vp]
     lib.caller_pairs_on_new_thread.restype = ctypes.c_longlong
-    lib.caller_pairs_on_new_thread.argtypes = [vp, vp, sz, ctypes.c_int, vp, ctypes.c_int, ctypes.c_char_p, sz]
+    lib.caller_pairs_on_new_thread.argtypes = [vp, vp, sz, ctypes.c_int, vp, ctypes.c_int, ctypes.c_int, ctypes.c_char_p,
+                                               sz]
     return lib
 
 
@@ -77,12 +78,13 @@ class StandinTorch:
         if self._caller.caller_record_stream(self._fn["record_stream"], t.data_ptr, stream, err, len(err)) != 0:
             raise RuntimeError(err.value.decode())
 
-    def pairs_on_new_thread(self, nbytes: int, stream: int, pairs: int) -> float:
-        """``pairs`` allocations, each freed at once, on a new native thread with no Python thread
-        state (as autograd's device threads allocate): the seconds they took."""
+    def pairs_on_new_thread(self, nbytes: int, stream: int, pairs: int, python_state: bool) -> float:
+        """``pairs`` allocations, each freed at once, on a new native thread: with a Python thread
+        state kept for its life (as PyTorch's autograd device threads), or none (a user's C++
+        thread). The seconds they took."""
         err = ctypes.create_string_buffer(1024)
         took = self._caller.caller_pairs_on_new_thread(self._fn["alloc"], self._fn["free"], nbytes, self._device,
-                                                       stream, pairs, err, len(err))
+                                                       stream, pairs, int(python_state), err, len(err))
         if took < 0:
             raise RuntimeError(err.value.decode())
         return took / 1e9

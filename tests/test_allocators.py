@@ -302,46 +302,39 @@ def test_torch_autograd_threads_allocate_for_the_task_whose_stream_they_name(ser
     assert (s.leaks_reclaimed, s.frees_after_reclaim) == (1, 1)
 
 
-def test_a_native_thread_allocates_for_the_task_whose_stream_it_names(service, torch_standin):
-    """Autograd's device threads have no Python thread state: the compiled part gives them one."""
+def test_a_stream_two_tasks_share_names_no_task_and_the_allocation_is_the_executors(service, torch_standin):
+    """Four pool streams, five tasks: the fifth shares the first's stream (round-robin). An
+    unattached thread naming that stream allocates for no task (the executor's); naming another
+    task's own stream, for that task. Both twins alike."""
+    bindings = [service.bind_task(t) for t in range(20, 25)]
+    by_stream: dict[int, list[int]] = {}
+    for b in bindings:
+        by_stream.setdefault(b.stream, []).append(b.task_id)
+    shared = next(s for s, tasks in by_stream.items() if len(tasks) == 2)
+    single, (owner,) = next((s, tasks) for s, tasks in by_stream.items() if len(tasks) == 1)
+    allocator = service.library_allocators["torch"]
+    torch_standin.set_stream(shared)
+    t1 = torch_standin.empty(MIB)
+    assert allocator.statistics().allocations_outside_tasks == 1
+    torch_standin.set_stream(single)
+    t2 = torch_standin.empty(MIB)
+    assert [a.ptr for a in service.memory_pool(0).owned_by(owner)] == [t2.data_ptr]
+    assert allocator.statistics().allocations_outside_tasks == 1
+    del t1, t2
+    for b in bindings:
+        service.release_task(b.task_id)
+
+
+@pytest.mark.parametrize("python_state", [True, False], ids=["autograd-like", "no-python-state"])
+def test_a_native_thread_allocates_for_the_task_whose_stream_it_names(service, torch_standin, python_state):
+    """PyTorch calls the part from threads of its own: autograd's device threads, which keep a Python
+    thread state for their life, and any C++ thread, which has none (the part's PyGILState_Ensure
+    makes one per call)."""
     b = service.bind_task(10)
-    torch_standin.pairs_on_new_thread(MIB, b.stream, 50)
+    torch_standin.pairs_on_new_thread(MIB, b.stream, 50, python_state)
     s = service.library_allocators["torch"].statistics()
     assert (s.allocations, s.frees) == (50, 50)
     assert service.release_task(10).leaks_reclaimed == 0
-
-
-def test_a_native_thread_keeps_one_python_thread_state_for_all_its_calls(service, torch_standin):
-    """A thread with no Python thread state of its own gets one at its first call and keeps it until
-    it ends (PyGILState_Ensure alone would make and destroy one per allocation and per free): its
-    threading.local data lives from call to call, and is gone once the thread has ended."""
-    import weakref
-
-    part = cb_torch.compiled_part()
-    local = threading.local()
-    seen: list[bool] = []
-    ended = threading.Event()
-
-    class Marker:
-        pass
-
-    def alloc(size, device, stream):
-        seen.append(hasattr(local, "marker"))
-        if not hasattr(local, "marker"):
-            local.marker = Marker()
-            weakref.finalize(local.marker, ended.set)
-        return 4096 * len(seen)
-
-    def free(ptr):
-        seen.append(hasattr(local, "marker"))
-
-    part.connect(alloc, free, lambda ptr, stream: None, lambda: None)
-    try:
-        torch_standin.pairs_on_new_thread(64, 0, 5)
-    finally:
-        cb_torch.attach(service)
-    assert seen == [False] + [True] * 9, seen
-    assert ended.wait(5), "the thread's state (and its threading.local data) outlived the thread"
 
 
 def test_torch_record_stream_orders_the_free_after_that_stream_too(tight_service, emulated, tmp_path):

@@ -11,7 +11,10 @@
  *    clears open, then waits until inside is empty, so in any interleaving either the joining
  *    thread sees the lease closed or the release sees it inside and waits;
  *  - every join that returned 0 or 1 is matched by one leave on every way out, which removes one
- *    occurrence of the ident (the last: the most recent join of a nested call);
+ *    occurrence of the ident (the last: the most recent join of a nested call). Only exact ints
+ *    match (what every join appends, C or Python's threading.get_ident), compared by value with no
+ *    Python code run, so a stray item in the list can neither raise nor change it during the scan
+ *    (Python's list.remove compares with ==, first match first; for the protocol's items the same);
  *  - the GIL is held throughout; no lock is taken. Each step is one built-in call, so nothing
  *    Python-level runs between the append and the read.
  *

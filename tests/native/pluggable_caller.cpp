@@ -5,6 +5,8 @@
  * Python bindings turn it into RuntimeError. The tests' stand-in for PyTorch builds it with g++
  * (tests/standin_torch.py).
  */
+#include <dlfcn.h>
+
 #include <chrono>
 #include <cstddef>
 #include <cstdio>
@@ -45,22 +47,48 @@ int caller_record_stream(void *fn, void *ptr, void *stream, char *err, size_t er
 
 void caller_reset(void *fn) { reinterpret_cast<reset_fn>(fn)(); }
 
-// `pairs` allocations of `size` bytes, each freed at once, on a new native thread (no Python
-// thread state of its own: as autograd's device threads call torch's allocator), the thread
-// joined before it returns. Returns the nanoseconds the pairs took, or -1 with the first
-// allocation's error in `err`.
+// `pairs` allocations of `size` bytes, each freed at once, on a new native thread, joined before
+// it returns. `python_state` 0: the thread has no Python thread state (a user's C++ thread: each
+// call of the part makes and drops one); 1: it makes one at its start and keeps it, the GIL given
+// back, until it ends, as PyTorch's autograd device threads do (PythonEngine::thread_init's
+// gil_scoped_acquire, then gil_scoped_release); the Python C API is found in the process, which
+// loaded libpython. Returns the nanoseconds the pairs took, or -1 with the first allocation's
+// error in `err`.
 long long caller_pairs_on_new_thread(void *alloc, void *free, size_t size, int device, void *stream, int pairs,
-                                     char *err, size_t errlen) {
+                                     int python_state, char *err, size_t errlen) {
+    typedef int (*ensure_fn)(void);
+    typedef void (*release_fn)(int);
+    typedef void *(*save_fn)(void);
+    typedef void (*restore_fn)(void *);
+    auto ensure = reinterpret_cast<ensure_fn>(dlsym(RTLD_DEFAULT, "PyGILState_Ensure"));
+    auto release = reinterpret_cast<release_fn>(dlsym(RTLD_DEFAULT, "PyGILState_Release"));
+    auto save = reinterpret_cast<save_fn>(dlsym(RTLD_DEFAULT, "PyEval_SaveThread"));
+    auto restore = reinterpret_cast<restore_fn>(dlsym(RTLD_DEFAULT, "PyEval_RestoreThread"));
     long long took = -1;
     err[0] = '\0';
+    if (python_state && !(ensure && release && save && restore)) {
+        snprintf(err, errlen, "the Python C API is not in this process");
+        return -1;
+    }
     std::thread t([&] {
+        int gil = 0;
+        void *saved = nullptr;
+        if (python_state) {
+            gil = ensure();
+            saved = save();
+        }
         auto t0 = std::chrono::steady_clock::now();
         for (int i = 0; i < pairs; i++) {
             void *p = caller_alloc(alloc, size, device, stream, err, errlen);
-            if (err[0] != '\0') return;
+            if (err[0] != '\0') break;
             caller_free(free, p, size, device, stream);
         }
-        took = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
+        if (err[0] == '\0')
+            took = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
+        if (python_state) {
+            restore(saved);
+            release(gil);
+        }
     });
     t.join();
     return took;

@@ -44,6 +44,7 @@ typedef struct {
     PyObject *drain_ref;       /* the reference drain (bound): a free that fails otherwise goes there */
     PyObject *set_aside;       /* dict: address -> allocation held back for it (LibraryAllocator._set_aside) */
     PyObject *free_pointer_ref;/* the reference free_pointer (bound): what the twin does not take */
+    int by_stream;             /* a thread attached to no task allocates for the task whose stream it names */
     int closed;
 } LibraryCore;
 
@@ -77,11 +78,12 @@ static void core_dealloc(LibraryCore *self) {
 static int core_init(LibraryCore *self, PyObject *args, PyObject *kwds) {
     static char *kw[] = {"pool_allocate", "leases", "local", "by_owner", "by_pointer", "frees", "allocated",
                          "allocate_ref", "pointer_ref", "hold_back", "unknown_stream", "invalid_free", "frees_made",
-                         "after_reclaim", "drain_ref", "set_aside", "free_pointer_ref", NULL};
+                         "after_reclaim", "drain_ref", "set_aside", "free_pointer_ref", "by_stream", NULL};
     PyObject *pa, *le, *lo, *bo, *bp, *fr, *al, *ar, *pr, *hb, *us, *inf, *fm, *afr, *dr, *sa, *fpr;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!O!OO!O!OOOOOOOOOOO!O", kw, &PyDict_Type, &pa, &PyDict_Type, &le,
+    int bs = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!O!OO!O!OOOOOOOOOOO!Op", kw, &PyDict_Type, &pa, &PyDict_Type, &le,
                                      &lo, &PyDict_Type, &bo, &PyDict_Type, &bp, &fr, &al, &ar, &pr, &hb, &us, &inf, &fm,
-                                     &afr, &dr, &PyDict_Type, &sa, &fpr))
+                                     &afr, &dr, &PyDict_Type, &sa, &fpr, &bs))
         return -1;
 #define KEEP(field, v) do { Py_INCREF(v); Py_XSETREF(self->field, v); } while (0)
     KEEP(pool_allocate, pa); KEEP(leases, le); KEEP(local, lo); KEEP(by_owner, bo); KEEP(by_pointer, bp);
@@ -89,6 +91,7 @@ static int core_init(LibraryCore *self, PyObject *args, PyObject *kwds) {
     KEEP(unknown_stream, us); KEEP(invalid_free, inf); KEEP(frees_made, fm); KEEP(after_reclaim, afr);
     KEEP(drain_ref, dr); KEEP(set_aside, sa); KEEP(free_pointer_ref, fpr);
 #undef KEEP
+    self->by_stream = bs;
     self->closed = 0;
     return 0;
 }
@@ -197,6 +200,36 @@ static PyObject *core_drain(LibraryCore *self, PyObject *unused) {
 
 #define HAND_OVER 2   /* not taken here: the reference does the whole call */
 
+/* TaskRegistry.task_on_stream(device, stream) over the leases table: the one bound task whose
+ * stream on GPU `device` is `stream` (a new reference), or NULL with no error: none, several (a
+ * stream pool may deal one stream to two tasks), or a lease not as documented. Runs no Python code
+ * (C slots, exact ints), so the table cannot change under the scan. O(tasks bound). */
+static PyObject *task_on_stream(LibraryCore *self, PyObject *device, PyObject *stream) {
+    if (!PyLong_CheckExact(stream)) return NULL;
+    PyObject *found = NULL, *key, *lease;
+    Py_ssize_t pos = 0;
+    while (PyDict_Next(self->leases, &pos, &key, &lease)) {
+        PyObject *b = PyObject_GetAttr(lease, name_binding);
+        int same = -1;
+        if (b != NULL && PyTuple_Check(b) && PyTuple_GET_SIZE(b) >= 4 && PyLong_CheckExact(PyTuple_GET_ITEM(b, 3)) &&
+            PyLong_CheckExact(PyTuple_GET_ITEM(b, 1))) {
+            same = PyObject_RichCompareBool(PyTuple_GET_ITEM(b, 3), stream, Py_EQ);
+            if (same == 1) same = PyObject_RichCompareBool(PyTuple_GET_ITEM(b, 1), device, Py_EQ);
+        }
+        if (same == 1 && found == NULL) {
+            found = Py_NewRef(PyTuple_GET_ITEM(b, 0));
+            same = 0;
+        }
+        Py_XDECREF(b);
+        if (same != 0) {   /* a second task on it, or not as documented: the reference decides */
+            PyErr_Clear();
+            Py_XDECREF(found);
+            return NULL;
+        }
+    }
+    return found;
+}
+
 /* The common case; 0 with *out set, HAND_OVER (nothing changed), or -1 with an error (the pool's). */
 static int allocate_common(LibraryCore *self, PyObject *size, PyObject *device, PyObject *stream, PyObject **out) {
     if (self->closed || !PyLong_CheckExact(device)) return HAND_OVER;
@@ -216,9 +249,11 @@ static int allocate_common(LibraryCore *self, PyObject *size, PyObject *device, 
     }
     int failed;
     PyObject *task = attached_task(self, &failed);
+    if (task == NULL && !failed && self->by_stream && stream != NULL && stream != Py_None)
+        task = task_on_stream(self, device, stream);   /* autograd's threads: the task whose stream they name */
     if (task == NULL) {
         if (failed) PyErr_Clear();
-        return HAND_OVER;   /* the executor's allocation, or a stream-named task: the reference */
+        return HAND_OVER;   /* the executor's allocation (or a stream no one task has): the reference */
     }
     int rc = HAND_OVER;
     PyObject *lease = PyDict_GetItemWithError(self->leases, task);   /* borrowed */
@@ -270,7 +305,7 @@ static int allocate_common(LibraryCore *self, PyObject *size, PyObject *device, 
         goto leave_lease;
     }
     rc = 0;
-leave_lease:
+leave_lease:;   /* a label before a declaration needs a statement until C23 */
     int left = lease_leave(inside, me);
     if (left != 1 && rc != -1) {
         if (left == 0) PyErr_SetString(PyExc_RuntimeError, "library allocator: the thread's lease entry is gone");

@@ -17,8 +17,11 @@
  *
  * Invariants:
  *  - torch calls these with or without the GIL, from any thread (autograd's included): each call
- *    takes it with PyGILState_Ensure and gives it back before returning or throwing; a thread
- *    with no Python thread state of its own gets one at its first call, kept until it ends;
+ *    takes it with PyGILState_Ensure and gives it back before returning or throwing (autograd's
+ *    device threads keep a Python thread state for their life, PyTorch's PythonEngine::thread_init,
+ *    so there Ensure only takes the GIL; a thread with none, a user's C++ thread, gets one made and
+ *    dropped per call: keeping one would need the GIL at the thread's end, which a thread joined
+ *    by a GIL holder, or ending while the interpreter finalizes, cannot take);
  *  - free never throws (torch calls it from destructors): a failure there is written with
  *    PyErr_WriteUnraisable and the memory stays with the pool (reclaimed at its task's release,
  *    or at close);
@@ -33,41 +36,8 @@
 #include <string>
 
 static PyObject *g_alloc, *g_free, *g_record, *g_reset;   // strong references, set by connect(); GIL
-static PyInterpreterState *g_interp;   // the interpreter this module was imported into
 
 namespace {
-
-bool interpreter_ending() {
-#if PY_VERSION_HEX >= 0x030D0000
-    return !Py_IsInitialized() || Py_IsFinalizing();
-#else
-    return !Py_IsInitialized() || _Py_IsFinalizing();
-#endif
-}
-
-// The Python thread state of a thread that has none of its own (autograd's device threads, any
-// C++ thread of torch's or the user's), made at its first call and kept until the thread ends.
-// Without it, PyGILState_Ensure would make one and PyGILState_Release destroy it again on every
-// call: a thread state's allocation, its registration with the interpreter and its teardown per
-// allocation and per free. Made with PyThreadState_New, which leaves it bound to the thread with
-// a count of one: Ensure and Release then only take and give back the GIL.
-struct KeptThreadState {
-    PyThreadState *ts = nullptr;
-    ~KeptThreadState() {
-        if (ts == nullptr || interpreter_ending()) return;   // at the interpreter's end: left to it
-        PyEval_RestoreThread(ts);
-        PyThreadState_Clear(ts);
-        PyThreadState_DeleteCurrent();
-    }
-};
-thread_local KeptThreadState t_kept;
-
-// The GIL for this call, on the thread's own thread state or the kept one.
-PyGILState_STATE take_gil() {
-    if (t_kept.ts == nullptr && g_interp != nullptr && PyGILState_GetThisThreadState() == nullptr)
-        t_kept.ts = PyThreadState_New(g_interp);   // needs no GIL; NULL (out of memory): Ensure makes one
-    return PyGILState_Ensure();
-}
 
 // A C size or pointer as a Python int (new reference, or NULL with an error). GIL held.
 PyObject *as_int(uintptr_t v) { return PyLong_FromSize_t((size_t)v); }
@@ -100,7 +70,7 @@ extern "C" {
 
 __attribute__((visibility("default"))) void *cb_torch_alloc(size_t size, int device, void *stream) {
     if (size == 0) return nullptr;   // as torch's own allocator: no memory, no call
-    PyGILState_STATE st = take_gil();
+    PyGILState_STATE st = PyGILState_Ensure();
     if (g_alloc == nullptr) {
         PyGILState_Release(st);
         throw std::runtime_error("cudabridge torch allocator: not connected to a service (cudabridge.allocators.torch.install)");
@@ -130,7 +100,7 @@ __attribute__((visibility("default"))) void cb_torch_free(void *ptr, size_t size
     (void)device;
     (void)stream;   // the allocation knows its stream, and any recorded since
     if (ptr == nullptr) return;
-    PyGILState_STATE st = take_gil();
+    PyGILState_STATE st = PyGILState_Ensure();
     if (g_free != nullptr) {
         PyObject *fn = g_free;
         Py_INCREF(fn);   // a disconnect inside the call must not free the callable under it
@@ -146,7 +116,7 @@ __attribute__((visibility("default"))) void cb_torch_free(void *ptr, size_t size
 
 __attribute__((visibility("default"))) void cb_torch_record_stream(void *ptr, void *stream) {
     if (ptr == nullptr) return;
-    PyGILState_STATE st = take_gil();
+    PyGILState_STATE st = PyGILState_Ensure();
     std::string why;
     if (g_record != nullptr) {
         PyObject *fn = g_record;
@@ -163,7 +133,7 @@ __attribute__((visibility("default"))) void cb_torch_record_stream(void *ptr, vo
 }
 
 __attribute__((visibility("default"))) void cb_torch_reset(void) {
-    PyGILState_STATE st = take_gil();
+    PyGILState_STATE st = PyGILState_Ensure();
     if (g_reset != nullptr) {
         PyObject *fn = g_reset;
         Py_INCREF(fn);
@@ -234,7 +204,4 @@ static struct PyModuleDef torch_allocator_module = {PyModuleDef_HEAD_INIT, "_tor
                                     "PyTorch's pluggable allocator functions over cudabridge's pools", -1, torch_allocator_methods,
                                     nullptr, nullptr, nullptr, nullptr};
 
-PyMODINIT_FUNC PyInit__torch_allocator(void) {
-    g_interp = PyInterpreterState_Get();
-    return PyModule_Create(&torch_allocator_module);
-}
+PyMODINIT_FUNC PyInit__torch_allocator(void) { return PyModule_Create(&torch_allocator_module); }

@@ -137,7 +137,7 @@ class LibraryAllocator:
                 pointer_ref=cls.allocate_pointer.__get__(self, cls), hold_back=self._hold_back,
                 unknown_stream=UnknownStream, invalid_free=(InvalidFree, PoolClosed), frees_made=self._frees_made,
                 after_reclaim=self._after_reclaim, drain_ref=cls.drain.__get__(self, cls), set_aside=self._set_aside,
-                free_pointer_ref=cls.free_pointer.__get__(self, cls))
+                free_pointer_ref=cls.free_pointer.__get__(self, cls), by_stream=by_stream)
             self.allocate = self._core.allocate                   # type: ignore[method-assign]
             self.allocate_pointer = self._core.allocate_pointer   # type: ignore[method-assign]
             self.drain = self._core.drain                         # type: ignore[method-assign]

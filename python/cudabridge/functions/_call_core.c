@@ -239,7 +239,7 @@ detach:
     Py_DECREF(contexts);
     if (PyDict_SetItem(d, name_task, previous) < 0 && r != NULL) Py_CLEAR(r);
     out = r;
-leave_lease:
+leave_lease:;   /* a label before a declaration needs a statement until C23 */
     int left = lease_leave(inside, me);
     if (left != 1 && out != NULL) {
         if (left == 0) PyErr_SetString(PyExc_RuntimeError, "function call: the thread's lease entry is gone");
