@@ -216,6 +216,70 @@ def test_cupys_malloc_is_the_c_twin_on_the_native_path_and_a_failed_wrapping_fre
     assert service.release_task(13).leaks_reclaimed == 0
 
 
+def test_hand_over_knows_the_c_owner_even_when_cupy_py_was_imported_with_the_c_paths_off():
+    """cupy.py imported while the switch is off, an allocator made on the C twin later: hand_over
+    must still know that twin's owner (else a Python function's result array is copied, not taken)."""
+    import os
+    import subprocess
+
+    from cudabridge.memory import native
+
+    code = ("from cudabridge.allocators import cupy as cb_cupy; "
+            "print(sorted(t.__name__ for t in cb_cupy._OWNERS))")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), native.ENV_SWITCH: "false"}
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
+    assert run.returncode == 0, run.stderr
+    if native.unavailable():
+        pytest.skip("the C paths are not built here")
+    assert "CupyOwner" in run.stdout and "_Release" in run.stdout, run.stdout
+
+
+def test_a_cupy_free_that_cannot_be_queued_is_reported_once_and_the_process_goes_on(twin):
+    """CuPy drops an array's memory, and its owner's free cannot be queued (the queue's append
+    fails: out of memory): one unraisable report, nothing else. In its own interpreter: before the
+    fix the C owner reported the error against itself while being deallocated, which deallocated it
+    again, until the stack overflowed."""
+    import os
+    import subprocess
+
+    code = f"""
+import collections
+from cudabridge.allocators import cupy as cb_cupy, library_allocator
+from cudabridge.config import ServiceConfig
+from cudabridge.service import CudaBridgeService
+from standin_libraries import StandinCupy
+
+class FlakyQueue(collections.deque):
+    fail = False
+    def append(self, item):
+        if FlakyQueue.fail:
+            raise MemoryError("the queue cannot grow")
+        super().append(item)
+
+library_allocator.deque = FlakyQueue
+svc = CudaBridgeService(ServiceConfig(backend="emulated", streams_per_gpu=4, high_priority_streams=0))
+svc.library_allocators["cupy"] = library_allocator.LibraryAllocator(svc, "cupy", fast_path={twin!r})
+cp = StandinCupy(None)
+cb_cupy.install(svc, module=cp)
+b = svc.bind_task(1)
+svc.registry.attach(1)
+with cp.stream(b.stream):
+    x = cp.empty(1 << 20)
+FlakyQueue.fail = True
+del x
+FlakyQueue.fail = False
+print("went on", svc.library_allocators["cupy"].statistics().frees)
+svc.registry.detach()
+svc.release_task(1)
+svc.close()
+"""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert run.returncode == 0, (run.returncode, run.stderr[-2000:])
+    assert "went on 0" in run.stdout, run.stdout
+    assert run.stderr.count("MemoryError: the queue cannot grow") == 1, run.stderr[-2000:]
+
+
 @pytest.mark.parametrize("naive", [False, True], ids=["allocation-stream", "naive-freeing-thread-stream"])
 def test_a_free_on_another_thread_is_ordered_after_the_allocation_stream(tight_service, emulated, naive):
     service = tight_service

@@ -202,8 +202,11 @@ static PyObject *core_drain(LibraryCore *self, PyObject *unused) {
 
 /* TaskRegistry.task_on_stream(device, stream) over the leases table: the one bound task whose
  * stream on GPU `device` is `stream` (a new reference), or NULL with no error: none, several (a
- * stream pool may deal one stream to two tasks), or a lease not as documented. Runs no Python code
- * (C slots, exact ints), so the table cannot change under the scan. O(tasks bound). */
+ * stream pool may deal one stream to two tasks), or a lease not as documented. For the registry's
+ * own leases it runs no Python code (C slots, exact ints), so the table cannot change under the
+ * scan; a lease type whose binding is Python code could change it, and PyDict_Next stays
+ * memory-safe then, the answer possibly stale: the lease protocol that follows rechecks it (the
+ * lease must be in the table and open). O(tasks bound). */
 static PyObject *task_on_stream(LibraryCore *self, PyObject *device, PyObject *stream) {
     if (!PyLong_CheckExact(stream)) return NULL;
     PyObject *found = NULL, *key, *lease;

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..memory.native import load as load_native
 from . import allocator_for, import_library
 from .library_allocator import LibraryAllocator, Service
 
@@ -72,9 +71,13 @@ def hand_over(array: Any, task_id: int) -> Any:
     return a
 
 
-# The owners of this plug-in's allocations: the reference's, and the C twin's where it is built.
-_core_module = load_native("cudabridge.allocators._library_core")
-_OWNERS = (_Release,) if _core_module is None else (_Release, _core_module.CupyOwner)
+# The owners of this plug-in's allocations: the reference's, and the C twin's where it is built
+# (whether or not the switch lets it run now: an allocator made later may run on it).
+try:
+    from ._library_core import CupyOwner as _CupyOwner
+    _OWNERS: tuple[type, ...] = (_Release, _CupyOwner)
+except ImportError:
+    _OWNERS = (_Release,)
 
 # The cupy module install() set the allocator of (task_stream() makes its streams).
 _module: Any = None
@@ -98,7 +101,10 @@ def make_malloc(allocator: LibraryAllocator, cupy: Any) -> Any:
     unowned, pointer = memory.UnownedMemory, memory.MemoryPointer
     get_device = cupy.cuda.runtime.getDevice
     current_stream = cupy.cuda.get_current_stream
-    allocate = allocator.allocate
+    core = allocator.core
+    # the reference allocate where the C twin runs: the calls the C malloc hands over were handed
+    # over by the allocation's twin already
+    allocate = allocator.allocate if core is None else LibraryAllocator.allocate.__get__(allocator, LibraryAllocator)
 
     def malloc(size: int) -> Any:
         device = get_device()
@@ -107,7 +113,6 @@ def make_malloc(allocator: LibraryAllocator, cupy: Any) -> Any:
         a = allocate(size, device, current_stream().ptr)
         return pointer(unowned(a.ptr, a.size, _Release(allocator, a), device), 0)
 
-    core = allocator.core
     if core is not None:
         return core.cupy_malloc(allocator, unowned, pointer, get_device, current_stream, malloc)
     return malloc

@@ -37,7 +37,9 @@ static void owner_dealloc(CupyOwner *self) {
     if (self->allocation != NULL && self->allocation != Py_None) {
         PyObject *et, *ev, *etb;
         PyErr_Fetch(&et, &ev, &etb);
-        if (queue_free(self->core, self->allocation, Py_True) < 0) PyErr_WriteUnraisable((PyObject *)self);
+        /* reported against the allocation: self is at refcount 0, and the hook would take and drop
+         * a reference to it, deallocating it again */
+        if (queue_free(self->core, self->allocation, Py_True) < 0) PyErr_WriteUnraisable(self->allocation);
         PyErr_Restore(et, ev, etb);
     }
     Py_XDECREF(self->allocator);
