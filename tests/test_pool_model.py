@@ -50,7 +50,12 @@ class PoolModel(RuleBasedStateMachine):
         super().__init__()
         self.backend = LatchedBackend(EmulatedBackend(devices=1, memory_bytes=64 * MiB, race_check=True))
         self.service = CudaBridgeService(
-            ServiceConfig(streams_per_gpu=3, high_priority_streams=0, pool_limit="12m", log_level="CRITICAL"),
+            # oomWait 1 ms: the model is one thread, so a task's allocation that does not fit while
+            # another task holds memory (between its operations, for the breaker) would wait the
+            # whole default 60 s for a free that never comes; it models the pool, not the waits
+            # (tests/test_memory_pressure.py does)
+            ServiceConfig(streams_per_gpu=3, high_priority_streams=0, pool_limit="12m", log_level="CRITICAL",
+                          oom_wait=0.001),
             backend=self.backend)
         self.pool = self.service.memory_pool(0)
         self.pool._fences.wait.timeout_s = None   # no wall-clock deadline: the latches decide (see latched_backend)
