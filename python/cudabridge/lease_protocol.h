@@ -55,6 +55,16 @@ static int lease_leave(PyObject *inside, unsigned long ident) {
     return rc;
 }
 
+/* lease_leave for a way out that reports what went wrong: 0 removed; -1 otherwise, with an error
+ * raised when none was (RuntimeError "<who>: the thread's lease entry is gone" when it was not
+ * there, else the removal's own). An error raised before the call is kept. */
+static int lease_leave_checked(PyObject *inside, unsigned long ident, const char *who) {
+    int left = lease_leave(inside, ident);
+    if (left == 0 && !PyErr_Occurred())
+        PyErr_Format(PyExc_RuntimeError, "%s: the thread's lease entry is gone", who);
+    return left == 1 ? 0 : -1;
+}
+
 /* Joins `lease`: appends this thread's ident to lease.inside, then reads lease.open. Returns 1
  * joined and open; 0 joined, but its release has begun (leave it, then refuse or hand over); -1
  * with an error raised and not joined (lease.inside not a list: a TypeError; or the append's or

@@ -115,7 +115,6 @@ static PyObject *attached_task(LibraryCore *self, int *failed) {
     return task;   /* new reference */
 }
 
-
 static int count_one(PyObject *counter) {
     PyObject *n = PyIter_Next(counter);
     if (n == NULL) return -1;
@@ -308,12 +307,8 @@ static int allocate_common(LibraryCore *self, PyObject *size, PyObject *device, 
         goto leave_lease;
     }
     rc = 0;
-leave_lease:;   /* a label before a declaration needs a statement until C23 */
-    int left = lease_leave(inside, me);
-    if (left != 1 && rc != -1) {
-        if (left == 0) PyErr_SetString(PyExc_RuntimeError, "library allocator: the thread's lease entry is gone");
-        rc = -1;
-    }
+leave_lease:
+    if (lease_leave_checked(inside, me, "library allocator") < 0) rc = -1;
     if (rc == 0) {
         PyObject *n = PyIter_Next(self->allocated);
         if (n == NULL) {

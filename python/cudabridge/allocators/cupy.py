@@ -101,10 +101,9 @@ def make_malloc(allocator: LibraryAllocator, cupy: Any) -> Any:
     unowned, pointer = memory.UnownedMemory, memory.MemoryPointer
     get_device = cupy.cuda.runtime.getDevice
     current_stream = cupy.cuda.get_current_stream
-    core = allocator.core
-    # the reference allocate where the C twin runs: the calls the C malloc hands over were handed
-    # over by the allocation's twin already
-    allocate = allocator.allocate if core is None else LibraryAllocator.allocate.__get__(allocator, LibraryAllocator)
+    # the reference allocate (also where the C twin runs: the calls the C malloc hands over were
+    # handed over by the allocation's twin already)
+    allocate = type(allocator).allocate.__get__(allocator)
 
     def malloc(size: int) -> Any:
         device = get_device()
@@ -113,6 +112,7 @@ def make_malloc(allocator: LibraryAllocator, cupy: Any) -> Any:
         a = allocate(size, device, current_stream().ptr)
         return pointer(unowned(a.ptr, a.size, _Release(allocator, a), device), 0)
 
+    core = allocator.core
     if core is not None:
         return core.cupy_malloc(allocator, unowned, pointer, get_device, current_stream, malloc)
     return malloc

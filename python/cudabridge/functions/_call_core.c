@@ -86,7 +86,6 @@ static int core_init(CallCore *self, PyObject *args, PyObject *kwds) {
     return 0;
 }
 
-
 /* Which of CuPy (1) and PyTorch (2) are imported: function_calls.contexts_state. */
 static int contexts_state(void) {
     PyObject *modules = PyImport_GetModuleDict();   /* borrowed */
@@ -239,10 +238,8 @@ detach:
     Py_DECREF(contexts);
     if (PyDict_SetItem(d, name_task, previous) < 0 && r != NULL) Py_CLEAR(r);
     out = r;
-leave_lease:;   /* a label before a declaration needs a statement until C23 */
-    int left = lease_leave(inside, me);
-    if (left != 1 && out != NULL) {
-        if (left == 0) PyErr_SetString(PyExc_RuntimeError, "function call: the thread's lease entry is gone");
+leave_lease:
+    if (lease_leave_checked(inside, me, "function call") < 0 && out != NULL) {
         if (out != HAND_OVER) Py_DECREF(out);
         out = NULL;
     }

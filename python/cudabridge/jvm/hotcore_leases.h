@@ -41,10 +41,8 @@ static PyObject *lookup_lease(HotCore *self, PyObject *task) {
  * keeping any error already raised (lease_protocol.h's step; a failed removal is dropped: the way
  * out carries its own result). */
 static void leave_lease(PyObject *inside, unsigned long ident) {
-    PyObject *et, *ev, *etb;
-    PyErr_Fetch(&et, &ev, &etb);
-    if (lease_leave(inside, ident) < 0) PyErr_Clear();
-    PyErr_Restore(et, ev, etb);
+    int pending = PyErr_Occurred() != NULL;   /* lease_leave keeps it; its own error only raised without one */
+    if (lease_leave(inside, ident) < 0 && !pending) PyErr_Clear();
 }
 
 /* The lease protocol's enter (TaskLeases.enter), the guard every operation that queues work for

@@ -70,15 +70,15 @@ LIBRARIES = ("dl",)
 SHARED_INCLUDE = PACKAGE_DIR
 
 
-def inputs(source: Path) -> list[Path]:
-    """What a build of ``source`` depends on: the source, the headers beside it
-    (jvm/cuda_driver.h, ...) and the shared ones."""
-    here = source.resolve().parent
-    return [source, *sorted(source.parent.glob("*.h")), *(sorted(SHARED_INCLUDE.glob("*.h")) if here != SHARED_INCLUDE else [])]
-
-
 def include_dirs(source: Path) -> list[Path]:
+    """Where ``source``'s headers are found: beside it, then the shared ones."""
     return [source.parent] if source.resolve().parent == SHARED_INCLUDE else [source.parent, SHARED_INCLUDE]
+
+
+def inputs(source: Path) -> list[Path]:
+    """What a build of ``source`` depends on: the source and every header on its include path
+    (jvm/cuda_driver.h, ..., lease_protocol.h)."""
+    return [source, *(h for d in include_dirs(source) for h in sorted(d.glob("*.h")))]
 
 
 def target(source: Path = SOURCE) -> Path:
