@@ -91,7 +91,7 @@ def layer_rounds(report: Report, backend: str, rounds: int, pairs: int) -> None:
 
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
     from cudabridge.allocators import torch as cb_torch
-    from standin_torch import build_caller
+    from standin_torch import StandinTorch, build_caller
 
     cb_torch.attach(service)
     fn = cb_torch.compiled_part().addresses()
@@ -106,14 +106,10 @@ def layer_rounds(report: Report, backend: str, rounds: int, pairs: int) -> None:
             caller.caller_free(fn["free"], p, MIB, 0, b.stream)
         return (time.perf_counter() - t0) / pairs * 1e6
 
-    def on_new_thread(python_state: int) -> Callable[[], float]:
-        def pair() -> float:
-            took = caller.caller_pairs_on_new_thread(fn["alloc"], fn["free"], MIB, 0, b.stream, pairs, python_state,
-                                                     err, len(err))
-            if took < 0:
-                raise RuntimeError(err.value.decode())
-            return took / 1e3 / pairs
-        return pair
+    torch = StandinTorch(None, cb_torch.compiled_part(), caller)
+
+    def on_new_thread(python_state: bool) -> Callable[[], float]:
+        return lambda: torch.pairs_on_new_thread(MIB, b.stream, pairs, python_state) / pairs * 1e6
 
     # CuPy's malloc and its allocations' owner over the tests' stand-in CuPy (standin_libraries.py:
     # CuPy's interface, Python classes for its memory objects): what our side of CuPy's pair costs
@@ -133,8 +129,8 @@ def layer_rounds(report: Report, backend: str, rounds: int, pairs: int) -> None:
         return took / pairs * 1e6
 
     res = interleave({"pool": pool_pair, "plug-in": plugin_pair, "torch part": torch_part_pair,
-                      "torch part, an autograd-like thread": on_new_thread(1),
-                      "torch part, a thread with no Python state": on_new_thread(0),
+                      "torch part, an autograd-like thread": on_new_thread(True),
+                      "torch part, a thread with no Python state": on_new_thread(False),
                       "cupy (stand-in)": cupy_standin_pair}, rounds=rounds)
     report.values_of(res, "pool", "us", better="lower")
     report.values_of(res, "plug-in", "us", better="lower")
