@@ -1,6 +1,6 @@
 """Python GPU libraries on the service's pools against their own (issue 26), in interleaved rounds.
 
-    python bench/bench_allocators.py [--backend cuda|emulated] [--rounds 5] [--steps 30] [--out DIR]
+    python bench/bench_allocators.py [--backend cuda|emulated] [--rounds 5] [--steps 100] [--out DIR]
 
 * The plug-ins' own layer, on either backend: the allocation pair through a LibraryAllocator
   against the pool's own pair, on a task's thread and stream; and the pair through torch's
@@ -13,14 +13,16 @@
   arrays (many temporaries) on the task's stream, with CuPy's own memory pool against
   cudabridge.allocators.cupy (the allocator is switched before each candidate runs); time per step,
   the bytes each holds reserved after the step (CuPy's pool ``total_bytes()``, our pool's
-  ``reserved_bytes``: neither gives memory back, so that is each one's peak), and the allocation
-  pair (``cupy.cuda.alloc`` of 1 MiB, then dropped).
+  ``reserved_bytes``: neither gives memory back, so that is each one's peak), the device memory
+  each took from the driver (``cudaMemGetInfo`` around its runs), the allocation pair
+  (``cupy.cuda.alloc`` of 1 MiB, then dropped), and the allocations a step makes.
 * PyTorch, one process per candidate and round (an allocator is process-wide and set before the
   first allocation): torch's caching allocator, cudabridge.allocators.torch (the global swap) and
   ``torch.cuda.MemPool`` over the same pluggable allocator (torch's caching above our pool); a
   step is a small MLP's forward and backward (1024-4096-1024, batch 256, SGD), then the pair
-  (``torch.empty`` of 1 MiB, dropped), and the peak reserved bytes (torch's
-  ``max_memory_reserved`` for its own allocator, our pool's ``peak_reserved_bytes`` otherwise).
+  (``torch.empty`` of 1 MiB, dropped), the peak reserved bytes (torch's
+  ``max_memory_reserved`` for its own allocator, our pool's ``peak_reserved_bytes`` otherwise),
+  and the allocations a step makes.
 
 Targets (issue 26): time per step <= 1.1x the library's own, peak reserved <= 1.0x. Nothing is
 asserted; the table is printed last and written as JSON under --out (bench_allocators.json).
@@ -173,29 +175,55 @@ def cupy_rounds(report: Report, rounds: int, steps: int, pairs: int) -> None:
             e = cupy.exp(-c) * b
             float(d + e.mean())   # a reduction read back: the step ends on the host
 
-    def run(malloc, reserved) -> dict:
+    library = service.library_allocators["cupy"]
+    # the device memory each pool takes from the driver (cudaMemGetInfo), beside what each reports:
+    # CuPy's total_bytes() sums its requests rounded to 512 bytes, ours its chunks and segment. The
+    # step's kernels are loaded first (their code takes device memory too), with a third pool that
+    # then gives its memory back, so that neither candidate is charged for them.
+    primer = cupy.cuda.MemoryPool()
+    cupy.cuda.set_allocator(primer.malloc)
+    with stream:
+        step()
+        stream.synchronize()
+    cupy.cuda.set_allocator(None)
+    gc.collect()
+    primer.free_all_blocks()
+    taken = {"cupy pool": 0, "ours": 0}
+
+    def run(malloc, reserved, name) -> dict:
+        free_before = cupy.cuda.runtime.memGetInfo()[0]
         cupy.cuda.set_allocator(malloc)
         with stream:
             step()   # warm
             stream.synchronize()
+            made = library.statistics().allocations
             t0 = time.perf_counter()
             for _ in range(steps):
                 step()
             stream.synchronize()
             per_step = (time.perf_counter() - t0) / steps * 1e6
+            per_step_allocations = (library.statistics().allocations - made) / steps
             t0 = time.perf_counter()
             for _ in range(pairs):
                 cupy.cuda.alloc(MIB)
             per_pair = (time.perf_counter() - t0) / pairs * 1e6
         gc.collect()
-        return {"step": per_step, "pair": per_pair, "reserved": reserved()}
+        taken[name] += free_before - cupy.cuda.runtime.memGetInfo()[0]
+        return {"step": per_step, "pair": per_pair, "reserved": reserved(), "allocations": per_step_allocations,
+                "device": taken[name]}
 
-    res = interleave({"cupy pool": lambda: run(own_pool.malloc, own_pool.total_bytes),
-                      "ours": lambda: run(ours, lambda: pool.statistics().reserved_bytes)}, rounds=rounds)
-    for what, unit in (("step", "us"), ("pair", "us"), ("reserved", "bytes")):
+    res = interleave({"cupy pool": lambda: run(own_pool.malloc, own_pool.total_bytes, "cupy pool"),
+                      "ours": lambda: run(ours, lambda: pool.statistics().reserved_bytes, "ours")}, rounds=rounds)
+    # what the pairs cost a step: ours allocates as often as CuPy's pool is asked to (one malloc per
+    # array), so (our pair - CuPy's) x allocations is the step time the allocator itself adds
+    report.values("cupy allocations per step", [r["ours"]["allocations"] for r in res], "")
+    report.values("cupy step: (our pair - cupy pool's) x allocations per step",
+                  [(r["ours"]["pair"] - r["cupy pool"]["pair"]) * r["ours"]["allocations"] for r in res], "us")
+    for what, unit in (("step", "us"), ("pair", "us"), ("reserved", "bytes"), ("device", "bytes")):
+        label = "device memory taken" if what == "device" else what
         for name in ("cupy pool", "ours"):
-            report.values(f"cupy {what}: {name}", [r[name][what] for r in res], unit, better="lower")
-        report.ratio(f"cupy {what}: ours / cupy pool", [r["ours"][what] / r["cupy pool"][what] for r in res],
+            report.values(f"cupy {label}: {name}", [r[name][what] for r in res], unit, better="lower")
+        report.ratio(f"cupy {label}: ours / cupy pool", [r["ours"][what] / r["cupy pool"][what] for r in res],
                      better="lower", note={"step": "target <= 1.1", "reserved": "target <= 1.0"}.get(what, ""))
     cupy.cuda.set_allocator(cupy.get_default_memory_pool().malloc)
     service.registry.detach()
@@ -235,14 +263,20 @@ def step():
     opt.zero_grad(set_to_none=True)
     model(x).square().mean().backward()
     opt.step()
-for _ in range(5):
+def allocations():   # torch's own count where its caching allocator runs (not under the global swap)
+    if mode == "ours":
+        return service.memory_pool(0).statistics().allocations
+    return torch.cuda.memory_stats()["allocation.all.allocated"]
+for _ in range(20):
     step()
 torch.cuda.synchronize()
+made = allocations()
 t0 = time.perf_counter()
 for _ in range(steps):
     step()
 torch.cuda.synchronize()
 per_step = (time.perf_counter() - t0) / steps * 1e6
+per_step_allocations = (allocations() - made) / steps
 t0 = time.perf_counter()
 for _ in range(pairs):
     torch.empty(MIB, dtype=torch.uint8, device="cuda")
@@ -252,7 +286,8 @@ if service is None:
     reserved = torch.cuda.max_memory_reserved()
 else:
     reserved = service.memory_pool(0).statistics().peak_reserved_bytes
-print("RESULT " + json.dumps({"step": per_step, "pair": per_pair, "reserved": reserved}))
+print("RESULT " + json.dumps({"step": per_step, "pair": per_pair, "reserved": reserved,
+                              "allocations": per_step_allocations}))
 """
 
 
@@ -271,7 +306,7 @@ def torch_rounds(report: Report, rounds: int, steps: int, pairs: int, log: Path)
                 f.write(f"--- {mode} rc {proc.returncode}\n{proc.stdout}\n{proc.stderr[-4000:]}\n")
             lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
             if proc.returncode != 0 or not lines:
-                return {"step": float("nan"), "pair": float("nan"), "reserved": float("nan")}
+                return dict.fromkeys(("step", "pair", "reserved", "allocations"), float("nan"))
             return json.loads(lines[-1][len("RESULT "):])
         return run
 
@@ -282,12 +317,16 @@ def torch_rounds(report: Report, rounds: int, steps: int, pairs: int, log: Path)
         for name in ("ours", "mempool"):
             report.ratio(f"torch {what}: {name} / caching", [r[name][what] / r["caching"][what] for r in res],
                          better="lower", note={"step": "target <= 1.1", "reserved": "target <= 1.0"}.get(what, ""))
+    for name in ("caching", "ours"):
+        report.values(f"torch allocations per step: {name}", [r[name]["allocations"] for r in res], "")
+    report.values("torch step: (our pair - caching's) x allocations per step",
+                  [(r["ours"]["pair"] - r["caching"]["pair"]) * r["ours"]["allocations"] for r in res], "us")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--pairs", type=int, default=2000)
     parser.add_argument("--out", default=os.environ.get("OUT", "bench/out"))
     parser.add_argument("--backend", choices=("cuda", "emulated"), default="cuda",

@@ -2,14 +2,17 @@
 # Issue 26 on the GPU machine (device tool, repository root), carry = [.whl, python/cudabridge/_native]:
 # the real libraries through cudabridge.allocators (tests/test_allocators_gpu.py: CuPy, PyTorch,
 # Numba; RMM where installed), then bench/bench_allocators.py (CuPy and PyTorch against their own
-# pools, interleaved rounds). gpu_setup.sh builds the C paths and the torch allocator's compiled
-# part there (build_fastpath). Logs and JSON under $OUT; a summary last.
+# pools, interleaved rounds) and bench/cupy_pair_parts.py (CuPy's pair, part by part). gpu_setup.sh
+# builds the C paths and the torch allocator's compiled part there (build_fastpath). Logs and JSON
+# under $OUT; a summary last.
 set -uo pipefail
 source bench/gpu_setup.sh
 status=0
 timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_allocators_gpu.py tests/test_allocators.py \
   >"$out/pytest_allocators.log" 2>&1 || status=1
 timeout 300 python3 bench/bench_allocators.py --rounds 5 --out "$out" >"$out/bench_allocators.log" 2>&1 || status=1
+(cd bench && timeout 120 python3 cupy_pair_parts.py --rounds 5 --out "$out") >"$out/cupy_pair_parts.log" 2>&1 || status=1
 tail -3 "$out/pytest_allocators.log"
-tail -32 "$out/bench_allocators.log"
+tail -12 "$out/cupy_pair_parts.log"
+tail -44 "$out/bench_allocators.log"
 exit $status
