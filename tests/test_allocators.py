@@ -473,6 +473,114 @@ def test_an_address_the_library_still_holds_is_never_handed_out_again(service, e
     assert service.memory_pool(0).statistics().in_use_bytes == 0
 
 
+# the pair: a library that frees and allocates one size on its stream ------------------------------------
+def test_the_newest_free_of_one_size_on_its_stream_is_handed_out_again_in_place(service, emulated):
+    """CuPy's and PyTorch's steady state: a temporary dropped, the next one allocated. The pool
+    would hand the block just freed out again (its bin for that stream); the allocator hands out
+    the allocation itself, with no free and no allocation in the pool, still the task's."""
+    allocator = service.library_allocators["cupy"]
+    pool = service.memory_pool(0)
+    b = service.bind_task(5)
+
+    def task():
+        service.registry.attach(5)
+        a = allocator.allocate(MIB, 0, b.stream)
+        made = pool.statistics().allocations
+        allocator.free(a)
+        again = allocator.allocate(MIB, 0, b.stream)
+        return a, again, made, pool.statistics().allocations
+
+    a, again, made, after = _in_thread(task)
+    assert again is a and a.alive
+    assert after == made
+    s = allocator.statistics()
+    assert (s.allocations, s.frees, s.frees_pending, s.in_use_bytes) == (2, 1, 0, MIB)
+    assert service.release_task(5).leaks_reclaimed == 1   # forgotten: the task's, reclaimed with it
+
+
+def test_the_c_twin_reads_an_allocations_slots_by_name_where_it_does_not_know_their_layout(emulated, monkeypatch):
+    """Where Allocation's base is not the C AllocationBase, the twin reads the slots by name: the
+    same decisions (the newest free reused; another size's not)."""
+    from cudabridge.allocators import library_allocator
+
+    monkeypatch.setattr(library_allocator, "_allocation_base", lambda: None)
+    svc = CudaBridgeService(ServiceConfig(backend="emulated", streams_per_gpu=2, high_priority_streams=0),
+                            backend=emulated)
+    try:
+        allocator = LibraryAllocator(svc, "cupy", fast_path="native")
+        b = svc.bind_task(5)
+
+        def task():
+            svc.registry.attach(5)
+            a = allocator.allocate(MIB, 0, b.stream)
+            allocator.free(a)
+            again = allocator.allocate(MIB, 0, b.stream)
+            allocator.free(again)
+            return a, again, allocator.allocate(2 * MIB, 0, b.stream)
+
+        a, again, other = _in_thread(task)
+        assert again is a and other is not a and not a.alive
+        assert svc.memory_pool(0).statistics().allocations == 2
+    finally:
+        svc.close()
+
+
+@pytest.mark.parametrize("change", ["size", "stream", "a stream recorded", "task"])
+def test_a_free_is_made_not_reused_for_another_size_stream_or_task_or_once_another_stream_used_it(
+        service, emulated, change):
+    from cudabridge.device import LEGACY_STREAM
+
+    allocator = service.library_allocators["cupy"]
+    pool = service.memory_pool(0)
+    b, other = service.bind_task(5), service.bind_task(6)
+
+    def first():
+        service.registry.attach(5)
+        a = allocator.allocate(MIB, 0, b.stream)
+        if change == "a stream recorded":
+            allocator.record_stream(a, LEGACY_STREAM)
+        allocator.free(a)
+        if change == "task":
+            return a, None
+        size, stream = (2 * MIB if change == "size" else MIB), (LEGACY_STREAM if change == "stream" else b.stream)
+        return a, allocator.allocate(size, 0, stream)
+
+    def second():   # task 6 on task 5's stream (the pool's: accepted)
+        service.registry.attach(6)
+        return allocator.allocate(MIB, 0, b.stream)
+
+    a, again = _in_thread(first)
+    if change == "task":
+        again = _in_thread(second)
+    assert again is not a and not a.alive and again.alive
+    assert pool.statistics().allocations == 2
+    s = allocator.statistics()
+    assert (s.allocations, s.frees, s.frees_pending) == (2, 1, 0)
+    service.release_task(5)
+    service.release_task(6)
+    assert other.task_id == 6
+
+
+@pytest.mark.parametrize("size", [True, 1.0], ids=repr)
+def test_a_size_equal_to_a_queued_frees_but_not_an_int_is_refused_and_the_free_made(service, emulated, size):
+    allocator = service.library_allocators["cupy"]
+    b = service.bind_task(5)
+
+    def task():
+        service.registry.attach(5)
+        allocator.free(allocator.allocate(1, 0, b.stream))
+        with pytest.raises(InvalidArgument):
+            allocator.allocate(size, 0, b.stream)
+        with pytest.raises(InvalidArgument):
+            allocator.allocate_pointer(size, 0, b.stream)
+
+    _in_thread(task)
+    s = allocator.statistics()
+    assert (s.allocations, s.frees, s.frees_pending, s.in_use_bytes) == (1, 1, 0, 0)
+    assert service.memory_pool(0).statistics().in_use_bytes == 0
+    service.release_task(5)
+
+
 # Numba's EMM plug-in ---------------------------------------------------------------------------------
 def test_numba_allocates_on_the_tasks_stream_and_frees_from_its_finalizer(service, emulated):
     numba_cuda = StandinNumbaCuda(emulated)

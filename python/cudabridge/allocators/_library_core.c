@@ -22,6 +22,7 @@
 #include <Python.h>
 #include <pythread.h>
 #include "lease_protocol.h"
+#include "allocation_layout.h"
 #include <string.h>
 
 typedef struct {
@@ -44,19 +45,22 @@ typedef struct {
     PyObject *drain_ref;       /* the reference drain (bound): a free that fails otherwise goes there */
     PyObject *set_aside;       /* dict: address -> allocation held back for it (LibraryAllocator._set_aside) */
     PyObject *free_pointer_ref;/* the reference free_pointer (bound): what the twin does not take */
+    PyObject *pools;           /* dict: GPU ordinal -> that pool (an allocation taken back must be its) */
+    PyObject *frees_pop;       /* the queue's bound pop (its newest) */
+    PyObject *allocation_base; /* the C AllocationBase type (its layout: allocation_layout.h), or None */
     int by_stream;             /* a thread attached to no task allocates for the task whose stream it names */
     int closed;
 } LibraryCore;
 
 static PyObject *name_dict, *name_task, *name_binding, *name_ptr, *name_owner, *name_pool, *name_free,
-    *name_popleft, *name_appendleft, *name_append;
+    *name_popleft, *name_appendleft, *name_append, *name_pop, *name_state, *name_extra, *name_stream, *name_size, *zero;
 
 static int core_traverse(LibraryCore *self, visitproc visit, void *arg) {
     Py_VISIT(self->pool_allocate); Py_VISIT(self->leases); Py_VISIT(self->local); Py_VISIT(self->by_owner);
     Py_VISIT(self->by_pointer); Py_VISIT(self->frees); Py_VISIT(self->allocated); Py_VISIT(self->allocate_ref);
     Py_VISIT(self->pointer_ref); Py_VISIT(self->hold_back); Py_VISIT(self->unknown_stream);
     Py_VISIT(self->invalid_free); Py_VISIT(self->frees_made); Py_VISIT(self->after_reclaim); Py_VISIT(self->drain_ref);
-    Py_VISIT(self->set_aside); Py_VISIT(self->free_pointer_ref);
+    Py_VISIT(self->set_aside); Py_VISIT(self->free_pointer_ref); Py_VISIT(self->pools); Py_VISIT(self->frees_pop); Py_VISIT(self->allocation_base);
     return 0;
 }
 
@@ -65,7 +69,7 @@ static int core_clear(LibraryCore *self) {
     Py_CLEAR(self->by_pointer); Py_CLEAR(self->frees); Py_CLEAR(self->allocated); Py_CLEAR(self->allocate_ref);
     Py_CLEAR(self->pointer_ref); Py_CLEAR(self->hold_back); Py_CLEAR(self->unknown_stream);
     Py_CLEAR(self->invalid_free); Py_CLEAR(self->frees_made); Py_CLEAR(self->after_reclaim); Py_CLEAR(self->drain_ref);
-    Py_CLEAR(self->set_aside); Py_CLEAR(self->free_pointer_ref);
+    Py_CLEAR(self->set_aside); Py_CLEAR(self->free_pointer_ref); Py_CLEAR(self->pools); Py_CLEAR(self->frees_pop); Py_CLEAR(self->allocation_base);
     return 0;
 }
 
@@ -78,18 +82,25 @@ static void core_dealloc(LibraryCore *self) {
 static int core_init(LibraryCore *self, PyObject *args, PyObject *kwds) {
     static char *kw[] = {"pool_allocate", "leases", "local", "by_owner", "by_pointer", "frees", "allocated",
                          "allocate_ref", "pointer_ref", "hold_back", "unknown_stream", "invalid_free", "frees_made",
-                         "after_reclaim", "drain_ref", "set_aside", "free_pointer_ref", "by_stream", NULL};
-    PyObject *pa, *le, *lo, *bo, *bp, *fr, *al, *ar, *pr, *hb, *us, *inf, *fm, *afr, *dr, *sa, *fpr;
+                         "after_reclaim", "drain_ref", "set_aside", "free_pointer_ref", "pools", "allocation_base", "by_stream", NULL};
+    PyObject *pa, *le, *lo, *bo, *bp, *fr, *al, *ar, *pr, *hb, *us, *inf, *fm, *afr, *dr, *sa, *fpr, *po, *ab;
     int bs = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!O!OO!O!OOOOOOOOOOO!Op", kw, &PyDict_Type, &pa, &PyDict_Type, &le,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!O!OO!O!OOOOOOOOOOO!OO!Op", kw, &PyDict_Type, &pa, &PyDict_Type, &le,
                                      &lo, &PyDict_Type, &bo, &PyDict_Type, &bp, &fr, &al, &ar, &pr, &hb, &us, &inf, &fm,
-                                     &afr, &dr, &PyDict_Type, &sa, &fpr, &bs))
+                                     &afr, &dr, &PyDict_Type, &sa, &fpr, &PyDict_Type, &po, &ab, &bs))
         return -1;
+    if (ab != Py_None && !PyType_Check(ab)) {
+        PyErr_SetString(PyExc_TypeError, "LibraryCore: allocation_base must be a type or None");
+        return -1;
+    }
+    PyObject *pop = PyObject_GetAttr(fr, name_pop);
+    if (pop == NULL) return -1;
+    Py_XSETREF(self->frees_pop, pop);
 #define KEEP(field, v) do { Py_INCREF(v); Py_XSETREF(self->field, v); } while (0)
     KEEP(pool_allocate, pa); KEEP(leases, le); KEEP(local, lo); KEEP(by_owner, bo); KEEP(by_pointer, bp);
     KEEP(frees, fr); KEEP(allocated, al); KEEP(allocate_ref, ar); KEEP(pointer_ref, pr); KEEP(hold_back, hb);
     KEEP(unknown_stream, us); KEEP(invalid_free, inf); KEEP(frees_made, fm); KEEP(after_reclaim, afr);
-    KEEP(drain_ref, dr); KEEP(set_aside, sa); KEEP(free_pointer_ref, fpr);
+    KEEP(drain_ref, dr); KEEP(set_aside, sa); KEEP(free_pointer_ref, fpr); KEEP(pools, po); KEEP(allocation_base, ab);
 #undef KEEP
     self->by_stream = bs;
     self->closed = 0;
@@ -232,18 +243,81 @@ static PyObject *task_on_stream(LibraryCore *self, PyObject *device, PyObject *s
     return found;
 }
 
-/* The common case; 0 with *out set, HAND_OVER (nothing changed), or -1 with an error (the pool's). */
+/* Whether `v` is an exact int equal to `want` (an int); no Python code runs. */
+static int int_is(PyObject *v, PyObject *want) {
+    return v != NULL && PyLong_CheckExact(v) && (v == want || PyObject_RichCompareBool(v, want, Py_EQ) == 1);
+}
+
+/* Whether allocation `a` can be handed out again as it stands for `size` bytes on `stream` to
+ * `task` from `pool` (LibraryAllocator._reusable): live, that pool's, that task's, allocated on that
+ * stream with that size, no other stream recorded on it. Its last use was ordered on `stream`, so
+ * work queued there from now on runs after it: the reuse the pool's own bin for that stream makes
+ * (the block just freed is the one it hands out next), without the free and the allocation.
+ * 1 or 0. Reads the slots in place where `a` has the C layout, else by name (an error is cleared:
+ * no). */
+static int reusable(LibraryCore *self, PyObject *a, PyObject *size, PyObject *stream, PyObject *task, PyObject *pool) {
+    if (self->allocation_base != Py_None && PyObject_TypeCheck(a, (PyTypeObject *)self->allocation_base)) {
+        AllocationBase *x = (AllocationBase *)a;
+        int ok = x->pool == pool && x->extra == Py_None && int_is(x->state, zero) && int_is(x->owner, task) &&
+                 int_is(x->stream, stream) && int_is(x->size, size);
+        PyErr_Clear();
+        return ok;
+    }
+    PyObject *names[6] = {name_pool, name_extra, name_state, name_owner, name_stream, name_size};
+    PyObject *want[6] = {pool, Py_None, zero, task, stream, size};
+    int ok = 1;
+    for (int i = 0; ok && i < 6; i++) {
+        PyObject *v = PyObject_GetAttr(a, names[i]);
+        ok = i < 2 ? v == want[i] : int_is(v, want[i]);
+        Py_XDECREF(v);
+    }
+    PyErr_Clear();
+    return ok;
+}
+
+/* The newest queued free, taken out of the queue when its allocation is reusable (above) for this
+ * call: a new reference to the allocation, or NULL (none; no error). Exact ints only: any other
+ * size or stream goes through the pool, which checks it. */
+static PyObject *take_newest(LibraryCore *self, PyObject *size, PyObject *device, PyObject *stream, PyObject *task) {
+    if (!PyLong_CheckExact(size) || stream == NULL || !PyLong_CheckExact(stream)) return NULL;
+    PyObject *pool = PyDict_GetItemWithError(self->pools, device);   /* borrowed */
+    PyObject *newest = pool == NULL ? NULL : PySequence_GetItem(self->frees, -1);
+    PyObject *kept = NULL;
+    if (newest != NULL && PyTuple_CheckExact(newest) && PyTuple_GET_SIZE(newest) == 2 &&
+        PyTuple_GET_ITEM(newest, 1) == Py_True && reusable(self, PyTuple_GET_ITEM(newest, 0), size, stream, task, pool)) {
+        PyObject *popped = PyObject_CallNoArgs(self->frees_pop);
+        if (popped == newest) {
+            kept = Py_NewRef(PyTuple_GET_ITEM(newest, 0));
+        } else if (popped != NULL) {   /* another was queued meanwhile: back in line, nothing taken */
+            PyObject *r = PyObject_CallMethodOneArg(self->frees, name_append, popped);
+            if (r == NULL) PyErr_WriteUnraisable(self->frees);
+            Py_XDECREF(r);
+        }
+        Py_XDECREF(popped);
+    }
+    Py_XDECREF(newest);
+    PyErr_Clear();
+    return kept;
+}
+
+static int queue_free(LibraryCore *self, PyObject *a, PyObject *counted);
+
+/* Puts a taken-back allocation the call did not hand out back in the queue (freed at the next
+ * drain, as if never taken); an error keeps the pending one. */
+static void put_back(LibraryCore *self, PyObject *a) {
+    PyObject *t, *v, *tb;
+    PyErr_Fetch(&t, &v, &tb);
+    if (queue_free(self, a, Py_True) < 0) PyErr_WriteUnraisable(self->frees);   /* the pool keeps it: reclaimed
+                                                                                  * with its task, or at close */
+    PyErr_Restore(t, v, tb);
+}
+
+/* The common case; 0 with *out set, HAND_OVER (nothing changed), or -1 with an error (the pool's).
+ * The library's newest queued free is handed out again when it is reusable for this call (the pair
+ * of a library that frees and allocates the same size on its stream); the other queued frees are
+ * made first. */
 static int allocate_common(LibraryCore *self, PyObject *size, PyObject *device, PyObject *stream, PyObject **out) {
     if (self->closed || !PyLong_CheckExact(device)) return HAND_OVER;
-    Py_ssize_t queued = PyObject_Size(self->frees);
-    if (queued != 0) {   /* frees to make first */
-        PyObject *made = queued < 0 ? NULL : core_drain(self, NULL);
-        if (made == NULL) {
-            PyErr_Clear();
-            return HAND_OVER;   /* the reference drains and says what failed */
-        }
-        Py_DECREF(made);
-    }
     PyObject *pool_allocate = PyDict_GetItemWithError(self->pool_allocate, device);
     if (pool_allocate == NULL) {
         if (PyErr_Occurred()) PyErr_Clear();
@@ -257,7 +331,23 @@ static int allocate_common(LibraryCore *self, PyObject *size, PyObject *device, 
         if (failed) PyErr_Clear();
         return HAND_OVER;   /* the executor's allocation (or a stream no one task has): the reference */
     }
-    int rc = HAND_OVER;
+    PyObject *kept = NULL;   /* the newest queued free's allocation, out of the queue, to hand out again */
+    Py_ssize_t queued = PyObject_Size(self->frees);
+    if (queued > 0) kept = take_newest(self, size, device, stream, task);
+    if (queued != 0 && (kept == NULL || queued > 1)) {   /* frees to make first */
+        PyObject *made = queued < 0 ? NULL : core_drain(self, NULL);
+        if (made == NULL) {
+            PyErr_Clear();
+            if (kept != NULL) {
+                put_back(self, kept);
+                Py_DECREF(kept);
+            }
+            Py_DECREF(task);
+            return HAND_OVER;   /* the reference drains and says what failed */
+        }
+        Py_DECREF(made);
+    }
+    int rc = HAND_OVER, reused = 0;
     PyObject *lease = PyDict_GetItemWithError(self->leases, task);   /* borrowed */
     PyObject *inside = NULL, *binding = NULL, *a = NULL;
     unsigned long me = 0;
@@ -283,8 +373,16 @@ static int allocate_common(LibraryCore *self, PyObject *size, PyObject *device, 
         goto leave_lease;
     }
     PyObject *on = stream == NULL || stream == Py_None ? PyTuple_GET_ITEM(binding, 3) : stream;
-    PyObject *argv[3] = {size, on, task};
-    a = PyObject_Vectorcall(pool_allocate, argv, 3, NULL);
+    /* checked again inside the lease: the drain above ran the pool's code, and a release may have
+     * reclaimed it meanwhile; from here to the leave no release can */
+    if (kept != NULL && reusable(self, kept, size, on, task, PyDict_GetItem(self->pools, device))) {
+        a = kept;
+        kept = NULL;
+        reused = 1;
+    } else {
+        PyObject *argv[3] = {size, on, task};
+        a = PyObject_Vectorcall(pool_allocate, argv, 3, NULL);
+    }
     if (a == NULL) {
         /* a stream the pool does not know goes to the reference (which may register it); the
          * pool's other refusals (size, out of memory) are the call's own */
@@ -311,24 +409,32 @@ leave_lease:
     if (lease_leave_checked(inside, me, "library allocator") < 0) rc = -1;
     if (rc == 0) {
         PyObject *n = PyIter_Next(self->allocated);
-        if (n == NULL) {
+        if (n == NULL || (reused && count_one(self->frees_made) < 0)) {   /* a reuse: the library's free is made */
             rc = -1;
         } else {
-            Py_DECREF(n);
             *out = a;
             a = NULL;
         }
+        Py_XDECREF(n);
     }
     if (a != NULL) {   /* made but not handed out (an error after it): freed again at once */
-        PyObject *t, *v, *tb;
-        PyErr_Fetch(&t, &v, &tb);
-        PyObject *r = PyObject_CallMethod(a, "free", NULL);
-        Py_XDECREF(r);
-        PyErr_Clear();
-        PyErr_Restore(t, v, tb);
+        if (reused) {
+            put_back(self, a);
+        } else {
+            PyObject *t, *v, *tb;
+            PyErr_Fetch(&t, &v, &tb);
+            PyObject *r = PyObject_CallMethod(a, "free", NULL);
+            Py_XDECREF(r);
+            PyErr_Clear();
+            PyErr_Restore(t, v, tb);
+        }
         Py_DECREF(a);
     }
 done:
+    if (kept != NULL) {   /* not handed out: queued again */
+        put_back(self, kept);
+        Py_DECREF(kept);
+    }
     Py_XDECREF(binding);
     Py_XDECREF(inside);
     Py_XDECREF(lease);
@@ -485,8 +591,15 @@ PyMODINIT_FUNC PyInit__library_core(void) {
     name_popleft = PyUnicode_InternFromString("popleft");
     name_appendleft = PyUnicode_InternFromString("appendleft");
     name_append = PyUnicode_InternFromString("append");
+    name_pop = PyUnicode_InternFromString("pop");
+    name_state = PyUnicode_InternFromString("_state");
+    name_extra = PyUnicode_InternFromString("_extra");
+    name_stream = PyUnicode_InternFromString("stream");
+    name_size = PyUnicode_InternFromString("size");
+    zero = PyLong_FromLong(0);
     if (!name_dict || !name_task || !name_binding || !name_ptr || !name_owner || !name_pool || !name_free ||
-        !name_popleft || !name_appendleft || !name_append)
+        !name_popleft || !name_appendleft || !name_append || !name_pop || !name_state || !name_extra || !name_stream ||
+        !name_size || !zero)
         return NULL;
     if (PyType_Ready(&LibraryCoreType) < 0) return NULL;
     PyObject *m = PyModule_Create(&library_core_module);

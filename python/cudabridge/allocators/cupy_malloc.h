@@ -78,8 +78,6 @@ typedef struct {
     vectorcallfunc vectorcall;
 } CupyMalloc;
 
-static PyObject *name_size, *zero;
-
 static int malloc_traverse(CupyMalloc *self, visitproc visit, void *arg) {
     Py_VISIT((PyObject *)self->core); Py_VISIT(self->allocator); Py_VISIT(self->unowned); Py_VISIT(self->pointer);
     Py_VISIT(self->get_device); Py_VISIT(self->current_stream); Py_VISIT(self->reference);
@@ -191,9 +189,7 @@ static PyObject *core_cupy_malloc(LibraryCore *self, PyObject *args) {
 
 /* Ready the types and the names; 0, or -1 with an error. Called once, at the module's import. */
 static int cupy_malloc_ready(PyObject *module) {
-    name_size = PyUnicode_InternFromString("size");
-    zero = PyLong_FromLong(0);
-    if (name_size == NULL || zero == NULL || PyType_Ready(&CupyOwnerType) < 0 || PyType_Ready(&CupyMallocType) < 0)
+    if (PyType_Ready(&CupyOwnerType) < 0 || PyType_Ready(&CupyMallocType) < 0)
         return -1;
     Py_INCREF(&CupyOwnerType);
     if (PyModule_AddObject(module, "CupyOwner", (PyObject *)&CupyOwnerType) < 0) {

@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Protocol
 from ..device import LEGACY_STREAM
 from ..memory.native import load as load_native
 from ..errors import InvalidArgument, InvalidFree, PoolClosed, UnknownStream
+from ..memory.allocation import ALIVE, Allocation as _Allocation
 
 if TYPE_CHECKING:
     from ..memory import Allocation
@@ -59,6 +60,13 @@ log = logging.getLogger(__name__)
 def _read(counter: "count[int]") -> int:
     """How many numbers an itertools.count has handed out (its repr says the next one)."""
     return int(repr(counter)[6:-1])
+
+
+def _allocation_base() -> type | None:
+    """The C base of Allocation whose slots the C twin reads in place (allocation_layout.h), or
+    None where Allocation derives from the Python fallback's (another layout)."""
+    base = getattr(load_native(), "AllocationBase", None)
+    return base if base is not None and issubclass(_Allocation, base) else None
 
 
 class Service(Protocol):
@@ -76,7 +84,8 @@ class LibraryStatistics:
 
     allocations: int                  # handed to the library
     allocations_outside_tasks: int    # of those, on threads working for no task (the executor's)
-    frees: int                        # frees made in the pool (drained)
+    frees: int                        # frees made: drained into the pool, or in place (the newest free
+                                      # handed out again by the next allocation: allocate)
     frees_pending: int                # frees the library made that wait for the next drain
     frees_after_reclaim: int          # frees of allocations reclaimed at their task's release: dropped
     in_use_bytes: int                 # handed out, neither freed nor reclaimed (the pool's peak_in_use_bytes
@@ -131,7 +140,9 @@ class LibraryAllocator:
         if core is not None:
             cls = type(self)
             self._core = core.LibraryCore(
-                pool_allocate={o: p.allocate for o, p in self._pools.items()}, leases=self._leases.table,
+                pool_allocate={o: p.allocate for o, p in self._pools.items()}, pools=dict(self._pools),
+                allocation_base=_allocation_base(),
+                leases=self._leases.table,
                 local=service.registry.attachments, by_owner=self._by_owner, by_pointer=self._by_pointer,
                 frees=self._frees, allocated=self._allocated, allocate_ref=cls.allocate.__get__(self, cls),
                 pointer_ref=cls.allocate_pointer.__get__(self, cls), hold_back=self._hold_back,
@@ -161,15 +172,22 @@ class LibraryAllocator:
         which stream), ordered on ``stream`` (None: the task's stream, else the legacy default).
 
         The task's lease is entered as the registry's own allocate enters it (its protocol: one
-        append, a check, one remove), so that a release either sees the allocation or refuses it."""
-        if self._frees:
-            self.drain()
+        append, a check, one remove), so that a release either sees the allocation or refuses it.
+
+        The library's newest queued free is handed out again as it stands when it is reusable here
+        (:meth:`_reusable`: the pair of a library that frees and allocates one size on its stream);
+        the other queued frees are made first."""
         pool = self._pools.get(device) if device.__class__ is int else None
         if pool is None or self._closed:
+            if self._frees:
+                self.drain()
             raise self._refusal(device)
         task = self._attached_task()
         if task is None and self._by_stream and stream is not None and len(self._leases):
             task = self._registry.task_on_stream(device, stream)
+        kept = self._take_newest(size, stream, task, pool) if self._frees and task is not None else None
+        if self._frees:
+            self.drain()
         if task is None:
             a = self._take(pool, size, LEGACY_STREAM if stream is None else stream, None)
             self._own(a, None)
@@ -177,23 +195,66 @@ class LibraryAllocator:
             next(self._allocated)
             return a
         lease = self._lease_of(task)
-        if lease is None:
-            raise self._leases.refusal(task, None)
-        inside = lease.inside
-        me = get_ident()
-        inside.append(me)
         try:
-            if not lease.open:
-                raise self._leases.refusal(task, lease)
-            b: "TaskBinding" = lease.binding
-            if b.gpu != device:
-                raise InvalidArgument(f"{self.library} asked for memory on GPU {device} on a thread of task {task}, "
-                                      f"which runs on GPU {b.gpu}: make the task's GPU current")
-            a = self._take(pool, size, b.stream if stream is None else stream, task)
-            self._own(a, task)   # inside the lease: the release's listener sees it, or it never happened
+            if lease is None:
+                raise self._leases.refusal(task, None)
+            inside = lease.inside
+            me = get_ident()
+            inside.append(me)
+            try:
+                if not lease.open:
+                    raise self._leases.refusal(task, lease)
+                b: "TaskBinding" = lease.binding
+                if b.gpu != device:
+                    raise InvalidArgument(f"{self.library} asked for memory on GPU {device} on a thread of task "
+                                          f"{task}, which runs on GPU {b.gpu}: make the task's GPU current")
+                on = b.stream if stream is None else stream
+                # checked again inside the lease: the drain ran the pool's code, and a release may have
+                # reclaimed it meanwhile; from here to the leave no release can
+                if kept is not None and self._reusable(kept, size, on, task, pool):
+                    a, kept = kept, None
+                    next(self._frees_made)   # the library's free is made: in place
+                else:
+                    a = self._take(pool, size, on, task)
+                self._own(a, task)   # inside the lease: the release's listener sees it, or it never happened
+            finally:
+                inside.remove(me)
         finally:
-            inside.remove(me)
+            if kept is not None:   # not handed out: queued again, freed at the next drain
+                self._frees.append((kept, True))
         next(self._allocated)
+        return a
+
+    @staticmethod
+    def _reusable(a: "Allocation", size: object, stream: object, task: int, pool: Any) -> bool:
+        """Whether ``a`` can be handed out again as it stands for ``size`` bytes on ``stream`` to
+        ``task`` from ``pool``: live, that pool's, that task's, allocated on that stream with that
+        size, no other stream recorded on it. Its last use was ordered on ``stream``, so work queued
+        there from now on runs after it: the reuse the pool's own bin for that stream makes (the
+        block just freed is the one it hands out next), without the free and the allocation."""
+        return (a._pool is pool and a._extra is None and a._state == ALIVE and a.owner == task
+                and a.stream == stream and a.size == size)
+
+    def _take_newest(self, size: object, stream: object, task: int, pool: Any) -> "Allocation | None":
+        """The newest queued free, taken out of the queue when its allocation is reusable for this
+        call (exact ints only: any other size or stream goes through the pool, which checks it)."""
+        if size.__class__ is not int or stream.__class__ is not int:
+            return None
+        frees = self._frees
+        try:
+            newest = frees[-1]
+        except IndexError:   # drained by another thread meanwhile
+            return None
+        a, counted = newest
+        if not (counted and self._reusable(a, size, stream, task, pool)):
+            return None
+        try:
+            popped = frees.pop()
+        except IndexError:
+            return None
+        if popped is not newest:   # another was queued meanwhile: back in line, nothing taken
+            frees.append(popped)
+            return None
         return a
 
     def _refusal(self, device: object) -> InvalidArgument:

@@ -18,10 +18,7 @@
 
 /* ---- AllocationBase: the fields of an Allocation, as C slots ---------------------------- */
 
-typedef struct {
-    PyObject_HEAD
-    PyObject *ptr, *size, *id, *stream, *owner, *block, *arena, *pool, *extra, *state;
-} AllocationBase;
+#include "allocation_layout.h"   /* typedef AllocationBase: the layout the library allocators' twin reads too */
 
 static int alloc_traverse(AllocationBase *self, visitproc visit, void *arg) {
     Py_VISIT(self->ptr); Py_VISIT(self->size); Py_VISIT(self->id); Py_VISIT(self->stream);
