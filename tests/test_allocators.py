@@ -474,10 +474,11 @@ def test_an_address_the_library_still_holds_is_never_handed_out_again(service, e
 
 
 # the pair: a library that frees and allocates one size on its stream ------------------------------------
-def test_the_newest_free_of_one_size_on_its_stream_is_handed_out_again_in_place(service, emulated):
+def test_the_newest_free_of_one_size_on_its_stream_is_handed_out_again_under_a_new_handle(service, emulated):
     """CuPy's and PyTorch's steady state: a temporary dropped, the next one allocated. The pool
-    would hand the block just freed out again (its bin for that stream); the allocator hands out
-    the allocation itself, with no free and no allocation in the pool, still the task's."""
+    would hand the block just freed out again (its bin for that stream); the allocator has the
+    pool reissue it: the same memory under a new handle, still the task's, the old handle freed
+    (a stale second free of it is refused and dropped, never freeing the new owner's memory)."""
     allocator = service.library_allocators["cupy"]
     pool = service.memory_pool(0)
     b = service.bind_task(5)
@@ -491,11 +492,80 @@ def test_the_newest_free_of_one_size_on_its_stream_is_handed_out_again_in_place(
         return a, again, made, pool.statistics().allocations
 
     a, again, made, after = _in_thread(task)
-    assert again is a and a.alive
-    assert after == made
+    assert again is not a and again.ptr == a.ptr and again.alive and not a.alive
+    assert after == made + 1   # the pool counts the reissue as an allocation: a handle issued
     s = allocator.statistics()
     assert (s.allocations, s.frees, s.frees_pending, s.in_use_bytes) == (2, 1, 0, MIB)
+    allocator.free(a)   # a library's stale second free of the old handle
+    s = allocator.statistics()
+    assert (s.frees, s.frees_after_reclaim, s.in_use_bytes) == (1, 1, MIB) and again.alive
     assert service.release_task(5).leaks_reclaimed == 1   # forgotten: the task's, reclaimed with it
+
+
+def test_a_free_on_a_per_thread_stream_is_not_handed_to_another_threads_stream(service, emulated):
+    """Handle 2 names each thread's own default stream: a block thread A's kernel still writes
+    must not go to thread B's stream unordered (the race detector would see B's write race A's)."""
+    from cudabridge.device import PER_THREAD_STREAM
+    from device_kernels import fill_u32_async
+
+    allocator = service.library_allocators["cupy"]
+    service.bind_task(5)
+    seen = {}
+
+    def first():
+        service.registry.attach(5)
+        a = allocator.allocate(MIB, 0, PER_THREAD_STREAM)
+        fill_u32_async(emulated, a.ptr, MIB // 4, 0x11111111, PER_THREAD_STREAM, 0.2)   # still writing
+        allocator.free(a)
+        seen["a"] = a
+
+    def second():
+        service.registry.attach(5)
+        b = allocator.allocate(MIB, 0, PER_THREAD_STREAM)
+        seen["b"] = b
+        fill_u32_async(emulated, b.ptr, MIB // 4, 0x22222222, PER_THREAD_STREAM)
+        emulated.stream_synchronize(PER_THREAD_STREAM)
+        allocator.free(b)
+
+    _in_thread(first)
+    _in_thread(second)   # a StreamOrderRace here: handed across unordered
+    assert seen["b"] is not seen["a"] and not emulated.races
+    service.release_task(5)
+
+
+def test_a_release_while_the_newest_free_waits_for_reuse_makes_it_and_counts_no_leak(service, emulated, monkeypatch):
+    """The task released on another thread while its allocation drains older frees (which runs
+    the pool's code): the newest free, still in the queue, is made by the release; nothing the
+    task freed is counted as a leak, and the allocation is refused."""
+    allocator = service.library_allocators["cupy"]
+    pool = service.memory_pool(0)
+    b = service.bind_task(5)
+    pool_free, state = pool.free, {"armed": False}
+
+    def free_then_release(a, stream=None):
+        pool_free(a) if stream is None else pool_free(a, stream)
+        if state.pop("armed", False):
+            t = threading.Thread(target=lambda: state.setdefault("report", service.release_task(5)))
+            t.start()
+            t.join(30)
+
+    def task():
+        service.registry.attach(5)
+        older, a = allocator.allocate(2 * MIB, 0, b.stream), allocator.allocate(MIB, 0, b.stream)
+        allocator.free(older)   # drained by the allocation below, which releases the task meanwhile
+        allocator.free(a)       # the newest: a reuse for the allocation below
+        state["armed"] = True
+        monkeypatch.setattr(pool, "free", free_then_release)
+        try:
+            with pytest.raises(UnknownTask):
+                allocator.allocate(MIB, 0, b.stream)
+        finally:
+            monkeypatch.undo()
+
+    _in_thread(task)
+    s = allocator.statistics()
+    assert (s.frees, s.leaks_reclaimed, s.frees_after_reclaim, s.frees_pending) == (2, 0, 0, 0)
+    assert state["report"].leaks_reclaimed == 0
 
 
 def test_the_c_twin_reads_an_allocations_slots_by_name_where_it_does_not_know_their_layout(emulated, monkeypatch):
@@ -519,8 +589,8 @@ def test_the_c_twin_reads_an_allocations_slots_by_name_where_it_does_not_know_th
             return a, again, allocator.allocate(2 * MIB, 0, b.stream)
 
         a, again, other = _in_thread(task)
-        assert again is a and other is not a and not a.alive
-        assert svc.memory_pool(0).statistics().allocations == 2
+        assert again is not a and again.ptr == a.ptr and not a.alive and not again.alive and other.alive
+        assert svc.memory_pool(0).statistics().allocations == 3   # a, its reissue, other
     finally:
         svc.close()
 
@@ -532,7 +602,8 @@ def test_a_free_is_made_not_reused_for_another_size_stream_or_task_or_once_anoth
 
     allocator = service.library_allocators["cupy"]
     pool = service.memory_pool(0)
-    b, other = service.bind_task(5), service.bind_task(6)
+    b = service.bind_task(5)
+    service.bind_task(6)
 
     def first():
         service.registry.attach(5)
@@ -558,7 +629,6 @@ def test_a_free_is_made_not_reused_for_another_size_stream_or_task_or_once_anoth
     assert (s.allocations, s.frees, s.frees_pending) == (2, 1, 0)
     service.release_task(5)
     service.release_task(6)
-    assert other.task_id == 6
 
 
 @pytest.mark.parametrize("size", [True, 1.0], ids=repr)

@@ -70,6 +70,12 @@ def _replay(fast_path, seed):
             a = pool.allocate(size, s, owner=rng.choice([None, 1, 2]))
             live.append(a)
             trace.append(("a", a.ptr, a.size, a.id))
+        elif op < 0.62:   # reissued: its own stream (a new handle) or another (None, nothing changed)
+            i = rng.randrange(len(live))
+            b = pool.reissue(live[i], rng.choice([live[i].stream, *streams]))
+            if b is not None:
+                live[i] = b
+            trace.append(("i", None) if b is None else ("i", b.ptr, b.size, b.id, b.owner))
         elif op < 0.9:
             a = live.pop(rng.randrange(len(live)))
             if rng.random() < 0.2:
@@ -167,11 +173,11 @@ def test_native_bad_input_is_refused_and_changes_nothing(backend):
 def test_native_path_leaks_no_objects(backend):
     s = backend.stream_create()
     pool = make_pool(backend, "native", [s])
-    alloc, free = pool.allocate, pool.free
+    alloc, free, reissue = pool.allocate, pool.free, pool.reissue
 
     def cycle(n):
         for i in range(n):
-            free(alloc(MiB, s, owner=i & 3))
+            free(reissue(alloc(MiB, s, owner=i & 3), s))
             pool.reclaim_owner(i & 3)
 
     cycle(2000)
@@ -193,6 +199,45 @@ def test_pool_suites_pass_on_the_python_path_too():
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     assert " passed" in proc.stdout
+
+
+@pytest.mark.parametrize("fast_path", ["native", "python"])
+def test_reissue_hands_a_live_allocation_out_again_only_where_no_ordering_is_needed(backend, fast_path):
+    """pool.reissue(a, stream): a free and an allocation of a's block on its own stream in one
+    step (the library allocators' pair). A new handle of the same memory and owner; the old one is
+    freed (its free refused); everything else (another stream, one recorded on it, a per-thread
+    stream, an allocation not live, not an Allocation) is None with nothing changed."""
+    if fast_path == "native" and native.load() is None:
+        pytest.skip("the C fast path is not built")
+    from cudabridge.device import PER_THREAD_STREAM
+
+    s, t = backend.stream_create(), backend.stream_create()
+    pool = make_pool(backend, fast_path, [s, t])
+    a = pool.allocate(MiB, s, owner=7)
+    before = pool.statistics()
+    b = pool.reissue(a, s)
+    after = pool.statistics()
+    assert (b.ptr, b.size, b.stream, b.owner) == (a.ptr, a.size, a.stream, a.owner) and b.id != a.id
+    assert b.alive and not a.alive
+    assert (after.in_use_bytes, after.live_allocations, after.allocations) == (
+        before.in_use_bytes, before.live_allocations, before.allocations + 1)
+    with pytest.raises(InvalidFree):
+        pool.free(a)
+    assert pool.reissue(a, s) is None   # not live
+    assert pool.reissue(b, t) is None and b.alive   # another stream: that needs ordering
+    b.record_stream(t)
+    assert pool.reissue(b, s) is None and b.alive   # another stream recorded on it
+    c = pool.allocate(MiB, PER_THREAD_STREAM, owner=7)
+    assert pool.reissue(c, PER_THREAD_STREAM) is None and c.alive   # one stream per thread behind handle 2
+    assert pool.reissue(object(), s) is None and pool.reissue(b, "s") is None
+    with pytest.raises(TypeError):
+        pool.reissue(b)
+    assert pool.reclaim_owner(7) == (2, 2 * MiB)   # b and c: the new handle is the owner's
+    for x in (s, t):
+        backend.stream_synchronize(x)
+    pool.close()
+    backend.stream_destroy(s)
+    backend.stream_destroy(t)
 
 
 @pytest.mark.parametrize("fast_path", ["native", "python"])

@@ -46,6 +46,7 @@ typedef struct {
     PyObject *set_aside;       /* dict: address -> allocation held back for it (LibraryAllocator._set_aside) */
     PyObject *free_pointer_ref;/* the reference free_pointer (bound): what the twin does not take */
     PyObject *pools;           /* dict: GPU ordinal -> that pool (an allocation taken back must be its) */
+    PyObject *pool_reissue;    /* dict: GPU ordinal -> that pool's bound reissue */
     PyObject *frees_pop;       /* the queue's bound pop (its newest) */
     PyObject *allocation_base; /* the C AllocationBase type (its layout: allocation_layout.h), or None */
     int by_stream;             /* a thread attached to no task allocates for the task whose stream it names */
@@ -60,7 +61,7 @@ static int core_traverse(LibraryCore *self, visitproc visit, void *arg) {
     Py_VISIT(self->by_pointer); Py_VISIT(self->frees); Py_VISIT(self->allocated); Py_VISIT(self->allocate_ref);
     Py_VISIT(self->pointer_ref); Py_VISIT(self->hold_back); Py_VISIT(self->unknown_stream);
     Py_VISIT(self->invalid_free); Py_VISIT(self->frees_made); Py_VISIT(self->after_reclaim); Py_VISIT(self->drain_ref);
-    Py_VISIT(self->set_aside); Py_VISIT(self->free_pointer_ref); Py_VISIT(self->pools); Py_VISIT(self->frees_pop); Py_VISIT(self->allocation_base);
+    Py_VISIT(self->set_aside); Py_VISIT(self->free_pointer_ref); Py_VISIT(self->pools); Py_VISIT(self->pool_reissue); Py_VISIT(self->frees_pop); Py_VISIT(self->allocation_base);
     return 0;
 }
 
@@ -69,7 +70,7 @@ static int core_clear(LibraryCore *self) {
     Py_CLEAR(self->by_pointer); Py_CLEAR(self->frees); Py_CLEAR(self->allocated); Py_CLEAR(self->allocate_ref);
     Py_CLEAR(self->pointer_ref); Py_CLEAR(self->hold_back); Py_CLEAR(self->unknown_stream);
     Py_CLEAR(self->invalid_free); Py_CLEAR(self->frees_made); Py_CLEAR(self->after_reclaim); Py_CLEAR(self->drain_ref);
-    Py_CLEAR(self->set_aside); Py_CLEAR(self->free_pointer_ref); Py_CLEAR(self->pools); Py_CLEAR(self->frees_pop); Py_CLEAR(self->allocation_base);
+    Py_CLEAR(self->set_aside); Py_CLEAR(self->free_pointer_ref); Py_CLEAR(self->pools); Py_CLEAR(self->pool_reissue); Py_CLEAR(self->frees_pop); Py_CLEAR(self->allocation_base);
     return 0;
 }
 
@@ -82,12 +83,14 @@ static void core_dealloc(LibraryCore *self) {
 static int core_init(LibraryCore *self, PyObject *args, PyObject *kwds) {
     static char *kw[] = {"pool_allocate", "leases", "local", "by_owner", "by_pointer", "frees", "allocated",
                          "allocate_ref", "pointer_ref", "hold_back", "unknown_stream", "invalid_free", "frees_made",
-                         "after_reclaim", "drain_ref", "set_aside", "free_pointer_ref", "pools", "allocation_base", "by_stream", NULL};
-    PyObject *pa, *le, *lo, *bo, *bp, *fr, *al, *ar, *pr, *hb, *us, *inf, *fm, *afr, *dr, *sa, *fpr, *po, *ab;
+                         "after_reclaim", "drain_ref", "set_aside", "free_pointer_ref", "pools", "pool_reissue", "allocation_base", "by_stream",
+                         NULL};
+    PyObject *pa, *le, *lo, *bo, *bp, *fr, *al, *ar, *pr, *hb, *us, *inf, *fm, *afr, *dr, *sa, *fpr, *po, *pri, *ab;
     int bs = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!O!OO!O!OOOOOOOOOOO!OO!Op", kw, &PyDict_Type, &pa, &PyDict_Type, &le,
-                                     &lo, &PyDict_Type, &bo, &PyDict_Type, &bp, &fr, &al, &ar, &pr, &hb, &us, &inf, &fm,
-                                     &afr, &dr, &PyDict_Type, &sa, &fpr, &PyDict_Type, &po, &ab, &bs))
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!O!OO!O!OOOOOOOOOOO!OO!O!Op", kw, &PyDict_Type, &pa, &PyDict_Type,
+                                     &le, &lo, &PyDict_Type, &bo, &PyDict_Type, &bp, &fr, &al, &ar, &pr, &hb, &us, &inf,
+                                     &fm, &afr, &dr, &PyDict_Type, &sa, &fpr, &PyDict_Type, &po, &PyDict_Type, &pri, &ab,
+                                     &bs))
         return -1;
     if (ab != Py_None && !PyType_Check(ab)) {
         PyErr_SetString(PyExc_TypeError, "LibraryCore: allocation_base must be a type or None");
@@ -100,7 +103,7 @@ static int core_init(LibraryCore *self, PyObject *args, PyObject *kwds) {
     KEEP(pool_allocate, pa); KEEP(leases, le); KEEP(local, lo); KEEP(by_owner, bo); KEEP(by_pointer, bp);
     KEEP(frees, fr); KEEP(allocated, al); KEEP(allocate_ref, ar); KEEP(pointer_ref, pr); KEEP(hold_back, hb);
     KEEP(unknown_stream, us); KEEP(invalid_free, inf); KEEP(frees_made, fm); KEEP(after_reclaim, afr);
-    KEEP(drain_ref, dr); KEEP(set_aside, sa); KEEP(free_pointer_ref, fpr); KEEP(pools, po); KEEP(allocation_base, ab);
+    KEEP(drain_ref, dr); KEEP(set_aside, sa); KEEP(free_pointer_ref, fpr); KEEP(pools, po); KEEP(pool_reissue, pri); KEEP(allocation_base, ab);
 #undef KEEP
     self->by_stream = bs;
     self->closed = 0;
@@ -133,14 +136,14 @@ static int count_one(PyObject *counter) {
     return 0;
 }
 
-/* drain() -> int: LibraryAllocator.drain. Each queued (allocation, counted) is freed in the pool
+/* drain() -> int: LibraryAllocator.drain (drain_some: the oldest `limit` of them, all when < 0,
+ * LibraryAllocator._drain). Each queued (allocation, counted) is freed in the pool
  * (the pool's free refuses, with InvalidFree, one reclaimed meanwhile: counted when `counted`,
  * dropped); a free that fails otherwise is put back first in the queue and the reference drain
  * takes over from there (it logs it and goes on). */
-static PyObject *core_drain(LibraryCore *self, PyObject *unused) {
-    (void)unused;
+static PyObject *drain_some(LibraryCore *self, Py_ssize_t limit) {
     long made = 0;
-    for (;;) {
+    for (Py_ssize_t taken = 0; limit < 0 || taken < limit; taken++) {
         Py_ssize_t queued = PyObject_Size(self->frees);
         if (queued < 0) return NULL;
         if (queued == 0) break;
@@ -206,6 +209,11 @@ static PyObject *core_drain(LibraryCore *self, PyObject *unused) {
         Py_DECREF(item);
     }
     return PyLong_FromLong(made);
+}
+
+static PyObject *core_drain(LibraryCore *self, PyObject *unused) {
+    (void)unused;
+    return drain_some(self, -1);
 }
 
 #define HAND_OVER 2   /* not taken here: the reference does the whole call */
@@ -275,27 +283,38 @@ static int reusable(LibraryCore *self, PyObject *a, PyObject *size, PyObject *st
     return ok;
 }
 
-/* The newest queued free, taken out of the queue when its allocation is reusable (above) for this
- * call: a new reference to the allocation, or NULL (none; no error). Exact ints only: any other
- * size or stream goes through the pool, which checks it. */
-static PyObject *take_newest(LibraryCore *self, PyObject *size, PyObject *device, PyObject *stream, PyObject *task) {
+/* The newest queued free (a new reference to the (allocation, counted) item) when its allocation
+ * is reusable (above) for this call, else NULL (no error). Exact ints only: any other size or
+ * stream goes through the pool, which checks it. Takes nothing out of the queue. */
+static PyObject *newest_reusable(LibraryCore *self, PyObject *size, PyObject *device, PyObject *stream,
+                                 PyObject *task) {
     if (!PyLong_CheckExact(size) || stream == NULL || !PyLong_CheckExact(stream)) return NULL;
     PyObject *pool = PyDict_GetItemWithError(self->pools, device);   /* borrowed */
     PyObject *newest = pool == NULL ? NULL : PySequence_GetItem(self->frees, -1);
-    PyObject *kept = NULL;
-    if (newest != NULL && PyTuple_CheckExact(newest) && PyTuple_GET_SIZE(newest) == 2 &&
-        PyTuple_GET_ITEM(newest, 1) == Py_True && reusable(self, PyTuple_GET_ITEM(newest, 0), size, stream, task, pool)) {
-        PyObject *popped = PyObject_CallNoArgs(self->frees_pop);
-        if (popped == newest) {
-            kept = Py_NewRef(PyTuple_GET_ITEM(newest, 0));
-        } else if (popped != NULL) {   /* another was queued meanwhile: back in line, nothing taken */
-            PyObject *r = PyObject_CallMethodOneArg(self->frees, name_append, popped);
-            if (r == NULL) PyErr_WriteUnraisable(self->frees);
-            Py_XDECREF(r);
-        }
-        Py_XDECREF(popped);
+    if (newest != NULL && !(PyTuple_CheckExact(newest) && PyTuple_GET_SIZE(newest) == 2 &&
+                            PyTuple_GET_ITEM(newest, 1) == Py_True &&
+                            reusable(self, PyTuple_GET_ITEM(newest, 0), size, stream, task, pool)))
+        Py_CLEAR(newest);
+    PyErr_Clear();
+    return newest;
+}
+
+/* newest_reusable's item taken out of the queue: a new reference to its allocation, or NULL (no
+ * error). Inside the task's lease only: from there to the leave no release of the task can drain
+ * the queue without it, so a free taken out is either handed out again or put back. */
+static PyObject *take_newest(LibraryCore *self, PyObject *size, PyObject *device, PyObject *stream, PyObject *task) {
+    PyObject *newest = newest_reusable(self, size, device, stream, task);
+    if (newest == NULL) return NULL;
+    PyObject *kept = NULL, *popped = PyObject_CallNoArgs(self->frees_pop);
+    if (popped == newest) {
+        kept = Py_NewRef(PyTuple_GET_ITEM(newest, 0));
+    } else if (popped != NULL) {   /* another was queued meanwhile: back in line, nothing taken */
+        PyObject *r = PyObject_CallMethodOneArg(self->frees, name_append, popped);
+        if (r == NULL) PyErr_WriteUnraisable(self->frees);
+        Py_XDECREF(r);
     }
-    Py_XDECREF(newest);
+    Py_XDECREF(popped);
+    Py_DECREF(newest);
     PyErr_Clear();
     return kept;
 }
@@ -313,12 +332,12 @@ static void put_back(LibraryCore *self, PyObject *a) {
 }
 
 /* The common case; 0 with *out set, HAND_OVER (nothing changed), or -1 with an error (the pool's).
- * The library's newest queued free is handed out again when it is reusable for this call (the pair
- * of a library that frees and allocates the same size on its stream); the other queued frees are
- * made first. */
+ * The library's newest queued free, when reusable for this call (the pair of a library that frees
+ * and allocates one size on its stream), is handed out again under a new handle (the pool's
+ * reissue) instead of being freed; every other queued free is made first. */
 static int allocate_common(LibraryCore *self, PyObject *size, PyObject *device, PyObject *stream, PyObject **out) {
     if (self->closed || !PyLong_CheckExact(device)) return HAND_OVER;
-    PyObject *pool_allocate = PyDict_GetItemWithError(self->pool_allocate, device);
+    PyObject *pool_allocate = PyDict_GetItemWithError(self->pool_allocate, device);   /* borrowed: a dict of ours */
     if (pool_allocate == NULL) {
         if (PyErr_Occurred()) PyErr_Clear();
         return HAND_OVER;
@@ -331,17 +350,14 @@ static int allocate_common(LibraryCore *self, PyObject *size, PyObject *device, 
         if (failed) PyErr_Clear();
         return HAND_OVER;   /* the executor's allocation (or a stream no one task has): the reference */
     }
-    PyObject *kept = NULL;   /* the newest queued free's allocation, out of the queue, to hand out again */
     Py_ssize_t queued = PyObject_Size(self->frees);
-    if (queued > 0) kept = take_newest(self, size, device, stream, task);
-    if (queued != 0 && (kept == NULL || queued > 1)) {   /* frees to make first */
-        PyObject *made = queued < 0 ? NULL : core_drain(self, NULL);
+    if (queued != 0) {   /* the frees to make first: all but a newest this call may hand out again */
+        PyObject *newest = queued > 0 ? newest_reusable(self, size, device, stream, task) : NULL;
+        Py_ssize_t limit = newest != NULL ? queued - 1 : -1;
+        Py_XDECREF(newest);
+        PyObject *made = queued < 0 ? NULL : limit != 0 ? drain_some(self, limit) : Py_NewRef(Py_None);
         if (made == NULL) {
             PyErr_Clear();
-            if (kept != NULL) {
-                put_back(self, kept);
-                Py_DECREF(kept);
-            }
             Py_DECREF(task);
             return HAND_OVER;   /* the reference drains and says what failed */
         }
@@ -349,7 +365,7 @@ static int allocate_common(LibraryCore *self, PyObject *size, PyObject *device, 
     }
     int rc = HAND_OVER, reused = 0;
     PyObject *lease = PyDict_GetItemWithError(self->leases, task);   /* borrowed */
-    PyObject *inside = NULL, *binding = NULL, *a = NULL;
+    PyObject *inside = NULL, *binding = NULL, *a = NULL, *kept = NULL;
     unsigned long me = 0;
     if (lease == NULL) {
         if (PyErr_Occurred()) PyErr_Clear();
@@ -373,13 +389,31 @@ static int allocate_common(LibraryCore *self, PyObject *size, PyObject *device, 
         goto leave_lease;
     }
     PyObject *on = stream == NULL || stream == Py_None ? PyTuple_GET_ITEM(binding, 3) : stream;
-    /* checked again inside the lease: the drain above ran the pool's code, and a release may have
-     * reclaimed it meanwhile; from here to the leave no release can */
-    if (kept != NULL && reusable(self, kept, size, on, task, PyDict_GetItem(self->pools, device))) {
-        a = kept;
-        kept = NULL;
-        reused = 1;
-    } else {
+    /* taken out of the queue only here: no release of the task can now drain the queue without it */
+    kept = PyObject_Size(self->frees) > 0 ? take_newest(self, size, device, on, task) : NULL;
+    if (kept != NULL) {
+        PyObject *reissue = PyDict_GetItemWithError(self->pool_reissue, device);   /* borrowed: a dict of ours */
+        PyObject *argv[2] = {kept, on};
+        a = reissue == NULL ? NULL : PyObject_Vectorcall(reissue, argv, 2, NULL);
+        if (a == NULL) {
+            PyErr_Clear();
+        } else if (a == Py_None) {   /* not after all (a per-thread stream): freed first, as the drain would */
+            Py_CLEAR(a);
+        } else {
+            reused = 1;
+        }
+        if (!reused) {
+            put_back(self, kept);
+            Py_CLEAR(kept);
+            PyObject *made = core_drain(self, NULL);
+            if (made == NULL) {
+                PyErr_Clear();
+                goto leave_lease;   /* HAND_OVER: the reference drains and says what failed */
+            }
+            Py_DECREF(made);
+        }
+    }
+    if (a == NULL) {
         PyObject *argv[3] = {size, on, task};
         a = PyObject_Vectorcall(pool_allocate, argv, 3, NULL);
     }
@@ -404,12 +438,13 @@ static int allocate_common(LibraryCore *self, PyObject *size, PyObject *device, 
         rc = -1;   /* out of memory: the allocation goes back below */
         goto leave_lease;
     }
+    if (reused && PyDict_DelItem(owned, kept) < 0) PyErr_Clear();   /* the old handle: freed by the reissue */
     rc = 0;
 leave_lease:
     if (lease_leave_checked(inside, me, "library allocator") < 0) rc = -1;
     if (rc == 0) {
         PyObject *n = PyIter_Next(self->allocated);
-        if (n == NULL || (reused && count_one(self->frees_made) < 0)) {   /* a reuse: the library's free is made */
+        if (n == NULL || (reused && count_one(self->frees_made) < 0)) {   /* a reissue: the library's free is made */
             rc = -1;
         } else {
             *out = a;
@@ -418,23 +453,16 @@ leave_lease:
         Py_XDECREF(n);
     }
     if (a != NULL) {   /* made but not handed out (an error after it): freed again at once */
-        if (reused) {
-            put_back(self, a);
-        } else {
-            PyObject *t, *v, *tb;
-            PyErr_Fetch(&t, &v, &tb);
-            PyObject *r = PyObject_CallMethod(a, "free", NULL);
-            Py_XDECREF(r);
-            PyErr_Clear();
-            PyErr_Restore(t, v, tb);
-        }
+        PyObject *t, *v, *tb;
+        PyErr_Fetch(&t, &v, &tb);
+        PyObject *r = PyObject_CallMethod(a, "free", NULL);
+        Py_XDECREF(r);
+        PyErr_Clear();
+        PyErr_Restore(t, v, tb);
         Py_DECREF(a);
     }
 done:
-    if (kept != NULL) {   /* not handed out: queued again */
-        put_back(self, kept);
-        Py_DECREF(kept);
-    }
+    Py_XDECREF(kept);   /* reissued (its handle freed) or put back */
     Py_XDECREF(binding);
     Py_XDECREF(inside);
     Py_XDECREF(lease);

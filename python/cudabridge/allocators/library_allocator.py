@@ -141,6 +141,7 @@ class LibraryAllocator:
             cls = type(self)
             self._core = core.LibraryCore(
                 pool_allocate={o: p.allocate for o, p in self._pools.items()}, pools=dict(self._pools),
+                pool_reissue={o: p.reissue for o, p in self._pools.items()},
                 allocation_base=_allocation_base(),
                 leases=self._leases.table,
                 local=service.registry.attachments, by_owner=self._by_owner, by_pointer=self._by_pointer,
@@ -174,9 +175,10 @@ class LibraryAllocator:
         The task's lease is entered as the registry's own allocate enters it (its protocol: one
         append, a check, one remove), so that a release either sees the allocation or refuses it.
 
-        The library's newest queued free is handed out again as it stands when it is reusable here
-        (:meth:`_reusable`: the pair of a library that frees and allocates one size on its stream);
-        the other queued frees are made first."""
+        The library's newest queued free, when reusable here (:meth:`_reusable`: the pair of a
+        library that frees and allocates one size on its stream), is handed out again under a new
+        handle (the pool's ``reissue``) instead of being freed; every other queued free is made
+        first."""
         pool = self._pools.get(device) if device.__class__ is int else None
         if pool is None or self._closed:
             if self._frees:
@@ -185,9 +187,11 @@ class LibraryAllocator:
         task = self._attached_task()
         if task is None and self._by_stream and stream is not None and len(self._leases):
             task = self._registry.task_on_stream(device, stream)
-        kept = self._take_newest(size, stream, task, pool) if self._frees and task is not None else None
-        if self._frees:
-            self.drain()
+        frees = self._frees
+        if frees:   # all but a newest this call may hand out again
+            queued = len(frees)
+            keep = task is not None and self._newest_reusable(size, stream, task, pool) is not None
+            self._drain(queued - 1 if keep else -1)
         if task is None:
             a = self._take(pool, size, LEGACY_STREAM if stream is None else stream, None)
             self._own(a, None)
@@ -195,59 +199,79 @@ class LibraryAllocator:
             next(self._allocated)
             return a
         lease = self._lease_of(task)
+        if lease is None:
+            raise self._leases.refusal(task, None)
+        inside = lease.inside
+        me = get_ident()
+        inside.append(me)
+        reissued = False
         try:
-            if lease is None:
-                raise self._leases.refusal(task, None)
-            inside = lease.inside
-            me = get_ident()
-            inside.append(me)
-            try:
-                if not lease.open:
-                    raise self._leases.refusal(task, lease)
-                b: "TaskBinding" = lease.binding
-                if b.gpu != device:
-                    raise InvalidArgument(f"{self.library} asked for memory on GPU {device} on a thread of task "
-                                          f"{task}, which runs on GPU {b.gpu}: make the task's GPU current")
-                on = b.stream if stream is None else stream
-                # checked again inside the lease: the drain ran the pool's code, and a release may have
-                # reclaimed it meanwhile; from here to the leave no release can
-                if kept is not None and self._reusable(kept, size, on, task, pool):
-                    a, kept = kept, None
-                    next(self._frees_made)   # the library's free is made: in place
+            if not lease.open:
+                raise self._leases.refusal(task, lease)
+            b: "TaskBinding" = lease.binding
+            if b.gpu != device:
+                raise InvalidArgument(f"{self.library} asked for memory on GPU {device} on a thread of task {task}, "
+                                      f"which runs on GPU {b.gpu}: make the task's GPU current")
+            on = b.stream if stream is None else stream
+            # taken out of the queue only here: no release of the task can now drain it without it
+            kept = self._take_newest(size, on, task, pool) if frees else None
+            a = None
+            if kept is not None:
+                try:
+                    a = pool.reissue(kept, on)
+                finally:
+                    if a is None:   # not after all (a per-thread stream): freed first, as the drain would
+                        frees.append((kept, True))
+                if a is None:
+                    self.drain()
                 else:
-                    a = self._take(pool, size, on, task)
-                self._own(a, task)   # inside the lease: the release's listener sees it, or it never happened
-            finally:
-                inside.remove(me)
+                    reissued = True
+                    owned = self._by_owner.get(task)
+                    if owned is not None:
+                        owned.pop(kept, None)   # the old handle: freed by the reissue
+            if a is None:
+                a = self._take(pool, size, on, task)
+            self._own(a, task)   # inside the lease: the release's listener sees it, or it never happened
         finally:
-            if kept is not None:   # not handed out: queued again, freed at the next drain
-                self._frees.append((kept, True))
+            inside.remove(me)
         next(self._allocated)
+        if reissued:
+            next(self._frees_made)   # the library's free is made: reissued
         return a
 
     @staticmethod
     def _reusable(a: "Allocation", size: object, stream: object, task: int, pool: Any) -> bool:
-        """Whether ``a`` can be handed out again as it stands for ``size`` bytes on ``stream`` to
-        ``task`` from ``pool``: live, that pool's, that task's, allocated on that stream with that
-        size, no other stream recorded on it. Its last use was ordered on ``stream``, so work queued
-        there from now on runs after it: the reuse the pool's own bin for that stream makes (the
-        block just freed is the one it hands out next), without the free and the allocation."""
+        """Whether ``a`` can be handed out again for ``size`` bytes on ``stream`` to ``task`` from
+        ``pool``: live, that pool's, that task's, allocated on that stream with that size, no other
+        stream recorded on it. Its last use was ordered on ``stream``, so work queued there from
+        now on runs after it: the reuse the pool's own bin for that stream makes (the block just
+        freed is the one it hands out next), without the free and the allocation. The pool's
+        ``reissue`` decides last (it refuses a per-thread stream, whose handle names another
+        stream on each thread)."""
         return (a._pool is pool and a._extra is None and a._state == ALIVE and a.owner == task
                 and a.stream == stream and a.size == size)
 
-    def _take_newest(self, size: object, stream: object, task: int, pool: Any) -> "Allocation | None":
-        """The newest queued free, taken out of the queue when its allocation is reusable for this
-        call (exact ints only: any other size or stream goes through the pool, which checks it)."""
+    def _newest_reusable(self, size: object, stream: object, task: int, pool: Any) -> tuple | None:
+        """The newest queued free, (allocation, counted), when its allocation is reusable for this
+        call, else None; takes nothing out. Exact ints only: any other size or stream goes through
+        the pool, which checks it."""
         if size.__class__ is not int or stream.__class__ is not int:
             return None
-        frees = self._frees
         try:
-            newest = frees[-1]
+            newest = self._frees[-1]
         except IndexError:   # drained by another thread meanwhile
             return None
         a, counted = newest
-        if not (counted and self._reusable(a, size, stream, task, pool)):
+        return newest if counted and self._reusable(a, size, stream, task, pool) else None
+
+    def _take_newest(self, size: object, stream: object, task: int, pool: Any) -> "Allocation | None":
+        """:meth:`_newest_reusable`'s allocation taken out of the queue, or None. Inside the task's
+        lease only: from there to the leave no release of the task can drain the queue without it,
+        so a free taken out is either handed out again or put back."""
+        newest = self._newest_reusable(size, stream, task, pool)
+        if newest is None:
             return None
+        frees = self._frees
         try:
             popped = frees.pop()
         except IndexError:
@@ -255,7 +279,7 @@ class LibraryAllocator:
         if popped is not newest:   # another was queued meanwhile: back in line, nothing taken
             frees.append(popped)
             return None
-        return a
+        return newest[0]
 
     def _refusal(self, device: object) -> InvalidArgument:
         if self._closed:
@@ -354,9 +378,14 @@ class LibraryAllocator:
     def drain(self) -> int:
         """Make the queued frees in the pool; returns how many were made. Any thread, any time
         outside the pool's own calls (never from a finalizer)."""
-        made = 0
+        return self._drain(-1)
+
+    def _drain(self, limit: int) -> int:
+        """:meth:`drain` of the oldest ``limit`` queued frees (all when negative)."""
+        made = taken = 0
         frees, by_owner = self._frees, self._by_owner
-        while frees:
+        while frees and taken != limit:
+            taken += 1
             try:
                 a, counted = frees.popleft()
             except IndexError:   # another thread drained it first

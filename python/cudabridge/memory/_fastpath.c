@@ -510,6 +510,78 @@ static PyObject *fp_free(FastPath *self, PyObject *const *args, Py_ssize_t nargs
     Py_RETURN_NONE;
 }
 
+/* reissue(a, stream) -> Allocation | None: PythonFastPath.reissue. The live allocation `a`
+ * handed out again under a new handle for work ordered on `stream`, where that needs no ordering:
+ * `stream` is the one whose arena `a` was allocated on (not a per-thread stream's, whose handle
+ * names another stream on each thread), and no other stream was recorded on `a`. In one step: `a`
+ * is claimed out of the live set as a free claims it (its later free or record_stream is refused),
+ * and a new allocation of the same block, size, stream and owner takes its place (a new id; the
+ * bytes in use unchanged). None, with nothing changed, where it does not apply. The caller keeps
+ * the owner's release out meanwhile (a task lease), as for an allocation. */
+static PyObject *fp_reissue(FastPath *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_Format(PyExc_TypeError, "reissue() takes 2 arguments (allocation, stream), %zd given", nargs);
+        return NULL;
+    }
+    PyObject *a = args[0], *stream = args[1];
+    if (Py_TYPE(a) != self->alloc_type || !PyLong_CheckExact(stream))
+        Py_RETURN_NONE;
+    AllocationBase *old = (AllocationBase *)a;
+    PyObject *arena = PyDict_GetItemWithError(self->arenas, stream);   /* borrowed */
+    if (arena == NULL) {
+        if (PyErr_Occurred()) return NULL;
+        Py_RETURN_NONE;
+    }
+    if (arena != old->arena || !PyObject_TypeCheck(arena, &ArenaBaseType) || ((ArenaBase *)arena)->eager == Py_True ||
+        (old->extra != NULL && old->extra != Py_None) || old->block == NULL)
+        Py_RETURN_NONE;
+    /* the new handle first: a failure here changes nothing */
+    PyObject *idobj = PyLong_FromLongLong(self->next_id);
+    AllocationBase *b = idobj == NULL ? NULL : (AllocationBase *)self->alloc_type->tp_alloc(self->alloc_type, 0);
+    if (b == NULL) {
+        Py_XDECREF(idobj);
+        return NULL;
+    }
+    int removed = PySet_Discard(self->live, a);
+    if (removed <= 0) {   /* not live (freed, reclaimed, closed): nothing to reissue */
+        Py_DECREF(idobj);
+        Py_DECREF(b);
+        if (removed < 0) return NULL;
+        Py_RETURN_NONE;
+    }
+    self->next_id++;
+    set_slot(&old->state, self->freed);
+    b->ptr = Py_NewRef(old->ptr); b->size = Py_NewRef(old->size); b->id = idobj;
+    b->stream = Py_NewRef(old->stream); b->owner = Py_NewRef(old->owner ? old->owner : Py_None);
+    b->block = Py_NewRef(old->block); b->arena = Py_NewRef(arena); b->pool = Py_NewRef(self->pool);
+    b->extra = Py_NewRef(Py_None); b->state = Py_NewRef(self->alive);
+    PyObject *owned = NULL;
+    if (b->owner != Py_None) {
+        owned = PyDict_GetItemWithError(self->owners, b->owner);   /* borrowed; NULL: none (not expected) */
+        if (owned == NULL && PyErr_Occurred()) goto undo;
+    }
+    if (PySet_Add(self->live, (PyObject *)b) < 0) goto undo;
+    if (owned != NULL) {
+        if (PyDict_SetItem(owned, (PyObject *)b, Py_None) < 0) {
+            PySet_Discard(self->live, (PyObject *)b);
+            goto undo;
+        }
+        if (PyDict_DelItem(owned, a) < 0) PyErr_Clear();   /* not there: nothing to drop */
+    }
+    return (PyObject *)b;
+undo:   /* out of memory: `a` live again, as it was */
+    {
+        PyObject *et, *ev, *etb;
+        PyErr_Fetch(&et, &ev, &etb);
+        self->next_id--;
+        set_slot(&old->state, self->alive);
+        if (PySet_Add(self->live, a) < 0) PyErr_Clear();
+        PyErr_Restore(et, ev, etb);
+    }
+    Py_DECREF(b);
+    return NULL;
+}
+
 static PyObject *fp_get_issued(FastPath *self, void *closure) {
     return PyLong_FromLongLong(self->next_id - 1);
 }
@@ -557,6 +629,8 @@ static PyMethodDef fp_methods[] = {
      "allocate(size, stream, owner=None): the pool's allocate, fast path in C."},
     {"free", (PyCFunction)(void (*)(void))fp_free, METH_FASTCALL | METH_KEYWORDS,
      "free(allocation, stream=None): the pool's free, fast path in C."},
+    {"reissue", (PyCFunction)(void (*)(void))fp_reissue, METH_FASTCALL,
+     "reissue(allocation, stream) -> Allocation | None: a live allocation under a new handle (python_fast_path.py)."},
     {"add", (PyCFunction)fp_add, METH_O, "add(delta): change bytes in use (the UsageLedger interface)."},
     {"fold", (PyCFunction)fp_fold, METH_NOARGS, "no-op: in_use and peak are always exact."},
     {NULL, NULL, 0, NULL},

@@ -147,6 +147,41 @@ class PythonFastPath:
                 self._trim_recent(arena)
         self._ledger_add(-nbytes)
 
+    def reissue(self, a: Allocation, stream: int) -> Allocation | None:
+        """The live allocation ``a`` handed out again under a new handle for work ordered on
+        ``stream``, where that needs no ordering: ``stream`` is the one whose arena ``a`` was
+        allocated on (not a per-thread stream's, whose handle names another stream on each
+        thread), and no other stream was recorded on ``a``. ``a`` is claimed out of the live set as
+        a free claims it (its later free or record_stream is refused), and a new allocation of the
+        same block, size, stream and owner takes its place (a new id, counted as an allocation;
+        the bytes in use unchanged). None, with nothing changed, where it does not apply. The
+        caller keeps the owner's release out meanwhile (a task lease), as for an allocation."""
+        if a.__class__ is not Allocation or stream.__class__ is not int:
+            return None
+        arena = self._arenas.get(stream)
+        if arena is None or arena is not a._arena or arena.eager or a._extra is not None:
+            return None
+        try:
+            self._live.remove(a)
+        except (KeyError, TypeError):   # not live (freed, reclaimed, closed): nothing to reissue
+            return None
+        a._state = FREED
+        blk = a._block
+        aid = next(self._ids)
+        b = Allocation(a.ptr, a.size, aid, a.stream, a.owner, blk, arena, self._pool)
+        self._live.add(b)
+        if a.owner is not None:
+            owned = self._owners.get(a.owner)
+            if owned is not None:
+                owned[b] = None
+                owned.pop(a, None)
+        nbytes = blk.size
+        self._ledger_add(-nbytes)   # a free and an allocation of the block, in the ledger's terms
+        self._ledger_add(nbytes)
+        if not aid & FOLD_MASK:
+            self._ledger.fold()
+        return b
+
     def _is_live(self, a: object) -> bool:
         try:
             return a in self._live

@@ -153,6 +153,7 @@ class StreamOrderedMemoryPool:
         self._fast = fast
         self.allocate = fast.allocate  # type: ignore[method-assign]
         self.free = fast.free  # type: ignore[method-assign]
+        self.reissue = fast.reissue  # type: ignore[method-assign]
         if opts.initial_bytes:
             with self._lock, self._on_device():
                 blk = self._upstream.grow(opts.initial_bytes, small=False, exact=True)
@@ -290,6 +291,15 @@ class StreamOrderedMemoryPool:
         allocated on, plus any recorded with :meth:`record_stream`). Replaced by the fast path's
         own ``free`` on each pool, as ``allocate``."""
         return self._fast.free(a, stream)
+
+    def reissue(self, a: Allocation, stream: int) -> Allocation | None:
+        """A free of ``a`` and an allocation of its block on ``stream`` in one step, for a holder
+        that frees and allocates one size on one stream (the library allocators): a new handle of
+        the same memory, owner and stream, or None with nothing changed where that would need
+        ordering (another stream, a per-thread stream, a stream recorded on ``a``) or ``a`` is not
+        live. The old handle is freed: its later free is refused. Replaced by the fast path's own
+        ``reissue`` on each pool, as ``allocate``."""
+        return self._fast.reissue(a, stream)
 
     def _bad_free(self, a: object) -> None:
         raise free_refusal(a, self)
