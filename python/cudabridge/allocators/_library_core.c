@@ -47,7 +47,7 @@ typedef struct {
     PyObject *free_pointer_ref;/* the reference free_pointer (bound): what the twin does not take */
     PyObject *pools;           /* dict: GPU ordinal -> that pool (an allocation taken back must be its) */
     PyObject *pool_reissue;    /* dict: GPU ordinal -> that pool's bound reissue */
-    PyObject *frees_pop;       /* the queue's bound pop (its newest) */
+    PyObject *frees_pop, *frees_popleft, *frees_append;   /* the queue's bound pop, popleft, append */
     PyObject *allocation_base; /* the C AllocationBase type (its layout: allocation_layout.h), or None */
     int by_stream;             /* a thread attached to no task allocates for the task whose stream it names */
     int closed;
@@ -61,7 +61,7 @@ static int core_traverse(LibraryCore *self, visitproc visit, void *arg) {
     Py_VISIT(self->by_pointer); Py_VISIT(self->frees); Py_VISIT(self->allocated); Py_VISIT(self->allocate_ref);
     Py_VISIT(self->pointer_ref); Py_VISIT(self->hold_back); Py_VISIT(self->unknown_stream);
     Py_VISIT(self->invalid_free); Py_VISIT(self->frees_made); Py_VISIT(self->after_reclaim); Py_VISIT(self->drain_ref);
-    Py_VISIT(self->set_aside); Py_VISIT(self->free_pointer_ref); Py_VISIT(self->pools); Py_VISIT(self->pool_reissue); Py_VISIT(self->frees_pop); Py_VISIT(self->allocation_base);
+    Py_VISIT(self->set_aside); Py_VISIT(self->free_pointer_ref); Py_VISIT(self->pools); Py_VISIT(self->pool_reissue); Py_VISIT(self->frees_pop); Py_VISIT(self->frees_popleft); Py_VISIT(self->frees_append); Py_VISIT(self->allocation_base);
     return 0;
 }
 
@@ -70,7 +70,7 @@ static int core_clear(LibraryCore *self) {
     Py_CLEAR(self->by_pointer); Py_CLEAR(self->frees); Py_CLEAR(self->allocated); Py_CLEAR(self->allocate_ref);
     Py_CLEAR(self->pointer_ref); Py_CLEAR(self->hold_back); Py_CLEAR(self->unknown_stream);
     Py_CLEAR(self->invalid_free); Py_CLEAR(self->frees_made); Py_CLEAR(self->after_reclaim); Py_CLEAR(self->drain_ref);
-    Py_CLEAR(self->set_aside); Py_CLEAR(self->free_pointer_ref); Py_CLEAR(self->pools); Py_CLEAR(self->pool_reissue); Py_CLEAR(self->frees_pop); Py_CLEAR(self->allocation_base);
+    Py_CLEAR(self->set_aside); Py_CLEAR(self->free_pointer_ref); Py_CLEAR(self->pools); Py_CLEAR(self->pool_reissue); Py_CLEAR(self->frees_pop); Py_CLEAR(self->frees_popleft); Py_CLEAR(self->frees_append); Py_CLEAR(self->allocation_base);
     return 0;
 }
 
@@ -96,9 +96,17 @@ static int core_init(LibraryCore *self, PyObject *args, PyObject *kwds) {
         PyErr_SetString(PyExc_TypeError, "LibraryCore: allocation_base must be a type or None");
         return -1;
     }
-    PyObject *pop = PyObject_GetAttr(fr, name_pop);
-    if (pop == NULL) return -1;
+    PyObject *pop = PyObject_GetAttr(fr, name_pop), *popleft = PyObject_GetAttr(fr, name_popleft),
+             *append = PyObject_GetAttr(fr, name_append);
+    if (pop == NULL || popleft == NULL || append == NULL) {
+        Py_XDECREF(pop);
+        Py_XDECREF(popleft);
+        Py_XDECREF(append);
+        return -1;
+    }
     Py_XSETREF(self->frees_pop, pop);
+    Py_XSETREF(self->frees_popleft, popleft);
+    Py_XSETREF(self->frees_append, append);
 #define KEEP(field, v) do { Py_INCREF(v); Py_XSETREF(self->field, v); } while (0)
     KEEP(pool_allocate, pa); KEEP(leases, le); KEEP(local, lo); KEEP(by_owner, bo); KEEP(by_pointer, bp);
     KEEP(frees, fr); KEEP(allocated, al); KEEP(allocate_ref, ar); KEEP(pointer_ref, pr); KEEP(hold_back, hb);
@@ -147,7 +155,7 @@ static PyObject *drain_some(LibraryCore *self, Py_ssize_t limit) {
         Py_ssize_t queued = PyObject_Size(self->frees);
         if (queued < 0) return NULL;
         if (queued == 0) break;
-        PyObject *item = PyObject_CallMethodNoArgs(self->frees, name_popleft);
+        PyObject *item = PyObject_CallNoArgs(self->frees_popleft);
         if (item == NULL) {
             if (PyErr_ExceptionMatches(PyExc_IndexError)) {   /* another thread drained it first */
                 PyErr_Clear();
@@ -309,7 +317,7 @@ static PyObject *take_newest(LibraryCore *self, PyObject *size, PyObject *device
     if (popped == newest) {
         kept = Py_NewRef(PyTuple_GET_ITEM(newest, 0));
     } else if (popped != NULL) {   /* another was queued meanwhile: back in line, nothing taken */
-        PyObject *r = PyObject_CallMethodOneArg(self->frees, name_append, popped);
+        PyObject *r = PyObject_CallOneArg(self->frees_append, popped);
         if (r == NULL) PyErr_WriteUnraisable(self->frees);
         Py_XDECREF(r);
     }
@@ -529,7 +537,7 @@ static PyObject *core_allocate_pointer(LibraryCore *self, PyObject *const *args,
  * thread, inside the pool's own calls). 0, or -1 with an error. */
 static int queue_free(LibraryCore *self, PyObject *a, PyObject *counted) {
     PyObject *item = PyTuple_Pack(2, a, counted);
-    PyObject *r = item == NULL ? NULL : PyObject_CallMethodOneArg(self->frees, name_append, item);
+    PyObject *r = item == NULL ? NULL : PyObject_CallOneArg(self->frees_append, item);
     Py_XDECREF(item);
     if (r == NULL) return -1;
     Py_DECREF(r);

@@ -135,8 +135,18 @@ static PyObject *malloc_call(CupyMalloc *self, PyObject *const *args, size_t nar
     owner->allocator = Py_NewRef(self->allocator);
     owner->allocation = a;   /* the reference allocate_common gave */
     owner->core = (LibraryCore *)Py_NewRef((PyObject *)self->core);
-    PyObject *ptr = PyObject_GetAttr(a, name_ptr);
-    PyObject *size = ptr == NULL ? NULL : PyObject_GetAttr(a, name_size);
+    PyObject *ptr, *size;
+    if (self->core->allocation_base != Py_None && PyObject_TypeCheck(a, (PyTypeObject *)self->core->allocation_base)) {
+        ptr = Py_XNewRef(((AllocationBase *)a)->ptr);   /* the slots in place (allocation_layout.h) */
+        size = Py_XNewRef(((AllocationBase *)a)->size);
+        if (ptr == NULL || size == NULL) {
+            Py_CLEAR(size);
+            PyErr_SetString(PyExc_SystemError, "cudabridge cupy malloc: an allocation without its pointer or size");
+        }
+    } else {
+        ptr = PyObject_GetAttr(a, name_ptr);
+        size = ptr == NULL ? NULL : PyObject_GetAttr(a, name_size);
+    }
     PyObject *mem = NULL, *out = NULL;
     if (size != NULL) {
         PyObject *margs[4] = {ptr, size, (PyObject *)owner, device};
