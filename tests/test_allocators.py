@@ -474,7 +474,21 @@ def test_an_address_the_library_still_holds_is_never_handed_out_again(service, e
 
 
 # the pair: a library that frees and allocates one size on its stream ------------------------------------
-def test_the_newest_free_of_one_size_on_its_stream_is_handed_out_again_under_a_new_handle(service, emulated):
+def _pool_frees(pool, monkeypatch):
+    """The frees the pool makes from now on (both twins drain through the pool's ``free``
+    attribute): a reissue makes none."""
+    made, free = [], pool.free
+
+    def counting(a, stream=None):
+        made.append(a)
+        return free(a) if stream is None else free(a, stream)
+
+    monkeypatch.setattr(pool, "free", counting)
+    return made
+
+
+def test_the_newest_free_of_one_size_on_its_stream_is_handed_out_again_under_a_new_handle(service, emulated,
+                                                                                           monkeypatch):
     """CuPy's and PyTorch's steady state: a temporary dropped, the next one allocated. The pool
     would hand the block just freed out again (its bin for that stream); the allocator has the
     pool reissue it: the same memory under a new handle, still the task's, the old handle freed
@@ -482,6 +496,8 @@ def test_the_newest_free_of_one_size_on_its_stream_is_handed_out_again_under_a_n
     allocator = service.library_allocators["cupy"]
     pool = service.memory_pool(0)
     b = service.bind_task(5)
+
+    frees = _pool_frees(pool, monkeypatch)
 
     def task():
         service.registry.attach(5)
@@ -492,7 +508,9 @@ def test_the_newest_free_of_one_size_on_its_stream_is_handed_out_again_under_a_n
         return a, again, made, pool.statistics().allocations
 
     a, again, made, after = _in_thread(task)
+    assert frees == []   # reissued: no free in the pool
     assert again is not a and again.ptr == a.ptr and again.alive and not a.alive
+    assert (again.size, again.owner, again.stream) == (MIB, 5, b.stream)
     assert after == made + 1   # the pool counts the reissue as an allocation: a handle issued
     s = allocator.statistics()
     assert (s.allocations, s.frees, s.frees_pending, s.in_use_bytes) == (2, 1, 0, MIB)
@@ -502,7 +520,7 @@ def test_the_newest_free_of_one_size_on_its_stream_is_handed_out_again_under_a_n
     assert service.release_task(5).leaks_reclaimed == 1   # forgotten: the task's, reclaimed with it
 
 
-def test_a_free_on_a_per_thread_stream_is_not_handed_to_another_threads_stream(service, emulated):
+def test_a_free_on_a_per_thread_stream_is_not_handed_to_another_threads_stream(service, emulated, monkeypatch):
     """Handle 2 names each thread's own default stream: a block thread A's kernel still writes
     must not go to thread B's stream unordered (the race detector would see B's write race A's)."""
     from cudabridge.device import PER_THREAD_STREAM
@@ -527,9 +545,10 @@ def test_a_free_on_a_per_thread_stream_is_not_handed_to_another_threads_stream(s
         emulated.stream_synchronize(PER_THREAD_STREAM)
         allocator.free(b)
 
+    frees = _pool_frees(service.memory_pool(0), monkeypatch)
     _in_thread(first)
     _in_thread(second)   # a StreamOrderRace here: handed across unordered
-    assert seen["b"] is not seen["a"] and not emulated.races
+    assert frees[:1] == [seen["a"]] and not emulated.races   # made in the pool (fenced), not reissued
     service.release_task(5)
 
 
@@ -568,9 +587,11 @@ def test_a_release_while_the_newest_free_waits_for_reuse_makes_it_and_counts_no_
     assert state["report"].leaks_reclaimed == 0
 
 
-def test_the_c_twin_reads_an_allocations_slots_by_name_where_it_does_not_know_their_layout(emulated, monkeypatch):
+@pytest.mark.parametrize("change", [None, "size", "task"])
+def test_the_c_twin_reads_an_allocations_slots_by_name_where_it_does_not_know_their_layout(emulated, monkeypatch,
+                                                                                          change):
     """Where Allocation's base is not the C AllocationBase, the twin reads the slots by name: the
-    same decisions (the newest free reused; another size's not)."""
+    same decisions (the newest free reissued; another size's or another task's made)."""
     from cudabridge.allocators import library_allocator
 
     monkeypatch.setattr(library_allocator, "_allocation_base", lambda: None)
@@ -578,26 +599,37 @@ def test_the_c_twin_reads_an_allocations_slots_by_name_where_it_does_not_know_th
                             backend=emulated)
     try:
         allocator = LibraryAllocator(svc, "cupy", fast_path="native")
+        assert allocator._core is not None
         b = svc.bind_task(5)
+        svc.bind_task(6)
+        frees = _pool_frees(svc.memory_pool(0), monkeypatch)
 
-        def task():
+        def first():
             svc.registry.attach(5)
             a = allocator.allocate(MIB, 0, b.stream)
             allocator.free(a)
-            again = allocator.allocate(MIB, 0, b.stream)
-            allocator.free(again)
-            return a, again, allocator.allocate(2 * MIB, 0, b.stream)
+            return a, (allocator.allocate(2 * MIB if change == "size" else MIB, 0, b.stream)
+                       if change != "task" else None)
 
-        a, again, other = _in_thread(task)
-        assert again is not a and again.ptr == a.ptr and not a.alive and not again.alive and other.alive
-        assert svc.memory_pool(0).statistics().allocations == 3   # a, its reissue, other
+        def second():
+            svc.registry.attach(6)
+            return allocator.allocate(MIB, 0, b.stream)
+
+        a, again = _in_thread(first)
+        if change == "task":
+            again = _in_thread(second)
+        assert not a.alive and again.alive
+        if change is None:
+            assert frees == [] and again.ptr == a.ptr and again.owner == 5
+        else:
+            assert frees == [a] and (again.size, again.owner) == ((2 * MIB, 5) if change == "size" else (MIB, 6))
     finally:
         svc.close()
 
 
 @pytest.mark.parametrize("change", ["size", "stream", "a stream recorded", "task"])
 def test_a_free_is_made_not_reused_for_another_size_stream_or_task_or_once_another_stream_used_it(
-        service, emulated, change):
+        service, emulated, change, monkeypatch):
     from cudabridge.device import LEGACY_STREAM
 
     allocator = service.library_allocators["cupy"]
@@ -620,10 +652,13 @@ def test_a_free_is_made_not_reused_for_another_size_stream_or_task_or_once_anoth
         service.registry.attach(6)
         return allocator.allocate(MIB, 0, b.stream)
 
+    frees = _pool_frees(pool, monkeypatch)
     a, again = _in_thread(first)
     if change == "task":
         again = _in_thread(second)
+    assert frees == [a]   # made in the pool, not reissued
     assert again is not a and not a.alive and again.alive
+    assert (again.size, again.owner) == ((2 * MIB if change == "size" else MIB), (6 if change == "task" else 5))
     assert pool.statistics().allocations == 2
     s = allocator.statistics()
     assert (s.allocations, s.frees, s.frees_pending) == (2, 1, 0)

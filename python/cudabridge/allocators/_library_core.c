@@ -403,8 +403,12 @@ static int allocate_common(LibraryCore *self, PyObject *size, PyObject *device, 
         PyObject *reissue = PyDict_GetItemWithError(self->pool_reissue, device);   /* borrowed: a dict of ours */
         PyObject *argv[2] = {kept, on};
         a = reissue == NULL ? NULL : PyObject_Vectorcall(reissue, argv, 2, NULL);
-        if (a == NULL) {
-            PyErr_Clear();
+        if (a == NULL) {   /* the pool's error (out of memory), the call's as in the reference: the free queued again */
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_SystemError, "library allocator: a GPU without its pool's reissue");
+            put_back(self, kept);
+            Py_CLEAR(kept);
+            rc = -1;
+            goto leave_lease;
         } else if (a == Py_None) {   /* not after all (a per-thread stream): freed first, as the drain would */
             Py_CLEAR(a);
         } else {

@@ -84,8 +84,8 @@ class LibraryStatistics:
 
     allocations: int                  # handed to the library
     allocations_outside_tasks: int    # of those, on threads working for no task (the executor's)
-    frees: int                        # frees made: drained into the pool, or in place (the newest free
-                                      # handed out again by the next allocation: allocate)
+    frees: int                        # frees made: drained into the pool, or by a reissue of the block to
+                                      # the next allocation of its size on its stream (allocate)
     frees_pending: int                # frees the library made that wait for the next drain
     frees_after_reclaim: int          # frees of allocations reclaimed at their task's release: dropped
     in_use_bytes: int                 # handed out, neither freed nor reclaimed (the pool's peak_in_use_bytes
