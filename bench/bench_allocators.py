@@ -1,6 +1,6 @@
 """Python GPU libraries on the service's pools against their own (issue 26), in interleaved rounds.
 
-    python bench/bench_allocators.py [--backend cuda|emulated] [--rounds 5] [--steps 100] [--out DIR]
+    python bench/bench_allocators.py [--backend cuda|emulated] [--rounds 5] [--steps 100] [--only PART] [--out DIR]
 
 * The plug-ins' own layer, on either backend: the allocation pair through a LibraryAllocator
   against the pool's own pair, on a task's thread and stream; and the pair through torch's
@@ -331,19 +331,22 @@ def main() -> None:
     parser.add_argument("--out", default=os.environ.get("OUT", "bench/out"))
     parser.add_argument("--backend", choices=("cuda", "emulated"), default="cuda",
                         help="emulated: only the plug-ins' own layer (the libraries need a GPU)")
+    parser.add_argument("--only", action="append", choices=("layer", "cupy", "torch"),
+                        help="run only these parts (repeatable; default: every part the backend has)")
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     report = Report()
     # each part on a thread of its own: it attaches itself to a task, as a task's thread would
-    parts = [(layer_rounds, (report, args.backend, args.rounds, args.pairs))]
-    if args.backend == "cuda":
+    only = set(args.only or ("layer", "cupy", "torch"))
+    parts = [(layer_rounds, (report, args.backend, args.rounds, args.pairs))] if "layer" in only else []
+    if args.backend == "cuda" and "cupy" in only:
         parts.append((cupy_rounds, (report, args.rounds, args.steps, args.pairs)))
     for fn, fn_args in parts:
         t = threading.Thread(target=fn, args=fn_args)
         t.start()
         t.join()
-    if args.backend == "cuda":
+    if args.backend == "cuda" and "torch" in only:
         torch_rounds(report, args.rounds, args.steps, args.pairs, out / "bench_allocators_torch.log")
     (out / "bench_allocators.json").write_text(json.dumps({"summary": report.summary(), "argv": sys.argv}, indent=1))
     print(report.text())
