@@ -22,7 +22,9 @@
   step is a small MLP's forward and backward (1024-4096-1024, batch 256, SGD), then the pair
   (``torch.empty`` of 1 MiB, dropped), the peak reserved bytes (torch's
   ``max_memory_reserved`` for its own allocator, our pool's ``peak_reserved_bytes`` otherwise),
-  and the allocations a step makes.
+  and the allocations a step makes. Where g++ is, a fourth candidate, "timed", is ours through
+  bench/timed_pluggable.cpp, which times every call inside the compiled part on whichever thread
+  torch makes it (autograd's included): the calls and the microseconds inside our part per step.
 
 Targets (issue 26): time per step <= 1.1x the library's own, peak reserved <= 1.0x. Nothing is
 asserted; the table is printed last and written as JSON under --out (bench_allocators.json).
@@ -34,11 +36,13 @@ import argparse
 import gc
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
+from statistics import median
 from typing import Callable
 
 from rounds import Report, interleave, library_path
@@ -246,6 +250,14 @@ if mode != "caching":
     service = CudaBridgeService(ServiceConfig(backend="cuda", streams_per_gpu=4, high_priority_streams=0))
     if mode == "ours":
         cb_torch.install(service)
+    elif mode == "timed":   # ours through a shim that times each call inside the part (timed_pluggable.cpp)
+        import ctypes
+        cb_torch.attach(service)
+        shim = ctypes.CDLL(sys.argv[5])
+        shim.timed_read.restype = ctypes.c_longlong
+        assert shim.timed_connect(cb_torch.compiled_part().__file__.encode()) == 0, "timed_connect"
+        torch.cuda.memory.change_current_allocator(
+            torch.cuda.memory.CUDAPluggableAllocator(sys.argv[5], "timed_alloc", "timed_free"))
     else:   # MemPool: torch's caching above our pool, for this thread's allocations
         cb_torch.attach(service)
         part = cb_torch.compiled_part()
@@ -264,19 +276,22 @@ def step():
     model(x).square().mean().backward()
     opt.step()
 def allocations():   # torch's own count where its caching allocator runs (not under the global swap)
-    if mode == "ours":
+    if mode in ("ours", "timed"):
         return service.memory_pool(0).statistics().allocations
     return torch.cuda.memory_stats()["allocation.all.allocated"]
 for _ in range(20):
     step()
 torch.cuda.synchronize()
 made = allocations()
+inside = [shim.timed_read(i) for i in range(4)] if mode == "timed" else None
 t0 = time.perf_counter()
 for _ in range(steps):
     step()
 torch.cuda.synchronize()
 per_step = (time.perf_counter() - t0) / steps * 1e6
 per_step_allocations = (allocations() - made) / steps
+if inside is not None:   # calls and microseconds inside the part per step: allocations, frees
+    inside = [(shim.timed_read(i) - inside[i]) / steps / (1000 if i % 2 else 1) for i in range(4)]
 t0 = time.perf_counter()
 for _ in range(pairs):
     torch.empty(MIB, dtype=torch.uint8, device="cuda")
@@ -287,7 +302,7 @@ if service is None:
 else:
     reserved = service.memory_pool(0).statistics().peak_reserved_bytes
 print("RESULT " + json.dumps({"step": per_step, "pair": per_pair, "reserved": reserved,
-                              "allocations": per_step_allocations}))
+                              "allocations": per_step_allocations, "inside": inside}))
 """
 
 
@@ -298,19 +313,25 @@ def torch_rounds(report: Report, rounds: int, steps: int, pairs: int, log: Path)
         report.missing("torch", f"not installed: {exc}")
         return
 
+    # the shim the "timed" candidate allocates through (g++ here; without it that candidate is left out)
+    shim = log.parent / "timed_pluggable.so"
+    built = subprocess.run(["g++", "-O2", "-fPIC", "-shared", str(Path(__file__).with_name("timed_pluggable.cpp")),
+                            "-o", str(shim), "-ldl"], capture_output=True, text=True) if shutil.which("g++") else None
+    modes = ("caching", "ours", "mempool") + (("timed",) if built is not None and built.returncode == 0 else ())
+
     def child(mode: str):
         def run() -> dict:
-            proc = subprocess.run([sys.executable, "-c", TORCH_CHILD, str(library_path()), mode, str(steps), str(pairs)],
-                                  capture_output=True, text=True, timeout=600)
+            proc = subprocess.run([sys.executable, "-c", TORCH_CHILD, str(library_path()), mode, str(steps), str(pairs),
+                                   str(shim)], capture_output=True, text=True, timeout=600)
             with open(log, "a") as f:
                 f.write(f"--- {mode} rc {proc.returncode}\n{proc.stdout}\n{proc.stderr[-4000:]}\n")
             lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
             if proc.returncode != 0 or not lines:
-                return dict.fromkeys(("step", "pair", "reserved", "allocations"), float("nan"))
+                return dict.fromkeys(("step", "pair", "reserved", "allocations", "inside"), float("nan"))
             return json.loads(lines[-1][len("RESULT "):])
         return run
 
-    res = interleave({m: child(m) for m in ("caching", "ours", "mempool")}, rounds=rounds, warmup=0)
+    res = interleave({m: child(m) for m in modes}, rounds=rounds, warmup=0)
     for what, unit in (("step", "us"), ("pair", "us"), ("reserved", "bytes")):
         for name in ("caching", "ours", "mempool"):
             report.values(f"torch {what}: {name}", [r[name][what] for r in res], unit, better="lower")
@@ -321,6 +342,15 @@ def torch_rounds(report: Report, rounds: int, steps: int, pairs: int, log: Path)
         report.values(f"torch allocations per step: {name}", [r[name]["allocations"] for r in res], "")
     report.values("torch step: (our pair - caching's) x allocations per step",
                   [(r["ours"]["pair"] - r["caching"]["pair"]) * r["ours"]["allocations"] for r in res], "us")
+    if "timed" in modes:   # ours again, each call timed inside the part (the step pays the timing too)
+        inside = [r["timed"]["inside"] for r in res if isinstance(r["timed"]["inside"], list)]
+        if inside:
+            report.values("torch step, timed: allocations / frees per step",
+                          [x[0] for x in inside], "", note=f"frees {median(x[2] for x in inside):.1f}")
+            report.values("torch step, timed: us inside our part per step (allocations + frees)",
+                          [x[1] + x[3] for x in inside], "us",
+                          note=f"allocations {median(x[1] for x in inside):.1f} us, frees {median(x[3] for x in inside):.1f} us")
+            report.values("torch step, timed", [r["timed"]["step"] for r in res], "us", better="lower")
 
 
 def main() -> None:
