@@ -354,6 +354,34 @@ def test_torch_allocations_go_through_the_compiled_part_on_the_current_stream(se
     service.release_task(5)
 
 
+def test_a_torch_free_never_waits_for_the_gil_and_the_next_drain_makes_it(service, torch_standin, tmp_path):
+    """PyTorch frees from a tensor's deleter on its own threads (autograd's) while another thread
+    may hold the GIL: the free is listed in the compiled part, not made under the GIL, and the
+    allocator's next drain (here: its statistics) makes it; the task's release counts no leak."""
+    import ctypes
+
+    b = service.bind_task(5)
+    allocator = service.library_allocators["torch"]
+    fn = cb_torch.compiled_part().addresses()
+    err = ctypes.create_string_buffer(256)
+    caller = torch_standin._caller
+
+    def task():
+        service.registry.attach(5)
+        return caller.caller_alloc(fn["alloc"], MIB, 0, b.stream, err, len(err))
+
+    ptr = _in_thread(task)
+    held = ctypes.PyDLL(caller._name)   # PyDLL: this thread keeps the GIL during the call
+    free_within = held.caller_free_on_new_thread_within
+    free_within.restype = ctypes.c_int
+    free_within.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p,
+                            ctypes.c_int]
+    assert free_within(fn["free"], ptr, MIB, 0, b.stream, 5000) == 1
+    s = allocator.statistics()
+    assert (s.allocations, s.frees, s.frees_pending, s.in_use_bytes) == (1, 1, 0, 0)
+    assert service.release_task(5).leaks_reclaimed == 0
+
+
 def test_torch_autograd_threads_allocate_for_the_task_whose_stream_they_name(service, torch_standin):
     b = service.bind_task(9)
     torch_standin.set_stream(b.stream)   # this thread is attached to no task

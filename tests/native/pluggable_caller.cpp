@@ -11,6 +11,8 @@
 #include <cstddef>
 #include <cstdio>
 #include <exception>
+#include <future>
+#include <memory>
 #include <thread>
 
 typedef void *(*alloc_fn)(size_t, int, void *);
@@ -92,6 +94,25 @@ long long caller_pairs_on_new_thread(void *alloc, void *free, size_t size, int d
     });
     t.join();
     return took;
+}
+
+// Frees `ptr` on a new native thread with no Python thread state (as a tensor dropped on
+// autograd's device thread) and waits up to `timeout_ms` for the free to return: 1 it did, 0 it
+// did not (the thread is left to finish). Called through ctypes.PyDLL, the caller keeps the GIL
+// throughout: a free that waits for the GIL does not return in time.
+int caller_free_on_new_thread_within(void *free, void *ptr, size_t size, int device, void *stream, int timeout_ms) {
+    auto done = std::make_shared<std::promise<void>>();
+    std::future<void> returned = done->get_future();
+    std::thread t([=] {
+        caller_free(free, ptr, size, device, stream);
+        done->set_value();
+    });
+    bool in_time = returned.wait_for(std::chrono::milliseconds(timeout_ms)) == std::future_status::ready;
+    if (in_time)
+        t.join();
+    else
+        t.detach();
+    return in_time ? 1 : 0;
 }
 
 }

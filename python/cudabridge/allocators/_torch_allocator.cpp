@@ -15,27 +15,44 @@
  * address 0). A C++ exception thrown here crosses torch's std::function into its own handlers,
  * which raise it in Python as RuntimeError with this message, as RMM's allocator does.
  *
+ * Frees do not take the GIL: cb_torch_free appends the address to a list of its own (a mutex, no
+ * Python), and the list is handed to the Python side (free_pointer: queued there) by the next
+ * allocation through this part, by record_stream and empty_cache, and by the allocator's every
+ * drain (flush(): torch.py makes it the LibraryAllocator's `pending` step), so a task's release
+ * still sees every free made before it. Autograd's device threads free as often as they allocate,
+ * and a free that had to take the GIL waited for whichever thread held it.
+ *
  * Invariants:
- *  - torch calls these with or without the GIL, from any thread (autograd's included): each call
- *    takes it with PyGILState_Ensure and gives it back before returning or throwing (autograd's
+ *  - torch calls these with or without the GIL, from any thread (autograd's included): alloc,
+ *    record_stream and reset take it with PyGILState_Ensure and give it back before returning or
+ *    throwing (autograd's
  *    device threads keep a Python thread state for their life, PyTorch's PythonEngine::thread_init,
  *    so there Ensure only takes the GIL; a thread with none, a user's C++ thread, gets one made and
  *    dropped per call: keeping one would need the GIL at the thread's end, which a thread joined
  *    by a GIL holder, or ending while the interpreter finalizes, cannot take);
- *  - free never throws (torch calls it from destructors): a failure there is written with
- *    PyErr_WriteUnraisable and the memory stays with the pool (reclaimed at its task's release,
- *    or at close);
+ *  - free never throws (torch calls it from destructors) and never waits for the GIL: an address it
+ *    cannot list (out of memory) is freed at once under the GIL instead; a failure in Python is
+ *    written with PyErr_WriteUnraisable when the list is handed over, and the memory stays with
+ *    the pool (reclaimed at its task's release, or at close);
+ *  - the listed addresses go to the callables connected when they are handed over: connect and
+ *    disconnect hand the list to the old set first, so no free reaches another service's allocator;
  *  - the callables are read and replaced only with the GIL held (connect, disconnect), so a call
  *    sees one complete set; a call with no set connected fails (alloc) or does nothing (the rest).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <mutex>
+#include <new>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 static PyObject *g_alloc, *g_free, *g_record, *g_reset;   // strong references, set by connect(); GIL
+static std::mutex g_pending_mu;                            // guards g_pending only (never held with the GIL taken inside)
+static std::vector<void *> g_pending;                      // frees not yet handed to g_free
 
 namespace {
 
@@ -64,6 +81,41 @@ std::string take_error() {
     return out;
 }
 
+// Hands the listed frees to g_free (free_pointer: each queued in Python), GIL held. A failure is
+// written as unraisable and the memory stays with the pool; with nothing connected they are dropped.
+void flush_pending() {
+    void *few[16];   // the usual hand-over (a free or two since the last allocation), with no heap
+    size_t n = 0;
+    std::vector<void *> many;
+    {
+        std::lock_guard<std::mutex> hold(g_pending_mu);
+        n = g_pending.size();
+        if (n == 0) return;
+        if (n <= sizeof few / sizeof few[0]) {
+            std::copy(g_pending.begin(), g_pending.end(), few);
+            g_pending.clear();   // keeps its capacity: the next free needs no allocation
+        } else {
+            many.swap(g_pending);
+        }
+    }
+    void **taken = many.empty() ? few : many.data();
+    if (g_free == nullptr) return;
+    PyObject *fn = g_free;
+    Py_INCREF(fn);   // a disconnect inside a call must not free the callable under the loop
+    PyObject *et, *ev, *etb;
+    PyErr_Fetch(&et, &ev, &etb);   // the caller's pending error, if any, stays its own
+    for (size_t i = 0; i < n; i++) {
+        void *ptr = taken[i];
+        PyObject *p = as_int((uintptr_t)ptr);
+        PyObject *r = p != nullptr ? PyObject_CallOneArg(fn, p) : nullptr;
+        Py_XDECREF(p);
+        if (r == nullptr) PyErr_WriteUnraisable(fn);
+        Py_XDECREF(r);
+    }
+    PyErr_Restore(et, ev, etb);
+    Py_DECREF(fn);
+}
+
 }  // namespace
 
 extern "C" {
@@ -75,6 +127,7 @@ __attribute__((visibility("default"))) void *cb_torch_alloc(size_t size, int dev
         PyGILState_Release(st);
         throw std::runtime_error("cudabridge torch allocator: not connected to a service (cudabridge.allocators.torch.install)");
     }
+    flush_pending();   // the frees listed since: queued before this allocation drains the queue
     PyObject *fn = g_alloc;
     Py_INCREF(fn);
     PyObject *args[3] = {as_int(size), PyLong_FromLong(device), as_int((uintptr_t)stream)};
@@ -100,10 +153,17 @@ __attribute__((visibility("default"))) void cb_torch_free(void *ptr, size_t size
     (void)device;
     (void)stream;   // the allocation knows its stream, and any recorded since
     if (ptr == nullptr) return;
+    try {
+        std::lock_guard<std::mutex> hold(g_pending_mu);
+        g_pending.push_back(ptr);
+        return;
+    } catch (const std::bad_alloc &) {   // no room to list it: freed now, under the GIL, after those listed
+    }
     PyGILState_STATE st = PyGILState_Ensure();
+    flush_pending();
     if (g_free != nullptr) {
         PyObject *fn = g_free;
-        Py_INCREF(fn);   // a disconnect inside the call must not free the callable under it
+        Py_INCREF(fn);
         PyObject *p = as_int((uintptr_t)ptr);
         PyObject *r = p != nullptr ? PyObject_CallOneArg(fn, p) : nullptr;
         Py_XDECREF(p);
@@ -117,6 +177,7 @@ __attribute__((visibility("default"))) void cb_torch_free(void *ptr, size_t size
 __attribute__((visibility("default"))) void cb_torch_record_stream(void *ptr, void *stream) {
     if (ptr == nullptr) return;
     PyGILState_STATE st = PyGILState_Ensure();
+    flush_pending();   // a free listed before it is made first, as it was called first
     std::string why;
     if (g_record != nullptr) {
         PyObject *fn = g_record;
@@ -134,6 +195,7 @@ __attribute__((visibility("default"))) void cb_torch_record_stream(void *ptr, vo
 
 __attribute__((visibility("default"))) void cb_torch_reset(void) {
     PyGILState_STATE st = PyGILState_Ensure();
+    flush_pending();
     if (g_reset != nullptr) {
         PyObject *fn = g_reset;
         Py_INCREF(fn);
@@ -148,8 +210,9 @@ __attribute__((visibility("default"))) void cb_torch_reset(void) {
 }  // extern "C"
 
 // Replaces the four callables (GIL held: a call reads them only with the GIL, so it sees the old
-// set or the new one, never a mix); NULLs disconnect.
+// set or the new one, never a mix); NULLs disconnect. The frees listed so far go to the old set.
 static void set_callables(PyObject *a, PyObject *f, PyObject *rs, PyObject *rt) {
+    flush_pending();
     PyObject *old[4] = {g_alloc, g_free, g_record, g_reset};
     Py_XINCREF(a);
     Py_XINCREF(f);
@@ -184,6 +247,15 @@ static PyObject *disconnect(PyObject *self, PyObject *unused) {
     Py_RETURN_NONE;
 }
 
+// flush(): the frees listed since the last hand-over go to the allocator's free_pointer now (the
+// LibraryAllocator's `pending` step: every drain runs it first).
+static PyObject *flush(PyObject *self, PyObject *unused) {
+    (void)self;
+    (void)unused;
+    flush_pending();
+    Py_RETURN_NONE;
+}
+
 // addresses(): the four functions' addresses, for torch's set_*_fn hooks and the tests.
 static PyObject *addresses(PyObject *self, PyObject *unused) {
     (void)self;
@@ -196,6 +268,7 @@ static PyObject *addresses(PyObject *self, PyObject *unused) {
 static PyMethodDef torch_allocator_methods[] = {
     {"connect", connect, METH_VARARGS, "connect(alloc, free, record_stream, reset): the Python side"},
     {"disconnect", disconnect, METH_NOARGS, "disconnect(): no Python side (allocations fail)"},
+    {"flush", flush, METH_NOARGS, "flush(): the frees listed since the last hand-over, to the allocator now"},
     {"addresses", addresses, METH_NOARGS, "addresses() -> dict: the C functions' addresses"},
     {nullptr, nullptr, 0, nullptr},
 };

@@ -42,7 +42,7 @@ from collections import deque
 from itertools import count
 from threading import get_ident
 from dataclasses import asdict, dataclass, fields
-from typing import TYPE_CHECKING, Any, Mapping, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol
 
 from ..device import LEGACY_STREAM
 from ..memory.native import load as load_native
@@ -126,6 +126,9 @@ class LibraryAllocator:
         self._lock = threading.Lock()           # the leak totals below (a release at a time)
         self._leaks = self._leaked_bytes = 0
         self._closed = False
+        # A plug-in whose library frees without the GIL keeps those frees outside Python until this
+        # hands them to free / free_pointer (torch's compiled part: its flush); every drain calls it first.
+        self.pending_frees: "Callable[[], None] | None" = None
         self._attached_task = service.registry.attached_task
         self._lease_of = service.registry.leases.get
         service.registry.on_release(self._task_released)
@@ -148,11 +151,10 @@ class LibraryAllocator:
                 frees=self._frees, allocated=self._allocated, allocate_ref=cls.allocate.__get__(self, cls),
                 pointer_ref=cls.allocate_pointer.__get__(self, cls), hold_back=self._hold_back,
                 unknown_stream=UnknownStream, invalid_free=(InvalidFree, PoolClosed), frees_made=self._frees_made,
-                after_reclaim=self._after_reclaim, drain_ref=cls.drain.__get__(self, cls), set_aside=self._set_aside,
+                after_reclaim=self._after_reclaim, drain_ref=cls._drain_all.__get__(self, cls), set_aside=self._set_aside,
                 free_pointer_ref=cls.free_pointer.__get__(self, cls), by_stream=by_stream)
             self.allocate = self._core.allocate                   # type: ignore[method-assign]
             self.allocate_pointer = self._core.allocate_pointer   # type: ignore[method-assign]
-            self.drain = self._core.drain                         # type: ignore[method-assign]
             self.free = self._core.free                           # type: ignore[method-assign]
             self.free_pointer = self._core.free_pointer           # type: ignore[method-assign]
 
@@ -377,7 +379,15 @@ class LibraryAllocator:
 
     def drain(self) -> int:
         """Make the queued frees in the pool; returns how many were made. Any thread, any time
-        outside the pool's own calls (never from a finalizer)."""
+        outside the pool's own calls (never from a finalizer). The frees a plug-in keeps outside
+        Python (:attr:`pending_frees`) are queued first."""
+        pending = self.pending_frees
+        if pending is not None:
+            pending()
+        return self._drain(-1) if self._core is None else self._core.drain()
+
+    def _drain_all(self) -> int:
+        """The reference drain of the whole queue (the C twin's drain hands a free it cannot make to it)."""
         return self._drain(-1)
 
     def _drain(self, limit: int) -> int:

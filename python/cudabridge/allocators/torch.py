@@ -55,8 +55,9 @@ def attach(service: Service) -> LibraryAllocator:
     functions call the allocator's methods directly (its C twin's, where built: no Python frame). The
     part serves one allocator at a time; a later service's attach takes the place of the last."""
     allocator = allocator_for(service, "torch", by_stream=True, register_streams=True)
-    compiled_part().connect(allocator.allocate_pointer, allocator.free_pointer, allocator.record_stream_pointer,
-                            allocator.drain)
+    part = compiled_part()
+    part.connect(allocator.allocate_pointer, allocator.free_pointer, allocator.record_stream_pointer, allocator.drain)
+    allocator.pending_frees = part.flush   # torch's frees wait in the part, GIL-free, until a drain takes them
     return allocator
 
 
