@@ -382,6 +382,45 @@ def test_a_torch_free_never_waits_for_the_gil_and_the_next_drain_makes_it(servic
     assert service.release_task(5).leaks_reclaimed == 0
 
 
+def test_a_release_while_another_thread_hands_torchs_frees_over_counts_no_freed_memory_as_leaked(
+        service, torch_standin, monkeypatch):
+    """Torch's frees wait in the part until a hand-over; one on another thread can lose the GIL
+    midway (its error report writes to stderr). A release meanwhile still sees every free torch
+    made before it: it hands over the rest and waits for the one in flight."""
+    import ctypes
+    import time
+
+    b = service.bind_task(5)
+    part = cb_torch.compiled_part()
+    fn = part.addresses()
+    err = ctypes.create_string_buffer(256)
+    caller = torch_standin._caller
+
+    def task():
+        service.registry.attach(5)
+        return [caller.caller_alloc(fn["alloc"], 4096, 0, b.stream, err, len(err)) for _ in range(3)]
+
+    ptrs = _in_thread(task)
+    caller.caller_free(fn["free"], 0x1234000, 4096, 0, b.stream)   # not the allocator's: InvalidFree, reported
+    for p in ptrs:
+        caller.caller_free(fn["free"], p, 4096, 0, b.stream)   # each returned: torch is done with them
+    reporting = threading.Event()
+
+    def slow_report(_unraisable):   # writing the report gives the GIL away, as stderr does
+        reporting.set()
+        time.sleep(0.2)
+
+    monkeypatch.setattr(sys, "unraisablehook", slow_report)
+    t = threading.Thread(target=part.flush)
+    t.start()
+    assert reporting.wait(10)
+    report = service.release_task(5)
+    t.join(10)
+    assert report.leaks_reclaimed == 0
+    s = service.library_allocators["torch"].statistics()
+    assert (s.frees, s.frees_after_reclaim, s.leaks_reclaimed) == (3, 0, 0)
+
+
 def test_torch_autograd_threads_allocate_for_the_task_whose_stream_they_name(service, torch_standin):
     b = service.bind_task(9)
     torch_standin.set_stream(b.stream)   # this thread is attached to no task

@@ -18,8 +18,9 @@
  * Frees do not take the GIL: cb_torch_free appends the address to a list of its own (a mutex, no
  * Python), and the list is handed to the Python side (free_pointer: queued there) by the next
  * allocation through this part, by record_stream and empty_cache, and by the allocator's every
- * drain (flush(): torch.py makes it the LibraryAllocator's `pending` step), so a task's release
- * still sees every free made before it. Autograd's device threads free as often as they allocate,
+ * drain (flush(): torch.py makes it the LibraryAllocator's pending_frees), which also waits for
+ * the hand-overs other threads have begun, so a task's release still sees every free made before
+ * it. Autograd's device threads free as often as they allocate,
  * and a free that had to take the GIL waited for whichever thread held it.
  *
  * Invariants:
@@ -42,17 +43,24 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
-#include <algorithm>
+#include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <mutex>
 #include <new>
 #include <stdexcept>
 #include <string>
-#include <vector>
 
 static PyObject *g_alloc, *g_free, *g_record, *g_reset;   // strong references, set by connect(); GIL
-static std::mutex g_pending_mu;                            // guards g_pending only (never held with the GIL taken inside)
-static std::vector<void *> g_pending;                      // frees not yet handed to g_free
+// The frees listed, not yet handed to g_free (oldest first), and how many are being handed over
+// now (taken from the list, the call to g_free not returned): both guarded by g_pending_mu, which
+// is never held while waiting for the GIL or calling Python. Never destroyed: a thread may free a
+// tensor while the process exits, after static destructors ran.
+static std::mutex &g_pending_mu = *new std::mutex;
+static std::condition_variable &g_handed = *new std::condition_variable;   // g_in_flight fell
+static std::deque<void *> &g_pending = *new std::deque<void *>;
+static long g_in_flight;
+static thread_local long t_in_flight;   // this thread's part of g_in_flight
 
 namespace {
 
@@ -81,39 +89,52 @@ std::string take_error() {
     return out;
 }
 
-// Hands the listed frees to g_free (free_pointer: each queued in Python), GIL held. A failure is
-// written as unraisable and the memory stays with the pool; with nothing connected they are dropped.
+// Hands the listed frees to g_free (free_pointer: each queued in Python), oldest first, one at a
+// time, GIL held: a free is taken from the list and counted in flight in one step under the mutex,
+// so another thread's flush (a release's drain, through flush()) sees every free either still
+// listed or in flight, and waits for those in flight (wait_handed). A failure is written as
+// unraisable and the memory stays with the pool; with nothing connected the frees are dropped.
 void flush_pending() {
-    void *few[16];   // the usual hand-over (a free or two since the last allocation), with no heap
-    size_t n = 0;
-    std::vector<void *> many;
+    for (;;) {
+        void *ptr;
+        {
+            std::lock_guard<std::mutex> hold(g_pending_mu);
+            if (g_pending.empty()) return;
+            ptr = g_pending.front();
+            g_pending.pop_front();
+            g_in_flight++;
+            t_in_flight++;
+        }
+        PyObject *fn = g_free;
+        if (fn != nullptr) {
+            Py_INCREF(fn);   // a disconnect inside the call must not free the callable under it
+            PyObject *et, *ev, *etb;
+            PyErr_Fetch(&et, &ev, &etb);   // the caller's pending error, if any, stays its own
+            PyObject *p = as_int((uintptr_t)ptr);
+            PyObject *r = p != nullptr ? PyObject_CallOneArg(fn, p) : nullptr;
+            Py_XDECREF(p);
+            if (r == nullptr) PyErr_WriteUnraisable(fn);
+            Py_XDECREF(r);
+            PyErr_Restore(et, ev, etb);
+            Py_DECREF(fn);
+        }
+        std::lock_guard<std::mutex> hold(g_pending_mu);
+        t_in_flight--;
+        if (--g_in_flight == 0) g_handed.notify_all();
+    }
+}
+
+// Waits, the GIL given back, until no other thread is handing a free over (its own in flight, if
+// this runs inside one of its hand-overs, do not count: they finish after it returns).
+void wait_handed() {
     {
         std::lock_guard<std::mutex> hold(g_pending_mu);
-        n = g_pending.size();
-        if (n == 0) return;
-        if (n <= sizeof few / sizeof few[0]) {
-            std::copy(g_pending.begin(), g_pending.end(), few);
-            g_pending.clear();   // keeps its capacity: the next free needs no allocation
-        } else {
-            many.swap(g_pending);
-        }
+        if (g_in_flight == t_in_flight) return;
     }
-    void **taken = many.empty() ? few : many.data();
-    if (g_free == nullptr) return;
-    PyObject *fn = g_free;
-    Py_INCREF(fn);   // a disconnect inside a call must not free the callable under the loop
-    PyObject *et, *ev, *etb;
-    PyErr_Fetch(&et, &ev, &etb);   // the caller's pending error, if any, stays its own
-    for (size_t i = 0; i < n; i++) {
-        void *ptr = taken[i];
-        PyObject *p = as_int((uintptr_t)ptr);
-        PyObject *r = p != nullptr ? PyObject_CallOneArg(fn, p) : nullptr;
-        Py_XDECREF(p);
-        if (r == nullptr) PyErr_WriteUnraisable(fn);
-        Py_XDECREF(r);
-    }
-    PyErr_Restore(et, ev, etb);
-    Py_DECREF(fn);
+    Py_BEGIN_ALLOW_THREADS
+    std::unique_lock<std::mutex> hold(g_pending_mu);
+    g_handed.wait(hold, [] { return g_in_flight == t_in_flight; });
+    Py_END_ALLOW_THREADS
 }
 
 }  // namespace
@@ -247,12 +268,14 @@ static PyObject *disconnect(PyObject *self, PyObject *unused) {
     Py_RETURN_NONE;
 }
 
-// flush(): the frees listed since the last hand-over go to the allocator's free_pointer now (the
-// LibraryAllocator's `pending` step: every drain runs it first).
+// flush(): every free torch made before the call is with the allocator's free_pointer when it
+// returns: the listed ones handed over here, those another thread is handing over waited for (the
+// LibraryAllocator's pending_frees: every drain, a task's release's included, runs it first).
 static PyObject *flush(PyObject *self, PyObject *unused) {
     (void)self;
     (void)unused;
     flush_pending();
+    wait_handed();
     Py_RETURN_NONE;
 }
 
