@@ -26,6 +26,12 @@ library's allocator interface to a :class:`LibraryAllocator`; the rules live her
   :meth:`statistics` and at :meth:`close`. Each is the pool's free: ordered after the stream the
   block was allocated on and every stream named through :meth:`record_stream`. A free of an
   allocation reclaimed at its task's release is counted (``frees_after_reclaim``) and dropped.
+  One exception, the pair of a library that frees a temporary and allocates the next of the same
+  size on its stream: the newest queued free is made by that allocation as one pool step, the
+  pool's ``reissue`` (a new handle of the same block; the old handle freed), where it needs no
+  ordering (same stream, none recorded, not a per-thread stream). A plug-in whose library frees
+  without the GIL (torch's compiled part) keeps those frees until :attr:`pending_frees` hands them
+  over, which every drain does first.
 * **Pointers.** A library whose free names only the address (PyTorch, RMM) uses
   :meth:`allocate_pointer` / :meth:`free_pointer`. An address the library still holds is never
   handed to it again: when the pool hands out the address of a reclaimed allocation the library
@@ -225,7 +231,7 @@ class LibraryAllocator:
                     if a is None:   # not after all (a per-thread stream): freed first, as the drain would
                         frees.append((kept, True))
                 if a is None:
-                    self.drain()
+                    self._drain(-1)   # as the C twin: the queue only (the part flushed before calling)
                 else:
                     reissued = True
                     owned = self._by_owner.get(task)
