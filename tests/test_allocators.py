@@ -383,42 +383,85 @@ def test_a_torch_free_never_waits_for_the_gil_and_the_next_drain_makes_it(servic
 
 
 def test_a_release_while_another_thread_hands_torchs_frees_over_counts_no_freed_memory_as_leaked(
-        service, torch_standin, monkeypatch):
-    """Torch's frees wait in the part until a hand-over; one on another thread can lose the GIL
-    midway (its error report writes to stderr). A release meanwhile still sees every free torch
-    made before it: it hands over the rest and waits for the one in flight."""
+        service, torch_standin):
+    """Torch's frees wait in the part until a hand-over; one on another thread can give the GIL
+    away midway (a free callable that writes somewhere). A release meanwhile still sees every free
+    torch made before it: it hands over the rest and waits for the one in flight."""
     import ctypes
     import time
 
     b = service.bind_task(5)
+    allocator = service.library_allocators["torch"]
     part = cb_torch.compiled_part()
     fn = part.addresses()
     err = ctypes.create_string_buffer(256)
     caller = torch_standin._caller
+    handing = threading.Event()
+
+    def slow_free(ptr):   # the first hand-over gives the GIL away before it queues its free
+        if not handing.is_set():
+            handing.set()
+            time.sleep(0.3)
+        return allocator.free_pointer(ptr)
+
+    part.connect(allocator.allocate_pointer, slow_free, allocator.record_stream_pointer, allocator.drain)
 
     def task():
         service.registry.attach(5)
         return [caller.caller_alloc(fn["alloc"], 4096, 0, b.stream, err, len(err)) for _ in range(3)]
 
     ptrs = _in_thread(task)
-    caller.caller_free(fn["free"], 0x1234000, 4096, 0, b.stream)   # not the allocator's: InvalidFree, reported
     for p in ptrs:
         caller.caller_free(fn["free"], p, 4096, 0, b.stream)   # each returned: torch is done with them
-    reporting = threading.Event()
-
-    def slow_report(_unraisable):   # writing the report gives the GIL away, as stderr does
-        reporting.set()
-        time.sleep(0.2)
-
-    monkeypatch.setattr(sys, "unraisablehook", slow_report)
-    t = threading.Thread(target=part.flush)
+    t = threading.Thread(target=part.flush, daemon=True)
     t.start()
-    assert reporting.wait(10)
-    report = service.release_task(5)
+    assert handing.wait(10)
+    report = service.release_task(5)   # its drain hands over the rest and waits for the first
     t.join(10)
     assert report.leaks_reclaimed == 0
-    s = service.library_allocators["torch"].statistics()
+    s = allocator.statistics()
     assert (s.frees, s.frees_after_reclaim, s.leaks_reclaimed) == (3, 0, 0)
+
+
+def test_torch_frees_handed_over_from_inside_a_hand_over_do_not_wait_for_each_other(service, torch_standin):
+    """A free callable that drains (a finalizer or an error report can) runs a flush inside a
+    hand-over; while another thread is inside one too, neither waits for the other."""
+    import ctypes
+    import time
+
+    b = service.bind_task(5)
+    allocator = service.library_allocators["torch"]
+    part = cb_torch.compiled_part()
+    fn = part.addresses()
+    err = ctypes.create_string_buffer(256)
+    caller = torch_standin._caller
+    inside = threading.Barrier(2, timeout=10)
+
+    def draining_free(ptr):
+        allocator.free_pointer(ptr)
+        if threading.current_thread().name.startswith("hand-over"):
+            inside.wait()        # both threads inside a hand-over
+            time.sleep(0.05)
+            part.flush()         # nested: must not wait for the other thread's hand-over
+        return None
+
+    part.connect(allocator.allocate_pointer, draining_free, allocator.record_stream_pointer, allocator.drain)
+
+    def task():
+        service.registry.attach(5)
+        return [caller.caller_alloc(fn["alloc"], 4096, 0, b.stream, err, len(err)) for _ in range(2)]
+
+    ptrs = _in_thread(task)
+    for p in ptrs:
+        caller.caller_free(fn["free"], p, 4096, 0, b.stream)
+    threads = [threading.Thread(target=part.flush, name=f"hand-over-{i}", daemon=True) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert not any(t.is_alive() for t in threads), "two nested flushes waited for each other"
+    assert allocator.statistics().frees == 2
+    service.release_task(5)
 
 
 def test_torch_autograd_threads_allocate_for_the_task_whose_stream_they_name(service, torch_standin):

@@ -120,20 +120,26 @@ void flush_pending() {
         }
         std::lock_guard<std::mutex> hold(g_pending_mu);
         t_in_flight--;
-        if (--g_in_flight == 0) g_handed.notify_all();
+        g_in_flight--;
+        g_handed.notify_all();   // every fall: a waiter may wait for its own part, not for 0
     }
 }
 
-// Waits, the GIL given back, until no other thread is handing a free over (its own in flight, if
-// this runs inside one of its hand-overs, do not count: they finish after it returns).
+// Waits, the GIL given back, until no other thread is handing a free over. Not from inside a
+// hand-over of this thread's own (a finalizer or an error report that drains): two such threads
+// would wait for each other; that drain sees the frees handed over so far. The mutex is let go
+// before the GIL is taken again: a GIL holder may be waiting for the mutex.
 void wait_handed() {
+    if (t_in_flight != 0) return;
     {
         std::lock_guard<std::mutex> hold(g_pending_mu);
-        if (g_in_flight == t_in_flight) return;
+        if (g_in_flight == 0) return;
     }
     Py_BEGIN_ALLOW_THREADS
-    std::unique_lock<std::mutex> hold(g_pending_mu);
-    g_handed.wait(hold, [] { return g_in_flight == t_in_flight; });
+    {
+        std::unique_lock<std::mutex> hold(g_pending_mu);
+        g_handed.wait(hold, [] { return g_in_flight == 0; });
+    }
     Py_END_ALLOW_THREADS
 }
 
