@@ -464,6 +464,36 @@ def test_torch_frees_handed_over_from_inside_a_hand_over_do_not_wait_for_each_ot
     service.release_task(5)
 
 
+def test_a_torch_allocation_whose_hand_over_disconnects_the_part_fails_in_torch(service, torch_standin):
+    """The allocation hands the listed frees over first (Python code: it may disconnect the part):
+    then it fails in torch, not on a vanished allocator."""
+    import ctypes
+
+    b = service.bind_task(5)
+    allocator = service.library_allocators["torch"]
+    part = cb_torch.compiled_part()
+    fn = part.addresses()
+    err = ctypes.create_string_buffer(256)
+    caller = torch_standin._caller
+
+    def disconnecting_free(ptr):
+        allocator.free_pointer(ptr)
+        part.disconnect()
+
+    part.connect(allocator.allocate_pointer, disconnecting_free, allocator.record_stream_pointer, allocator.drain)
+
+    def task():
+        service.registry.attach(5)
+        ptr = caller.caller_alloc(fn["alloc"], 4096, 0, b.stream, err, len(err))
+        caller.caller_free(fn["free"], ptr, 4096, 0, b.stream)
+        assert caller.caller_alloc(fn["alloc"], 4096, 0, b.stream, err, len(err)) is None
+        return err.value.decode()
+
+    assert "not connected" in _in_thread(task)
+    assert allocator.statistics().frees == 1
+    service.release_task(5)
+
+
 def test_torch_autograd_threads_allocate_for_the_task_whose_stream_they_name(service, torch_standin):
     b = service.bind_task(9)
     torch_standin.set_stream(b.stream)   # this thread is attached to no task

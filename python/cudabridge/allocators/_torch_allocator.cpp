@@ -94,6 +94,27 @@ std::string take_error() {
 // so another thread's flush (a release's drain, through flush()) sees every free either still
 // listed or in flight, and waits for those in flight (wait_handed). A failure is written as
 // unraisable and the memory stays with the pool; with nothing connected the frees are dropped.
+// One free, counted in flight by the caller, to g_free (GIL held), then counted out.
+void hand_over(void *ptr) {
+    PyObject *fn = g_free;
+    if (fn != nullptr) {
+        Py_INCREF(fn);   // a disconnect inside the call must not free the callable under it
+        PyObject *et, *ev, *etb;
+        PyErr_Fetch(&et, &ev, &etb);   // the caller's pending error, if any, stays its own
+        PyObject *p = as_int((uintptr_t)ptr);
+        PyObject *r = p != nullptr ? PyObject_CallOneArg(fn, p) : nullptr;
+        Py_XDECREF(p);
+        if (r == nullptr) PyErr_WriteUnraisable(fn);
+        Py_XDECREF(r);
+        PyErr_Restore(et, ev, etb);
+        Py_DECREF(fn);
+    }
+    std::lock_guard<std::mutex> hold(g_pending_mu);
+    t_in_flight--;
+    g_in_flight--;
+    g_handed.notify_all();   // every fall: a waiter may wait for its own part, not for 0
+}
+
 void flush_pending() {
     for (;;) {
         void *ptr;
@@ -105,23 +126,7 @@ void flush_pending() {
             g_in_flight++;
             t_in_flight++;
         }
-        PyObject *fn = g_free;
-        if (fn != nullptr) {
-            Py_INCREF(fn);   // a disconnect inside the call must not free the callable under it
-            PyObject *et, *ev, *etb;
-            PyErr_Fetch(&et, &ev, &etb);   // the caller's pending error, if any, stays its own
-            PyObject *p = as_int((uintptr_t)ptr);
-            PyObject *r = p != nullptr ? PyObject_CallOneArg(fn, p) : nullptr;
-            Py_XDECREF(p);
-            if (r == nullptr) PyErr_WriteUnraisable(fn);
-            Py_XDECREF(r);
-            PyErr_Restore(et, ev, etb);
-            Py_DECREF(fn);
-        }
-        std::lock_guard<std::mutex> hold(g_pending_mu);
-        t_in_flight--;
-        g_in_flight--;
-        g_handed.notify_all();   // every fall: a waiter may wait for its own part, not for 0
+        hand_over(ptr);
     }
 }
 
@@ -150,11 +155,11 @@ extern "C" {
 __attribute__((visibility("default"))) void *cb_torch_alloc(size_t size, int device, void *stream) {
     if (size == 0) return nullptr;   // as torch's own allocator: no memory, no call
     PyGILState_STATE st = PyGILState_Ensure();
-    if (g_alloc == nullptr) {
+    flush_pending();   // the frees listed since: queued before this allocation drains the queue
+    if (g_alloc == nullptr) {   // checked after the hand-over, whose Python code may disconnect
         PyGILState_Release(st);
         throw std::runtime_error("cudabridge torch allocator: not connected to a service (cudabridge.allocators.torch.install)");
     }
-    flush_pending();   // the frees listed since: queued before this allocation drains the queue
     PyObject *fn = g_alloc;
     Py_INCREF(fn);
     PyObject *args[3] = {as_int(size), PyLong_FromLong(device), as_int((uintptr_t)stream)};
@@ -167,6 +172,7 @@ __attribute__((visibility("default"))) void *cb_torch_alloc(size_t size, int dev
         ptr = PyLong_AsVoidPtr(r);
         Py_DECREF(r);
         if (PyErr_Occurred()) why = take_error();
+        else if (ptr == nullptr) why = "the allocator returned address 0";
     } else {
         why = take_error();
     }
@@ -180,24 +186,19 @@ __attribute__((visibility("default"))) void cb_torch_free(void *ptr, size_t size
     (void)device;
     (void)stream;   // the allocation knows its stream, and any recorded since
     if (ptr == nullptr) return;
-    try {
+    {
         std::lock_guard<std::mutex> hold(g_pending_mu);
-        g_pending.push_back(ptr);
-        return;
-    } catch (const std::bad_alloc &) {   // no room to list it: freed now, under the GIL, after those listed
+        try {
+            g_pending.push_back(ptr);
+            return;
+        } catch (const std::bad_alloc &) {   // no room to list it: in flight now, handed over under the GIL
+            g_in_flight++;
+        }
     }
     PyGILState_STATE st = PyGILState_Ensure();
+    t_in_flight++;   // this thread's from here (counted in g_in_flight under the mutex above)
     flush_pending();
-    if (g_free != nullptr) {
-        PyObject *fn = g_free;
-        Py_INCREF(fn);
-        PyObject *p = as_int((uintptr_t)ptr);
-        PyObject *r = p != nullptr ? PyObject_CallOneArg(fn, p) : nullptr;
-        Py_XDECREF(p);
-        if (r == nullptr) PyErr_WriteUnraisable(fn);
-        Py_XDECREF(r);
-        Py_DECREF(fn);
-    }
+    hand_over(ptr);
     PyGILState_Release(st);
 }
 
