@@ -192,7 +192,8 @@ __attribute__((visibility("default"))) void cb_torch_free(void *ptr, size_t size
             g_pending.push_back(ptr);
             return;
         } catch (const std::bad_alloc &) {   // no room to list it: in flight now, handed over under the GIL
-            g_in_flight++;
+            g_in_flight++;   // before the GIL, so no flush meanwhile misses it (a free that cannot list
+                             // its address while Python finalizes would keep a later flush waiting)
         }
     }
     PyGILState_STATE st = PyGILState_Ensure();
