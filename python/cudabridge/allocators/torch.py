@@ -53,7 +53,9 @@ def compiled_part() -> Any:
 def attach(service: Service) -> LibraryAllocator:
     """Point the compiled part at ``service``'s torch allocator, without touching torch: its four
     functions call the allocator's methods directly (its C twin's, where built: no Python frame). The
-    part serves one allocator at a time; a later service's attach takes the place of the last."""
+    part serves one allocator at a time; a later service's attach takes the place of the last, and
+    a tensor of the earlier one freed after that reaches the later one's allocator (free them first:
+    docs/allocators.md)."""
     allocator = allocator_for(service, "torch", by_stream=True, register_streams=True)
     part = compiled_part()
     part.connect(allocator.allocate_pointer, allocator.free_pointer, allocator.record_stream_pointer, allocator.drain)
