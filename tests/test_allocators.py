@@ -354,30 +354,56 @@ def test_torch_allocations_go_through_the_compiled_part_on_the_current_stream(se
     service.release_task(5)
 
 
-def test_a_torch_free_never_waits_for_the_gil_and_the_next_drain_makes_it(service, torch_standin, tmp_path):
+class _TorchPart:
+    """Torch's compiled part called as torch calls it (the stand-in's C++ caller), for a task bound
+    here: its allocations on a thread attached to the task, frees from whatever thread calls."""
+
+    def __init__(self, service, torch_standin, task_id):
+        import ctypes
+
+        self.binding = service.bind_task(task_id)
+        self.allocator = service.library_allocators["torch"]
+        self.part = cb_torch.compiled_part()
+        self.fn = self.part.addresses()
+        self.caller = torch_standin._caller
+        self.err = ctypes.create_string_buffer(256)
+        self._service, self._task = service, task_id
+
+    def alloc(self, nbytes):
+        """On the calling thread: the address, or None with the error in ``err``."""
+        return self.caller.caller_alloc(self.fn["alloc"], nbytes, 0, self.binding.stream, self.err, len(self.err))
+
+    def alloc_for_task(self, count, nbytes):
+        """``count`` allocations on a thread attached to the task."""
+        def task():
+            self._service.registry.attach(self._task)
+            return [self.alloc(nbytes) for _ in range(count)]
+        return _in_thread(task)
+
+    def free(self, ptr, nbytes):
+        self.caller.caller_free(self.fn["free"], ptr, nbytes, 0, self.binding.stream)
+
+    def connect_free(self, free):
+        """The part's free callable replaced; the allocator's other three kept."""
+        a = self.allocator
+        self.part.connect(a.allocate_pointer, free, a.record_stream_pointer, a.drain)
+
+
+def test_a_torch_free_never_waits_for_the_gil_and_the_next_drain_makes_it(service, torch_standin):
     """PyTorch frees from a tensor's deleter on its own threads (autograd's) while another thread
     may hold the GIL: the free is listed in the compiled part, not made under the GIL, and the
     allocator's next drain (here: its statistics) makes it; the task's release counts no leak."""
     import ctypes
 
-    b = service.bind_task(5)
-    allocator = service.library_allocators["torch"]
-    fn = cb_torch.compiled_part().addresses()
-    err = ctypes.create_string_buffer(256)
-    caller = torch_standin._caller
-
-    def task():
-        service.registry.attach(5)
-        return caller.caller_alloc(fn["alloc"], MIB, 0, b.stream, err, len(err))
-
-    ptr = _in_thread(task)
-    held = ctypes.PyDLL(caller._name)   # PyDLL: this thread keeps the GIL during the call
+    torch = _TorchPart(service, torch_standin, 5)
+    [ptr] = torch.alloc_for_task(1, MIB)
+    held = ctypes.PyDLL(torch.caller._name)   # PyDLL: this thread keeps the GIL during the call
     free_within = held.caller_free_on_new_thread_within
     free_within.restype = ctypes.c_int
     free_within.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p,
                             ctypes.c_int]
-    assert free_within(fn["free"], ptr, MIB, 0, b.stream, 5000) == 1
-    s = allocator.statistics()
+    assert free_within(torch.fn["free"], ptr, MIB, 0, torch.binding.stream, 5000) == 1
+    s = torch.allocator.statistics()
     assert (s.allocations, s.frees, s.frees_pending, s.in_use_bytes) == (1, 1, 0, 0)
     assert service.release_task(5).leaks_reclaimed == 0
 
@@ -387,110 +413,78 @@ def test_a_release_while_another_thread_hands_torchs_frees_over_counts_no_freed_
     """Torch's frees wait in the part until a hand-over; one on another thread can give the GIL
     away midway (a free callable that writes somewhere). A release meanwhile still sees every free
     torch made before it: it hands over the rest and waits for the one in flight."""
-    import ctypes
     import time
 
-    b = service.bind_task(5)
-    allocator = service.library_allocators["torch"]
-    part = cb_torch.compiled_part()
-    fn = part.addresses()
-    err = ctypes.create_string_buffer(256)
-    caller = torch_standin._caller
+    torch = _TorchPart(service, torch_standin, 5)
     handing = threading.Event()
 
     def slow_free(ptr):   # the first hand-over gives the GIL away before it queues its free
         if not handing.is_set():
             handing.set()
             time.sleep(0.3)
-        return allocator.free_pointer(ptr)
+        return torch.allocator.free_pointer(ptr)
 
-    part.connect(allocator.allocate_pointer, slow_free, allocator.record_stream_pointer, allocator.drain)
-
-    def task():
-        service.registry.attach(5)
-        return [caller.caller_alloc(fn["alloc"], 4096, 0, b.stream, err, len(err)) for _ in range(3)]
-
-    ptrs = _in_thread(task)
-    for p in ptrs:
-        caller.caller_free(fn["free"], p, 4096, 0, b.stream)   # each returned: torch is done with them
-    t = threading.Thread(target=part.flush, daemon=True)
+    torch.connect_free(slow_free)
+    for p in torch.alloc_for_task(3, 4096):
+        torch.free(p, 4096)   # each returned: torch is done with them
+    t = threading.Thread(target=torch.part.flush, daemon=True)
     t.start()
     assert handing.wait(10)
     report = service.release_task(5)   # its drain hands over the rest and waits for the first
     t.join(10)
     assert report.leaks_reclaimed == 0
-    s = allocator.statistics()
+    s = torch.allocator.statistics()
     assert (s.frees, s.frees_after_reclaim, s.leaks_reclaimed) == (3, 0, 0)
 
 
 def test_torch_frees_handed_over_from_inside_a_hand_over_do_not_wait_for_each_other(service, torch_standin):
     """A free callable that drains (a finalizer or an error report can) runs a flush inside a
     hand-over; while another thread is inside one too, neither waits for the other."""
-    import ctypes
     import time
 
-    b = service.bind_task(5)
-    allocator = service.library_allocators["torch"]
-    part = cb_torch.compiled_part()
-    fn = part.addresses()
-    err = ctypes.create_string_buffer(256)
-    caller = torch_standin._caller
+    torch = _TorchPart(service, torch_standin, 5)
     inside = threading.Barrier(2, timeout=10)
 
     def draining_free(ptr):
-        allocator.free_pointer(ptr)
+        torch.allocator.free_pointer(ptr)
         if threading.current_thread().name.startswith("hand-over"):
             inside.wait()        # both threads inside a hand-over
             time.sleep(0.05)
-            part.flush()         # nested: must not wait for the other thread's hand-over
+            torch.part.flush()   # nested: must not wait for the other thread's hand-over
         return None
 
-    part.connect(allocator.allocate_pointer, draining_free, allocator.record_stream_pointer, allocator.drain)
-
-    def task():
-        service.registry.attach(5)
-        return [caller.caller_alloc(fn["alloc"], 4096, 0, b.stream, err, len(err)) for _ in range(2)]
-
-    ptrs = _in_thread(task)
-    for p in ptrs:
-        caller.caller_free(fn["free"], p, 4096, 0, b.stream)
-    threads = [threading.Thread(target=part.flush, name=f"hand-over-{i}", daemon=True) for i in range(2)]
+    torch.connect_free(draining_free)
+    for p in torch.alloc_for_task(2, 4096):
+        torch.free(p, 4096)
+    threads = [threading.Thread(target=torch.part.flush, name=f"hand-over-{i}", daemon=True) for i in range(2)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(10)
     assert not any(t.is_alive() for t in threads), "two nested flushes waited for each other"
-    assert allocator.statistics().frees == 2
+    assert torch.allocator.statistics().frees == 2
     service.release_task(5)
 
 
 def test_a_torch_allocation_whose_hand_over_disconnects_the_part_fails_in_torch(service, torch_standin):
     """The allocation hands the listed frees over first (Python code: it may disconnect the part):
     then it fails in torch, not on a vanished allocator."""
-    import ctypes
-
-    b = service.bind_task(5)
-    allocator = service.library_allocators["torch"]
-    part = cb_torch.compiled_part()
-    fn = part.addresses()
-    err = ctypes.create_string_buffer(256)
-    caller = torch_standin._caller
+    torch = _TorchPart(service, torch_standin, 5)
 
     def disconnecting_free(ptr):
-        allocator.free_pointer(ptr)
-        part.disconnect()
+        torch.allocator.free_pointer(ptr)
+        torch.part.disconnect()
 
-    part.connect(allocator.allocate_pointer, disconnecting_free, allocator.record_stream_pointer, allocator.drain)
+    torch.connect_free(disconnecting_free)
 
     def task():
         service.registry.attach(5)
-        ptr = caller.caller_alloc(fn["alloc"], 4096, 0, b.stream, err, len(err))
-        caller.caller_free(fn["free"], ptr, 4096, 0, b.stream)
-        assert caller.caller_alloc(fn["alloc"], 4096, 0, b.stream, err, len(err)) is None
-        return err.value.decode()
+        torch.free(torch.alloc(4096), 4096)
+        assert torch.alloc(4096) is None
+        return torch.err.value.decode()
 
     assert "not connected" in _in_thread(task)
-    assert allocator.statistics().frees == 1
+    assert torch.allocator.statistics().frees == 1
     service.release_task(5)
 
 
