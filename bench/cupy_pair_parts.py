@@ -65,7 +65,7 @@ def main() -> None:
     # the C malloc as make_malloc builds it, with a reference that counts the calls handed to it
     handed = [0]
     memory = cupy.cuda.memory
-    python_malloc = _python_malloc(cb_cupy, allocator, cupy)
+    python_malloc = cb_cupy.reference_malloc(allocator, cupy)
 
     def counting(size):
         handed[0] += 1
@@ -141,15 +141,6 @@ def main() -> None:
     service.registry.detach()
     service.release_task(1)
     service.close()
-
-
-def _python_malloc(cb_cupy, allocator, cupy):
-    """cupy.py's Python malloc (the reference), whatever twin the allocator runs on."""
-    core, allocator._core = allocator._core, None
-    try:
-        return cb_cupy.make_malloc(allocator, cupy)
-    finally:
-        allocator._core = core
 
 
 if __name__ == "__main__":

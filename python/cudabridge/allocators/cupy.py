@@ -92,11 +92,9 @@ def _import_cupy() -> Any:
     return import_library("cupy", "cupy")
 
 
-def make_malloc(allocator: LibraryAllocator, cupy: Any) -> Any:
-    """The callable CuPy calls for each allocation (``size`` -> ``MemoryPointer``): the C twin
-    (``_library_core.c``'s ``CupyMalloc``, whose allocations' owner is its ``CupyOwner``) where the
-    allocator runs on its C twin, else the Python ``malloc`` below, which stays its reference (the
-    twin hands it every call it does not take)."""
+def reference_malloc(allocator: LibraryAllocator, cupy: Any) -> Any:
+    """The Python ``malloc`` (``size`` -> ``MemoryPointer``): the C twin's reference, which it hands
+    every call it does not take, and CuPy's callable where the allocator has no C twin."""
     memory = cupy.cuda.memory
     unowned, pointer = memory.UnownedMemory, memory.MemoryPointer
     get_device = cupy.cuda.runtime.getDevice
@@ -112,10 +110,20 @@ def make_malloc(allocator: LibraryAllocator, cupy: Any) -> Any:
         a = allocate(size, device, current_stream().ptr)
         return pointer(unowned(a.ptr, a.size, _Release(allocator, a), device), 0)
 
-    core = allocator.core
-    if core is not None:
-        return core.cupy_malloc(allocator, unowned, pointer, get_device, current_stream, malloc)
     return malloc
+
+
+def make_malloc(allocator: LibraryAllocator, cupy: Any) -> Any:
+    """The callable CuPy calls for each allocation (``size`` -> ``MemoryPointer``): the C twin
+    (``_library_core.c``'s ``CupyMalloc``, whose allocations' owner is its ``CupyOwner``) where the
+    allocator runs on its C twin, else :func:`reference_malloc`."""
+    malloc = reference_malloc(allocator, cupy)
+    core = allocator.core
+    if core is None:
+        return malloc
+    memory = cupy.cuda.memory
+    return core.cupy_malloc(allocator, memory.UnownedMemory, memory.MemoryPointer, cupy.cuda.runtime.getDevice,
+                            cupy.cuda.get_current_stream, malloc)
 
 
 def install(service: Service, *, module: Any = None) -> LibraryAllocator:

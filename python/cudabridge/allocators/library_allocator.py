@@ -53,10 +53,9 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol
 from ..device import LEGACY_STREAM
 from ..memory.native import load as load_native
 from ..errors import InvalidArgument, InvalidFree, PoolClosed, UnknownStream
-from ..memory.allocation import ALIVE, Allocation as _Allocation
+from ..memory.allocation import ALIVE, Allocation
 
 if TYPE_CHECKING:
-    from ..memory import Allocation
     from ..task_registry import GpuResources, TaskBinding, TaskRegistry
 
 
@@ -72,7 +71,7 @@ def _allocation_base() -> type | None:
     """The C base of Allocation whose slots the C twin reads in place (allocation_layout.h), or
     None where Allocation derives from the Python fallback's (another layout)."""
     base = getattr(load_native(), "AllocationBase", None)
-    return base if base is not None and issubclass(_Allocation, base) else None
+    return base if base is not None and issubclass(Allocation, base) else None
 
 
 class Service(Protocol):
