@@ -283,15 +283,23 @@ for _ in range(20):
     step()
 torch.cuda.synchronize()
 made = allocations()
-inside = [shim.timed_read(i) for i in range(4)] if mode == "timed" else None
+def pool_counts():   # the pool's counters (ours only), to say what a step's allocations did there
+    if mode not in ("ours", "timed"):
+        return {}
+    st = service.memory_pool(0).statistics()
+    return {k: getattr(st, k) for k in st.__dataclass_fields__ if isinstance(getattr(st, k), int)}
+counted = pool_counts()
+inside = [shim.timed_read(i) for i in range(12)] if mode == "timed" else None
 t0 = time.perf_counter()
 for _ in range(steps):
     step()
 torch.cuda.synchronize()
 per_step = (time.perf_counter() - t0) / steps * 1e6
 per_step_allocations = (allocations() - made) / steps
-if inside is not None:   # calls and microseconds inside the part per step: allocations, frees
-    inside = [(shim.timed_read(i) - inside[i]) / steps / (1000 if i % 2 else 1) for i in range(4)]
+pool_per_step = {k: (v - counted[k]) / steps for k, v in pool_counts().items()
+                 if v != counted[k] and not k.endswith("bytes")}
+if inside is not None:   # per step, by thread (timed_pluggable.cpp): calls, and microseconds inside the part
+    inside = [(shim.timed_read(i) - inside[i]) / steps / (1 if i % 6 in (0, 4) else 1000) for i in range(12)]
 t0 = time.perf_counter()
 for _ in range(pairs):
     torch.empty(MIB, dtype=torch.uint8, device="cuda")
@@ -302,7 +310,8 @@ if service is None:
 else:
     reserved = service.memory_pool(0).statistics().peak_reserved_bytes
 print("RESULT " + json.dumps({"step": per_step, "pair": per_pair, "reserved": reserved,
-                              "allocations": per_step_allocations, "inside": inside}))
+                              "allocations": per_step_allocations, "inside": inside,
+                              "pool": pool_per_step}))
 """
 
 
@@ -327,7 +336,7 @@ def torch_rounds(report: Report, rounds: int, steps: int, pairs: int, log: Path)
                 f.write(f"--- {mode} rc {proc.returncode}\n{proc.stdout}\n{proc.stderr[-4000:]}\n")
             lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
             if proc.returncode != 0 or not lines:
-                return dict.fromkeys(("step", "pair", "reserved", "allocations", "inside"), float("nan"))
+                return dict.fromkeys(("step", "pair", "reserved", "allocations", "inside", "pool"), float("nan"))
             return json.loads(lines[-1][len("RESULT "):])
         return run
 
@@ -344,13 +353,23 @@ def torch_rounds(report: Report, rounds: int, steps: int, pairs: int, log: Path)
                   [(r["ours"]["pair"] - r["caching"]["pair"]) * r["ours"]["allocations"] for r in res], "us")
     if "timed" in modes:   # ours again, each call timed inside the part (the step pays the timing too)
         inside = [r["timed"]["inside"] for r in res if isinstance(r["timed"]["inside"], list)]
+        for t, where in ((0, "the step's thread"), (6, "other threads (autograd's)")):
+            if not inside:
+                break
+            report.values(f"torch step, timed, {where}: allocations per step", [x[t] for x in inside], "",
+                          note=f"frees {median(x[t + 4] for x in inside):.1f}")
+            report.values(f"torch step, timed, {where}: us inside our part per step (allocations + frees)",
+                          [x[t + 1] + x[t + 5] for x in inside], "us",
+                          note=f"allocations {median(x[t + 1] for x in inside):.1f} us, frees {median(x[t + 5] for x in inside):.1f} us")
+            report.values(f"torch step, timed, {where}: us per allocation taking + giving back the GIL",
+                          [(x[t + 2] + x[t + 3]) / x[t] if x[t] else float("nan") for x in inside], "us",
+                          note=f"take {median(x[t + 2] / x[t] if x[t] else float('nan') for x in inside):.2f} us")
         if inside:
-            report.values("torch step, timed: allocations / frees per step",
-                          [x[0] for x in inside], "", note=f"frees {median(x[2] for x in inside):.1f}")
-            report.values("torch step, timed: us inside our part per step (allocations + frees)",
-                          [x[1] + x[3] for x in inside], "us",
-                          note=f"allocations {median(x[1] for x in inside):.1f} us, frees {median(x[3] for x in inside):.1f} us")
             report.values("torch step, timed", [r["timed"]["step"] for r in res], "us", better="lower")
+    # what a step's allocations did in our pool (its counters that moved, per step)
+    counts = [r["ours"].get("pool") for r in res if isinstance(r["ours"].get("pool"), dict)]
+    for key in sorted({k for c in counts for k in c}):
+        report.values(f"torch step, ours: pool's {key} per step", [c.get(key, 0.0) for c in counts], "")
 
 
 def main() -> None:
