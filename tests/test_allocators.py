@@ -500,6 +500,49 @@ def test_torch_autograd_threads_allocate_for_the_task_whose_stream_they_name(ser
     assert (s.leaks_reclaimed, s.frees_after_reclaim) == (1, 1)
 
 
+def test_a_repeated_torch_step_settles_in_its_streams_bins(service, torch_standin):
+    # An MLP's step as torch allocates it (forward temporaries, gradients kept until the next
+    # step's zero_grad) through the compiled part: after its first repetitions each allocation is
+    # served by the stream's own bins, none by the pool's locked slow path (the stream's cache of
+    # its newest frees, stream_ordering.py). Before it, each step reached the slow path 8 times.
+    t = torch_standin
+    b = service.bind_task(3)
+    service.registry.attach(3)
+    t.set_stream(b.stream)
+    pool = service.memory_pool(0)
+    grads: list = []
+
+    def step() -> None:
+        grads.clear()   # zero_grad(set_to_none=True)
+        h1, r, o, sq, m = t.empty(4 * MIB), t.empty(4 * MIB), t.empty(MIB), t.empty(MIB), t.empty(4)
+        g, gsq = t.empty(4), t.empty(MIB)
+        del sq, m
+        go = t.empty(MIB)
+        del gsq
+        gw2, gb2, gr = t.empty(16 * MIB), t.empty(4096), t.empty(4 * MIB)
+        del o, go
+        gh = t.empty(4 * MIB)
+        del gr, r
+        gw1, gb1 = t.empty(16 * MIB), t.empty(16384)
+        del gh, h1, g
+        t.empty(MIB)   # dropped at once
+        grads.extend((gw2, gb2, gw1, gb1))
+
+    try:
+        for _ in range(4):
+            step()
+        before = pool.statistics()
+        for _ in range(10):
+            step()
+        after = pool.statistics()
+        assert (after.slow_allocations - before.slow_allocations, after.allocations - before.allocations) == (0, 150)
+        assert after.peak_reserved_bytes <= 56 << 20   # what the step's sizes need at once (52 MiB; 48 coalesced)
+    finally:
+        grads.clear()
+        service.registry.detach()
+        service.release_task(3)
+
+
 def test_a_stream_two_tasks_share_names_no_task_and_the_allocation_is_the_executors(service, torch_standin):
     """Four pool streams, five tasks: the fifth shares the first's stream (round-robin). An
     unattached thread naming that stream allocates for no task (the executor's); naming another

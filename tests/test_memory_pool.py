@@ -247,7 +247,8 @@ def test_calls_after_close_refused(emulated, streams):
 
 def test_bad_construction(emulated):
     for kw in ({"limit_bytes": 0}, {"limit_bytes": -5}, {"limit_fraction": 0.0}, {"limit_fraction": 1.5},
-               {"initial_bytes": -1}, {"arena_type": "yolo"}, {"arena_type": int}, {"limit_bytes": 1 << 20, "initial_bytes": 2 << 20}):
+               {"initial_bytes": -1}, {"arena_type": "yolo"}, {"arena_type": int}, {"limit_bytes": 1 << 20, "initial_bytes": 2 << 20},
+               {"cache_frees": -1}, {"cache_frees": 1.5}, {"cache_frees": (1 << 20) + 1}):
         with pytest.raises(InvalidArgument):
             StreamOrderedMemoryPool(emulated, 0, [], **kw)
     with pytest.raises(InvalidArgument):
@@ -296,3 +297,47 @@ def test_context_manager_frees(pool, streams):
         assert a.alive
     assert not a.alive
     assert pool.statistics().live_allocations == 0
+
+
+def test_stream_cache_is_coalesced_before_the_limit_refuses(emulated):
+    # Growth is refused at the limit, so the stream's cached frees are coalesced for the request:
+    # the cache never turns into an out-of-memory.
+    s = emulated.stream_create()
+    pool = StreamOrderedMemoryPool(emulated, 0, [s], limit_bytes=16 << 20)
+    try:
+        blocks = [pool.allocate(2 << 20, s) for _ in range(6)]
+        for a in blocks:
+            a.free()   # six frees, all in the stream's cache
+        whole = pool.allocate(12 << 20, s)
+        assert pool.statistics().reserved_bytes <= 16 << 20
+        whole.free()
+    finally:
+        pool.close()
+        emulated.stream_destroy(s)
+
+
+def test_stream_cache_keeps_only_its_newest_frees(emulated):
+    # A stream of ever-new sizes: what the slow path leaves in the stream's bins is its newest
+    # cache_frees frees (and blocks its stream has not passed), not everything it ever freed.
+    s = emulated.stream_create()
+    pool = StreamOrderedMemoryPool(emulated, 0, [s], limit_bytes=256 << 20, cache_frees=4)
+    try:
+        for i in range(40):
+            pool.allocate((2 << 20) + i * 4096, s).free()
+            emulated.stream_synchronize(s)
+        arena = pool._streams.by_handle[s]
+        assert len(list(arena.free_blocks())) <= 4 + 1
+    finally:
+        pool.close()
+        emulated.stream_destroy(s)
+
+
+def test_the_pool_cache_setting_reaches_every_gpus_pool(emulated):
+    from cudabridge.config import ServiceConfig
+    from cudabridge.service import CudaBridgeService
+
+    for value, expected in ((None, 256), (0, 0), (32, 32)):
+        kw = {} if value is None else {"pool_cache_frees": value}
+        with CudaBridgeService(ServiceConfig(backend="emulated", streams_per_gpu=2, high_priority_streams=0, **kw),
+                               backend=emulated) as svc:
+            assert [svc.memory_pool(o).cache_frees for o in svc.gpus] == [expected] * len(svc.gpus)

@@ -159,7 +159,7 @@ class CudaBridgeService:
                 try:
                     memory = StreamOrderedMemoryPool(backend, ordinal, streams.handles, limit_bytes=limit_bytes,
                                                      limit_fraction=fraction, initial_bytes=config.pool_initial,
-                                                     growth=config.pool_growth,
+                                                     growth=config.pool_growth, cache_frees=config.pool_cache_frees,
                                                      host_wait_timeout_s=config.host_wait_timeout, **arena_kw)
                 except BaseException:
                     streams.close()

@@ -12,6 +12,10 @@ from ..modes import Mode
 from .stream_arena import StreamArena
 
 DEFAULT_HOST_WAIT_TIMEOUT_S = 300.0   # the longest the pool waits for a stream before OOM
+# A stream's newest frees kept in its bins, out of the slow path's coalescing until growth is
+# refused (stream_ordering.py says why): above the allocations of a repeating step (a CuPy chain of
+# temporaries makes about 70, a PyTorch MLP step 18), small beside what a long task frees.
+DEFAULT_CACHE_FREES = 256
 
 
 class FastPath(Mode):
@@ -41,6 +45,7 @@ class PoolOptions:
     fast_path: str = FastPath.AUTO
     growth: str = PoolGrowth.AUTO
     host_wait_timeout_s: float | None = DEFAULT_HOST_WAIT_TIMEOUT_S
+    cache_frees: int = DEFAULT_CACHE_FREES  # a stream's newest frees it keeps until growth is refused
 
     def __post_init__(self) -> None:
         put = object.__setattr__
@@ -63,6 +68,10 @@ class PoolOptions:
         if not 0 <= initial <= MAX_BYTES:
             raise InvalidArgument(f"initial_bytes must be a non-negative int below 2**63, got {initial!r}")
         put(self, "initial_bytes", initial)
+        cache = index_int(self.cache_frees, "cache_frees")
+        if not 0 <= cache <= 1 << 20:
+            raise InvalidArgument(f"cache_frees must be an int in [0, 2**20], got {cache!r}")
+        put(self, "cache_frees", cache)
 
     @property
     def default_composition(self) -> bool:

@@ -40,7 +40,7 @@ from .host_wait import HostWait
 from .limit import ReservationLimit
 from .native_fast_path import native_fast_path
 from .owners import OwnerTracker
-from .pool_options import DEFAULT_HOST_WAIT_TIMEOUT_S, FastPath, PoolGrowth, PoolOptions, owner_key
+from .pool_options import DEFAULT_CACHE_FREES, DEFAULT_HOST_WAIT_TIMEOUT_S, FastPath, PoolGrowth, PoolOptions, owner_key
 from .python_fast_path import PythonFastPath
 from .safe_free_index import SafeBlocks
 from .statistics import PoolStatistics, UsageLedger
@@ -86,10 +86,11 @@ class StreamOrderedMemoryPool:
         fast_path: str = "auto",
         growth: str = "auto",
         host_wait_timeout_s: float | None = DEFAULT_HOST_WAIT_TIMEOUT_S,
+        cache_frees: int = DEFAULT_CACHE_FREES,
     ) -> None:
         opts = PoolOptions(limit_bytes=limit_bytes, limit_fraction=limit_fraction, initial_bytes=initial_bytes,
                            arena_type=arena_type, fast_path=fast_path, growth=growth,
-                           host_wait_timeout_s=host_wait_timeout_s)
+                           host_wait_timeout_s=host_wait_timeout_s, cache_frees=cache_frees)
         try:
             wait = HostWait(backend, host_wait_timeout_s)
         except ValueError as exc:
@@ -120,7 +121,7 @@ class StreamOrderedMemoryPool:
         self._upstream = DeviceUpstream(backend, device, self._limit, self.counters, self._safe, granularity, total)
         steal_query = backend.stream_query if backend.device_count() == 1 else None
         self._core = StreamOrderingCore(self._streams, self._fences, self._safe, self._upstream, self.counters,
-                                        steal_query)
+                                        steal_query, opts.cache_frees)
         self._owner_tracker = OwnerTracker()
         self._ledger = UsageLedger()
 
@@ -170,6 +171,12 @@ class StreamOrderedMemoryPool:
     def growth(self) -> str:
         """"segment" (large blocks from expandable segments) or "chunks"."""
         return self._upstream.growth
+
+    @property
+    def cache_frees(self) -> int:
+        """How many of a stream's newest frees its bins keep until growth is refused
+        (stream_ordering.py)."""
+        return self._core.cache_frees
 
     @property
     def limit(self) -> int:
