@@ -14,5 +14,5 @@ timeout 300 python3 bench/bench_allocators.py --rounds 5 --out "$out" >"$out/ben
 (cd bench && timeout 120 python3 cupy_pair_parts.py --rounds 5 --out "$out") >"$out/cupy_pair_parts.log" 2>&1 || status=1
 tail -3 "$out/pytest_allocators.log"
 tail -12 "$out/cupy_pair_parts.log"
-tail -44 "$out/bench_allocators.log"
+sed -n "/^measurement /,\$p" "$out/bench_allocators.log"
 exit $status
