@@ -386,7 +386,7 @@ class _TorchPart:
     def connect_free(self, free):
         """The part's free callable replaced; the allocator's other three kept."""
         a = self.allocator
-        self.part.connect(a.allocate_pointer, free, a.record_stream_pointer, a.drain)
+        self.part.connect(self._service, a.allocate_pointer, free, a.record_stream_pointer, a.drain)
 
 
 def test_a_torch_free_never_waits_for_the_gil_and_the_next_drain_makes_it(service, torch_standin):
@@ -541,6 +541,36 @@ def test_a_repeated_torch_step_settles_in_its_streams_bins(service, torch_standi
         grads.clear()
         service.registry.detach()
         service.release_task(3)
+
+
+def test_another_service_attaches_torchs_part_only_once_torch_freed_the_last_ones_tensors(emulated, twin, tmp_path):
+    # A tensor of service A freed after B attached would reach B's allocator, whose pool may have
+    # handed the same address to a live allocation of B's: the attach is refused until A's are gone.
+    def new_service():
+        return _with_allocators(CudaBridgeService(ServiceConfig(backend="emulated", streams_per_gpu=4,
+                                                                high_priority_streams=0), backend=emulated), twin)
+
+    svc_a, svc_b = new_service(), new_service()
+    try:
+        cb_torch.attach(svc_a)
+        part = cb_torch.compiled_part()
+        t = StandinTorch(emulated, part, build_caller(tmp_path))
+        t.set_stream(svc_a.bind_task(1).stream)   # this thread attached to no task: by stream
+        kept = t.empty(MIB)
+        with pytest.raises(InvalidArgument, match="still holds 1 tensor"):
+            cb_torch.attach(svc_b)
+        assert part.owner() is svc_a   # nothing changed: A's allocator still serves torch
+        second = t.empty(MIB)
+        assert sorted(a.ptr for a in svc_a.memory_pool(0).owned_by(1)) == sorted((kept.data_ptr, second.data_ptr))
+        del kept, second
+        cb_torch.attach(svc_b)
+        assert part.owner() is svc_b and part.outstanding() == 0
+        assert svc_a.library_allocators["torch"].statistics().frees == 2
+        svc_a.release_task(1)
+    finally:
+        cb_torch.detach()
+        svc_b.close()
+        svc_a.close()
 
 
 def test_a_stream_two_tasks_share_names_no_task_and_the_allocation_is_the_executors(service, torch_standin):

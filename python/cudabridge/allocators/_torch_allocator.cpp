@@ -36,13 +36,20 @@
  *    written with PyErr_WriteUnraisable when the list is handed over, and the memory stays with
  *    the pool (reclaimed at its task's release, or at close);
  *  - the listed addresses go to the callables connected when they are handed over: connect and
- *    disconnect hand the list to the old set first, so no free reaches another service's allocator;
+ *    disconnect hand the list to the old set first, so no free listed before reaches another
+ *    service's allocator;
+ *  - a connect to another owner (a service) is refused while tensors this part allocated are
+ *    outstanding (allocated, not yet freed by torch): such a tensor's later free would reach the
+ *    new owner's allocator, whose pool may by then have handed the same address to a live
+ *    allocation of its own (an address alone cannot tell the two apart). g_outstanding counts them:
+ *    up at each allocation returned to torch, down at each free, with no lock;
  *  - the callables are read and replaced only with the GIL held (connect, disconnect), so a call
  *    sees one complete set; a call with no set connected fails (alloc) or does nothing (the rest).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -52,6 +59,8 @@
 #include <string>
 
 static PyObject *g_alloc, *g_free, *g_record, *g_reset;   // strong references, set by connect(); GIL
+static PyObject *g_owner;   // the last connect's owner (strong; kept across disconnect); GIL
+static std::atomic<long> g_outstanding;   // allocations returned to torch, not yet freed by it
 // The frees listed, not yet handed to g_free (oldest first), and how many are being handed over
 // now (taken from the list, the call to g_free not returned): both guarded by g_pending_mu, which
 // is never held while waiting for the GIL or calling Python. Never destroyed: a thread may free a
@@ -176,6 +185,7 @@ __attribute__((visibility("default"))) void *cb_torch_alloc(size_t size, int dev
     } else {
         why = take_error();
     }
+    if (why.empty()) g_outstanding.fetch_add(1, std::memory_order_relaxed);   // before torch can free it
     PyGILState_Release(st);
     if (!why.empty()) throw std::runtime_error("cudabridge torch allocator: " + why);
     return ptr;
@@ -186,6 +196,7 @@ __attribute__((visibility("default"))) void cb_torch_free(void *ptr, size_t size
     (void)device;
     (void)stream;   // the allocation knows its stream, and any recorded since
     if (ptr == nullptr) return;
+    g_outstanding.fetch_sub(1, std::memory_order_relaxed);
     {
         std::lock_guard<std::mutex> hold(g_pending_mu);
         try {
@@ -254,17 +265,37 @@ static void set_callables(PyObject *a, PyObject *f, PyObject *rs, PyObject *rt) 
     for (PyObject *o : old) Py_XDECREF(o);
 }
 
-// connect(alloc, free, record_stream, reset): the Python side of the four functions (a later
-// connect replaces an earlier one: torch keeps its allocator for the process, a service may change).
+// connect(owner, alloc, free, record_stream, reset): the Python side of the four functions, for
+// owner (a service). A later connect for the same owner replaces the callables; one for another
+// owner only while no tensor this part allocated is outstanding (the invariants), else it raises
+// cudabridge's InvalidArgument and changes nothing.
 static PyObject *connect(PyObject *self, PyObject *args) {
     (void)self;
-    PyObject *a, *f, *rs, *rt;
-    if (!PyArg_ParseTuple(args, "OOOO:connect", &a, &f, &rs, &rt)) return nullptr;
+    PyObject *owner, *a, *f, *rs, *rt;
+    if (!PyArg_ParseTuple(args, "OOOOO:connect", &owner, &a, &f, &rs, &rt)) return nullptr;
     if (!PyCallable_Check(a) || !PyCallable_Check(f) || !PyCallable_Check(rs) || !PyCallable_Check(rt)) {
-        PyErr_SetString(PyExc_TypeError, "connect: four callables");
+        PyErr_SetString(PyExc_TypeError, "connect: an owner and four callables");
+        return nullptr;
+    }
+    long held = g_outstanding.load(std::memory_order_relaxed);
+    if (g_owner != nullptr && owner != g_owner && held > 0) {
+        PyObject *errors = PyImport_ImportModule("cudabridge.errors");   // not a hot call: a service's start
+        PyObject *invalid = errors != nullptr ? PyObject_GetAttrString(errors, "InvalidArgument") : nullptr;
+        Py_XDECREF(errors);
+        if (invalid == nullptr) return nullptr;
+        PyErr_Format(invalid,
+                     "PyTorch still holds %ld tensor(s) that cudabridge's torch allocator made for another service; "
+                     "their frees would reach this service's allocator: drop them (del, gc.collect()) before "
+                     "attaching the torch allocator to another service",
+                     held);
+        Py_DECREF(invalid);
         return nullptr;
     }
     set_callables(a, f, rs, rt);
+    Py_INCREF(owner);
+    PyObject *old_owner = g_owner;
+    g_owner = owner;
+    Py_XDECREF(old_owner);
     Py_RETURN_NONE;
 }
 
@@ -287,6 +318,23 @@ static PyObject *flush(PyObject *self, PyObject *unused) {
     Py_RETURN_NONE;
 }
 
+// outstanding(): the allocations returned to torch and not yet freed by it (the connect check's
+// count; a free torch made of an address this part never returned would make it low).
+static PyObject *outstanding(PyObject *self, PyObject *unused) {
+    (void)self;
+    (void)unused;
+    return PyLong_FromLong(g_outstanding.load(std::memory_order_relaxed));
+}
+
+// owner(): the last connect's owner, or None.
+static PyObject *owner(PyObject *self, PyObject *unused) {
+    (void)self;
+    (void)unused;
+    PyObject *o = g_owner != nullptr ? g_owner : Py_None;
+    Py_INCREF(o);
+    return o;
+}
+
 // addresses(): the four functions' addresses, for torch's set_*_fn hooks and the tests.
 static PyObject *addresses(PyObject *self, PyObject *unused) {
     (void)self;
@@ -297,7 +345,9 @@ static PyObject *addresses(PyObject *self, PyObject *unused) {
 }
 
 static PyMethodDef torch_allocator_methods[] = {
-    {"connect", connect, METH_VARARGS, "connect(alloc, free, record_stream, reset): the Python side"},
+    {"connect", connect, METH_VARARGS, "connect(owner, alloc, free, record_stream, reset): the Python side"},
+    {"owner", owner, METH_NOARGS, "owner(): the last connect's owner, or None"},
+    {"outstanding", outstanding, METH_NOARGS, "outstanding() -> int: tensors allocated, not yet freed by torch"},
     {"disconnect", disconnect, METH_NOARGS, "disconnect(): no Python side (allocations fail)"},
     {"flush", flush, METH_NOARGS, "flush(): the frees listed since the last hand-over, to the allocator now"},
     {"addresses", addresses, METH_NOARGS, "addresses() -> dict: the C functions' addresses"},

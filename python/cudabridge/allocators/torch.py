@@ -53,12 +53,19 @@ def compiled_part() -> Any:
 def attach(service: Service) -> LibraryAllocator:
     """Point the compiled part at ``service``'s torch allocator, without touching torch: its four
     functions call the allocator's methods directly (its C twin's, where built: no Python frame). The
-    part serves one allocator at a time; a later service's attach takes the place of the last, and
-    a tensor of the earlier one freed after that reaches the later one's allocator (free them first:
-    docs/allocators.md)."""
-    allocator = allocator_for(service, "torch", by_stream=True, register_streams=True)
+    part serves one service at a time: a later service's attach takes the place of the last only
+    once torch has freed every tensor the part made for it (a later free would reach the new
+    service's allocator, which may have handed the same address out again); until then it raises
+    :class:`~cudabridge.errors.InvalidArgument` and changes nothing."""
     part = compiled_part()
-    part.connect(allocator.allocate_pointer, allocator.free_pointer, allocator.record_stream_pointer, allocator.drain)
+    held = part.outstanding()
+    if held > 0 and part.owner() not in (None, service):
+        raise InvalidArgument(f"PyTorch still holds {held} tensor(s) that cudabridge's torch allocator made for "
+                              f"another service; their frees would reach this service's allocator: drop them (del, "
+                              f"gc.collect()) before attaching the torch allocator to another service")
+    allocator = allocator_for(service, "torch", by_stream=True, register_streams=True)
+    part.connect(service, allocator.allocate_pointer, allocator.free_pointer, allocator.record_stream_pointer,
+                 allocator.drain)
     allocator.pending_frees = part.flush   # torch's frees wait in the part, GIL-free, until a drain takes them
     return allocator
 
