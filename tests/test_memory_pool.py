@@ -341,3 +341,55 @@ def test_the_pool_cache_setting_reaches_every_gpus_pool(emulated):
         with CudaBridgeService(ServiceConfig(backend="emulated", streams_per_gpu=2, high_priority_streams=0, **kw),
                                backend=emulated) as svc:
             assert [svc.memory_pool(o).cache_frees for o in svc.gpus] == [expected] * len(svc.gpus)
+
+
+@pytest.mark.parametrize("growth,sizes,request_,limit,later", [
+    ("auto", [512 << 10] * 4, 1 << 20, 6 << 20, 3 << 20),         # small chunks: never given back
+    ("chunks", [8 << 20, 8 << 20], 18 << 20, 50 << 20, 30 << 20),  # cudaMalloc chunks: never given back
+])
+def test_the_stream_cache_never_makes_the_pool_grow_for_good_where_joining_it_serves(emulated, growth, sizes,
+                                                                                      request_, limit, later):
+    # Growth that is for good (a small chunk, a cudaMalloc chunk) waits for a run of the stream's
+    # cached blocks: grown instead, its room was gone when a later request needed it at the limit.
+    s = emulated.stream_create()
+    pool = StreamOrderedMemoryPool(emulated, 0, [s], limit_bytes=limit, growth=growth)
+    try:
+        blocks = [pool.allocate(n, s) for n in sizes]
+        reserved = pool.statistics().reserved_bytes
+        for a in blocks:
+            a.free()
+        joined = pool.allocate(request_, s)   # served by the cached blocks joined
+        assert pool.statistics().reserved_bytes == reserved
+        joined.free()
+        emulated.stream_synchronize(s)
+        pool.allocate(later, s).free()   # needs the room a needless growth would have taken
+    finally:
+        pool.close()
+        emulated.stream_destroy(s)
+
+
+def test_a_block_freed_again_stays_in_the_stream_cache_by_its_newest_free(emulated):
+    # The fast path takes a block back and it is freed again: its older entry in the arena's free
+    # order must not count as its place, or the cache gives up its newest frees first.
+    s = emulated.stream_create()
+    pool = StreamOrderedMemoryPool(emulated, 0, [s], limit_bytes=512 << 20, cache_frees=4)
+    size_a, size_b = 3 << 20, 5 << 20
+    try:
+        a, b = pool.allocate(size_a, s), pool.allocate(size_b, s)
+        a.free()
+        b.free()
+        for o in [pool.allocate((7 << 20) + i * 4096, s) for i in range(10)]:
+            o.free()
+        for _ in range(3):   # a repeating step: A and B from the stream's bins, freed again
+            a, b = pool.allocate(size_a, s), pool.allocate(size_b, s)
+            a.free()
+            b.free()
+        emulated.stream_synchronize(s)
+        pool.allocate(40 << 20, s).free()   # one allocation through the slow path
+        slow = pool.statistics().slow_allocations
+        pool.allocate(size_a, s).free()
+        pool.allocate(size_b, s).free()
+        assert pool.statistics().slow_allocations == slow
+    finally:
+        pool.close()
+        emulated.stream_destroy(s)

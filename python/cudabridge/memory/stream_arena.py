@@ -108,18 +108,19 @@ class StreamArena(_native.ArenaBase if _native is not None else _ArenaSlots):  #
             orphan = lst
 
     def trim_recent(self) -> None:
-        """Drop entries of blocks that are no longer in this arena, and repeats, keeping order.
+        """Drop entries of blocks that are no longer in this arena, and repeats, keeping order and
+        each block's newest entry (the order of frees the stream's cache keeps: stream_ordering.py).
         Amortized O(1) per free: the next trim waits until the deque has doubled again. Call
         with the pool's lock held (``_reclaim`` reads the head, then pops it)."""
         recent = self.recent
-        seen: set[int] = set()
-        for _ in range(len(recent)):
+        snapshot = list(recent)   # one step under the GIL; frees append after it
+        newest = {id(blk): i for i, blk in enumerate(snapshot)}
+        for i in range(len(snapshot)):
             try:
                 blk = recent.popleft()
             except IndexError:
                 break
-            if blk.state is self and id(blk) not in seen:
-                seen.add(id(blk))
+            if blk.state is self and newest.get(id(blk)) == i:
                 recent.append(blk)   # concurrent frees append too: nothing is lost
         self.trim_at = max(TRIM_MIN, 2 * len(recent))
         self.drop_empty()

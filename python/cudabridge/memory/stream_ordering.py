@@ -13,7 +13,10 @@ The reuse ladder, cheapest first (step 1, the stream's own bin, is the fast path
    requesting stream's newest ``cache_frees`` frees (its cache: below); and any of the requesting
    stream's own blocks of other sizes;
 4. more memory from the upstream, while under the limit (growing is preferred over a device-side
-   wait, because such a wait makes unrelated tasks' streams depend on each other);
+   wait, because such a wait makes unrelated tasks' streams depend on each other); where that
+   memory is for good (small chunks, and every chunk under ``growth="chunks"``: only segments can
+   move pieces back out), first a run of adjacent safe blocks and the stream's own cached ones,
+   joined, as only the run leaves the cache;
 5. the requesting stream's cache too, coalesced, then 4 again where it gave up blocks (their holes
    may now be moved);
 6. a block still in flight on another stream, taken with ``cudaStreamWaitEvent`` on the
@@ -39,6 +42,8 @@ lock held.
 """
 
 from __future__ import annotations
+
+from itertools import islice
 
 from ..errors import OutOfDeviceMemory
 from .block import LIVE, PENDING, SAFE, UNMAPPED, Block
@@ -135,7 +140,12 @@ class StreamOrderingCore:
         blk = index.take_best_fit(r) or self._own_best_fit(arena, r, small)
         if blk is not None:
             return blk
-        # 4. grow.
+        # 4. grow; where the growth is for good (a small chunk, a cudaMalloc chunk: never given
+        # back before close), first a run of the stream's cached blocks and safe ones joined.
+        if small or self.upstream.segments is None:
+            blk = self._take_own_run(r, arena, small)
+            if blk is not None:
+                return blk
         blk = self.upstream.grow(r, small)
         if blk is not None:
             return blk
@@ -182,6 +192,30 @@ class StreamOrderingCore:
             if blk.chunk.small == small:
                 return blk  # still in the arena's state: _fit keeps the rest there
             lst.append(blk)
+        return None
+
+    def _take_own_run(self, r: int, arena: StreamArena, small: bool) -> Block | None:
+        """Join adjacent blocks the requesting stream may use at once (safe ones, and its own free
+        blocks, cached or in flight on it) into one of at least ``r`` bytes: no device wait. Only
+        the run's blocks leave the stream's cache."""
+        for chunk in self.upstream.chunks:
+            if chunk.small != small or chunk.size < r:
+                continue
+            run: list[Block] = []
+            total = 0
+            blk = chunk.head
+            while blk is not None:
+                if blk.state is SAFE or blk.state is arena:
+                    run.append(blk)
+                    total += blk.size
+                    if total >= r:
+                        joined = self._join(run, arena)
+                        if joined is not None:
+                            return joined
+                        run, total = [], 0
+                else:
+                    run, total = [], 0
+                blk = blk.next
         return None
 
     def _take_in_flight(self, r: int, arena: StreamArena, small: bool) -> Block | None:
@@ -306,10 +340,13 @@ class StreamOrderingCore:
         recent = arena.recent
         covered = False
         moved = 0
+        # A block taken back by the fast path and freed again has an older entry too: the blocks
+        # of the kept entries are not moved through their older ones.
+        kept = {id(b) for b in islice(recent, max(0, len(recent) - keep), None)} if keep else ()
         while len(recent) > keep:
             blk = recent[0]
-            if blk.state is not arena:
-                recent.popleft()  # stale: taken back since, or moved
+            if blk.state is not arena or id(blk) in kept:
+                recent.popleft()  # stale: taken back since, or moved, or freed again since
                 continue
             if blk.epoch > arena.completed:
                 if covered or blk.epoch < arena.epoch or not arena.can_record():
