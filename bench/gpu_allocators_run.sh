@@ -2,7 +2,8 @@
 # Issue 26 on the GPU machine (device tool, repository root), carry = [.whl, python/cudabridge/_native]:
 # the real libraries through cudabridge.allocators (tests/test_allocators_gpu.py: CuPy, PyTorch,
 # Numba; RMM where installed), then bench/bench_allocators.py (CuPy and PyTorch against their own
-# pools, interleaved rounds) and bench/cupy_pair_parts.py (CuPy's pair, part by part). gpu_setup.sh
+# pools, interleaved rounds), bench/cupy_pair_parts.py (CuPy's pair, part by part) and the pool's
+# footprint on the Spark-like trace (bench_core.py's fragmentation rows). gpu_setup.sh
 # builds the C paths and the torch allocator's compiled part there (build_fastpath). Logs and JSON
 # under $OUT; a summary last.
 set -uo pipefail
@@ -12,7 +13,15 @@ timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_allocators_gpu.p
   >"$out/pytest_allocators.log" 2>&1 || status=1
 timeout 300 python3 bench/bench_allocators.py --rounds 5 --out "$out" >"$out/bench_allocators.log" 2>&1 || status=1
 (cd bench && timeout 120 python3 cupy_pair_parts.py --rounds 5 --out "$out") >"$out/cupy_pair_parts.log" 2>&1 || status=1
+# the pool's footprint on the Spark-like trace (bench_core's rows; the stream cache may hold more)
+(cd bench && timeout 180 python3 -c "
+import bench_core as b
+from cudabridge.device import open_backend
+be = open_backend('cuda'); be.set_device(0)
+b.bench_fragmentation(be); b.bench_fragmentation(be, growth='chunks')
+print(b.report.text())") >"$out/trace_footprint.log" 2>&1 || status=1
 tail -3 "$out/pytest_allocators.log"
 tail -12 "$out/cupy_pair_parts.log"
+tail -4 "$out/trace_footprint.log"
 sed -n "/^measurement /,\$p" "$out/bench_allocators.log"
 exit $status
