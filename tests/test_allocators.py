@@ -8,6 +8,7 @@ from __future__ import annotations
 import gc
 import sys
 import threading
+import time
 
 import pytest
 from standin_libraries import StandinArray, StandinCupy, StandinNumbaCuda, StandinRmm
@@ -29,6 +30,10 @@ def _plugins_forgotten():
     cb_cupy._module = None
     cb_numba._module = cb_numba._allocator = None
     cb_torch.detach()
+    # a stand-in tensor left alive would make every later attach to another service refuse: the
+    # test that left it fails here instead
+    gc.collect()
+    assert cb_torch.compiled_part().outstanding() == 0, "a test left torch tensors of the compiled part alive"
 
 
 @pytest.fixture(params=["native", "python"])
@@ -543,31 +548,92 @@ def test_a_repeated_torch_step_settles_in_its_streams_bins(service, torch_standi
         service.release_task(3)
 
 
-def test_another_service_attaches_torchs_part_only_once_torch_freed_the_last_ones_tensors(emulated, twin, tmp_path):
-    # A tensor of service A freed after B attached would reach B's allocator, whose pool may have
-    # handed the same address to a live allocation of B's: the attach is refused until A's are gone.
+def _two_services(emulated, twin):
     def new_service():
         return _with_allocators(CudaBridgeService(ServiceConfig(backend="emulated", streams_per_gpu=4,
                                                                 high_priority_streams=0), backend=emulated), twin)
+    return new_service(), new_service()
 
-    svc_a, svc_b = new_service(), new_service()
+
+def test_another_service_attaches_torchs_part_only_once_torch_freed_the_last_ones_tensors(emulated, twin, tmp_path):
+    # A tensor of service A freed after B attached would reach B's allocator, whose pool may have
+    # handed the same address to a live allocation of B's: the attach is refused until A's are gone.
+    svc_a, svc_b = _two_services(emulated, twin)
+    held: list = []
     try:
         cb_torch.attach(svc_a)
         part = cb_torch.compiled_part()
         t = StandinTorch(emulated, part, build_caller(tmp_path))
         t.set_stream(svc_a.bind_task(1).stream)   # this thread attached to no task: by stream
-        kept = t.empty(MIB)
+        held.append(t.empty(MIB))
         with pytest.raises(InvalidArgument, match="still holds 1 tensor"):
             cb_torch.attach(svc_b)
-        assert part.owner() is svc_a   # nothing changed: A's allocator still serves torch
-        second = t.empty(MIB)
-        assert sorted(a.ptr for a in svc_a.memory_pool(0).owned_by(1)) == sorted((kept.data_ptr, second.data_ptr))
-        del kept, second
+        # the part's own check, which the attach's Python check stands in front of
+        b_alloc = svc_b.library_allocators["torch"]
+        with pytest.raises(InvalidArgument, match="still holds 1 tensor"):
+            part.connect(object(), b_alloc.allocate_pointer, b_alloc.free_pointer, b_alloc.record_stream_pointer,
+                         b_alloc.drain)
+        held.append(t.empty(MIB))   # nothing changed: A's allocator still serves torch
+        assert sorted(a.ptr for a in svc_a.memory_pool(0).owned_by(1)) == sorted(x.data_ptr for x in held)
+        cb_torch.attach(svc_a)   # the same service again: its tensors stay its own
+        cb_torch.detach()
+        with pytest.raises(InvalidArgument, match="still holds 2 tensor"):
+            cb_torch.attach(svc_b)   # detached, A's tensors still count
+        held.clear()   # freed while detached: dropped (A's release reclaims them)
         cb_torch.attach(svc_b)
-        assert part.owner() is svc_b and part.outstanding() == 0
-        assert svc_a.library_allocators["torch"].statistics().frees == 2
+        assert part.outstanding() == 0
+        t.set_stream(svc_b.bind_task(2).stream)
+        held.append(t.empty(MIB))
+        assert [a.ptr for a in svc_b.memory_pool(0).owned_by(2)] == [held[0].data_ptr]
+        held.clear()
+        assert svc_b.release_task(2).leaks_reclaimed == 0
+        assert svc_a.release_task(1).leaks_reclaimed == 2
+    finally:
+        held.clear()
+        cb_torch.detach()
+        svc_b.close()
+        svc_a.close()
+
+
+def test_a_torch_allocation_while_another_service_attaches_keeps_the_part_with_its_own(emulated, twin, tmp_path):
+    # The attach hands the frees listed so far to the old service's allocator first, and that is
+    # Python code, which lets the GIL go: an allocation that gets in meanwhile is the old service's,
+    # and the part, which decides only once nothing is listed or in flight, refuses the switch.
+    svc_a, svc_b = _two_services(emulated, twin)
+    held: list = []
+    try:
+        alloc_a = cb_torch.attach(svc_a)
+        part = cb_torch.compiled_part()
+        t = StandinTorch(emulated, part, build_caller(tmp_path))
+        stream = svc_a.bind_task(1).stream
+        t.set_stream(stream)
+        free_a = alloc_a.free_pointer
+
+        def slow_free(ptr):
+            time.sleep(0.3)   # the GIL let go, as any Python code may
+            free_a(ptr)
+
+        part.connect(part.owner(), alloc_a.allocate_pointer, slow_free, alloc_a.record_stream_pointer, alloc_a.drain)
+        del_me = t.empty(MIB)
+        del del_me   # listed: the attach below hands it to slow_free
+
+        def allocate_meanwhile():
+            time.sleep(0.1)
+            t.set_stream(stream)
+            held.append(t.empty(MIB))
+
+        th = threading.Thread(target=allocate_meanwhile)
+        th.start()
+        with pytest.raises(InvalidArgument, match="still holds 1 tensor"):
+            cb_torch.attach(svc_b)
+        th.join()
+        alloc_a.drain()   # the free slow_free queued
+        assert [a.ptr for a in svc_a.memory_pool(0).owned_by(1)] == [held[0].data_ptr]
+        held.clear()
+        cb_torch.attach(svc_b)   # now nothing of A's is out
         svc_a.release_task(1)
     finally:
+        held.clear()
         cb_torch.detach()
         svc_b.close()
         svc_a.close()

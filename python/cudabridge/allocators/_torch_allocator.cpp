@@ -38,11 +38,14 @@
  *  - the listed addresses go to the callables connected when they are handed over: connect and
  *    disconnect hand the list to the old set first, so no free listed before reaches another
  *    service's allocator;
- *  - a connect to another owner (a service) is refused while tensors this part allocated are
- *    outstanding (allocated, not yet freed by torch): such a tensor's later free would reach the
- *    new owner's allocator, whose pool may by then have handed the same address to a live
- *    allocation of its own (an address alone cannot tell the two apart). g_outstanding counts them:
- *    up at each allocation returned to torch, down at each free, with no lock;
+ *  - a connect to another owner (a service's token) is refused while tensors this part allocated
+ *    are outstanding: such a tensor's later free would reach the new owner's allocator, whose pool
+ *    may by then have handed the same address to a live allocation of its own (an address alone
+ *    cannot tell the two apart). g_outstanding counts them, from before an allocation's call
+ *    (GIL held: the call may let the GIL go, and a connect meanwhile must see it) to the moment its
+ *    free is listed or counted in flight (under g_pending_mu, in the same step); a connect decides
+ *    and swaps holding the GIL and the mutex, with the list empty and nothing in flight, so every
+ *    tensor is then either counted or already with the old owner's allocator;
  *  - the callables are read and replaced only with the GIL held (connect, disconnect), so a call
  *    sees one complete set; a call with no set connected fails (alloc) or does nothing (the rest).
  */
@@ -171,6 +174,7 @@ __attribute__((visibility("default"))) void *cb_torch_alloc(size_t size, int dev
     }
     PyObject *fn = g_alloc;
     Py_INCREF(fn);
+    g_outstanding.fetch_add(1, std::memory_order_relaxed);   // from before the call: the invariants
     PyObject *args[3] = {as_int(size), PyLong_FromLong(device), as_int((uintptr_t)stream)};
     PyObject *r = args[0] && args[1] && args[2] ? PyObject_Vectorcall(fn, args, 3, nullptr) : nullptr;
     for (PyObject *a : args) Py_XDECREF(a);
@@ -185,7 +189,7 @@ __attribute__((visibility("default"))) void *cb_torch_alloc(size_t size, int dev
     } else {
         why = take_error();
     }
-    if (why.empty()) g_outstanding.fetch_add(1, std::memory_order_relaxed);   // before torch can free it
+    if (!why.empty()) g_outstanding.fetch_sub(1, std::memory_order_relaxed);   // no tensor after all
     PyGILState_Release(st);
     if (!why.empty()) throw std::runtime_error("cudabridge torch allocator: " + why);
     return ptr;
@@ -196,15 +200,16 @@ __attribute__((visibility("default"))) void cb_torch_free(void *ptr, size_t size
     (void)device;
     (void)stream;   // the allocation knows its stream, and any recorded since
     if (ptr == nullptr) return;
-    g_outstanding.fetch_sub(1, std::memory_order_relaxed);
     {
         std::lock_guard<std::mutex> hold(g_pending_mu);
         try {
             g_pending.push_back(ptr);
+            g_outstanding.fetch_sub(1, std::memory_order_relaxed);   // listed: no longer outstanding
             return;
         } catch (const std::bad_alloc &) {   // no room to list it: in flight now, handed over under the GIL
             g_in_flight++;   // before the GIL, so no flush meanwhile misses it (a free that cannot list
                              // its address while Python finalizes would keep a later flush waiting)
+            g_outstanding.fetch_sub(1, std::memory_order_relaxed);
         }
     }
     PyGILState_STATE st = PyGILState_Ensure();
@@ -249,26 +254,85 @@ __attribute__((visibility("default"))) void cb_torch_reset(void) {
 
 }  // extern "C"
 
-// Replaces the four callables (GIL held: a call reads them only with the GIL, so it sees the old
-// set or the new one, never a mix); NULLs disconnect. The frees listed so far go to the old set.
-static void set_callables(PyObject *a, PyObject *f, PyObject *rs, PyObject *rt) {
-    flush_pending();
-    PyObject *old[4] = {g_alloc, g_free, g_record, g_reset};
-    Py_XINCREF(a);
-    Py_XINCREF(f);
-    Py_XINCREF(rs);
-    Py_XINCREF(rt);
-    g_alloc = a;
-    g_free = f;
-    g_record = rs;
-    g_reset = rt;
-    for (PyObject *o : old) Py_XDECREF(o);
+// The exception connect raises for a refused owner: cudabridge's InvalidArgument (already imported
+// by the package that calls connect; connect is no hot call).
+static void refuse_owner(long held) {
+    PyObject *errors = PyImport_ImportModule("cudabridge.errors");
+    PyObject *invalid = errors != nullptr ? PyObject_GetAttrString(errors, "InvalidArgument") : nullptr;
+    Py_XDECREF(errors);
+    if (invalid == nullptr) return;
+    PyErr_Format(invalid,
+                 "PyTorch still holds %ld tensor(s) that cudabridge's torch allocator made for another service; "
+                 "their frees would reach this service's allocator: drop them (del, gc.collect()) before "
+                 "attaching the torch allocator to another service",
+                 held);
+    Py_DECREF(invalid);
+}
+
+// Replaces the four callables and, unless keep_owner, the owner (GIL held). The frees listed and
+// in flight go to the old set first; then, with the list empty and nothing in flight, the mutex and
+// the GIL held (no allocation, free or hand-over can run, no Python code runs), a new owner is
+// checked against the tensors outstanding and the set swapped in one step. A free listed while
+// the old set took the last ones is handed over on the next turn. NULLs disconnect. Returns 0, or
+// -1 with InvalidArgument set and nothing changed.
+static int switch_to(PyObject *owner, bool keep_owner, PyObject *a, PyObject *f, PyObject *rs, PyObject *rt) {
+    for (;;) {
+        flush_pending();
+        wait_handed();
+        PyObject *old[5] = {nullptr, nullptr, nullptr, nullptr, nullptr};
+        long refused = 0;
+        bool stuck = false;
+        {
+            std::lock_guard<std::mutex> hold(g_pending_mu);
+            if (!g_pending.empty()) continue;
+            // this thread's own hand-over (a switch from inside one) goes to the old set already
+            if (g_in_flight != t_in_flight) {
+                if (t_in_flight == 0) continue;   // wait_handed waits for the others
+                stuck = true;   // inside a hand-over this thread cannot wait for another's (wait_handed)
+            }
+            long held = g_outstanding.load(std::memory_order_relaxed);
+            if (stuck) {
+                // nothing changes
+            } else if (!keep_owner && g_owner != nullptr && owner != g_owner && held > 0) {
+                refused = held;
+            } else {
+                old[0] = g_alloc;
+                old[1] = g_free;
+                old[2] = g_record;
+                old[3] = g_reset;
+                Py_XINCREF(a);
+                Py_XINCREF(f);
+                Py_XINCREF(rs);
+                Py_XINCREF(rt);
+                g_alloc = a;
+                g_free = f;
+                g_record = rs;
+                g_reset = rt;
+                if (!keep_owner) {
+                    old[4] = g_owner;
+                    Py_INCREF(owner);
+                    g_owner = owner;
+                }
+            }
+        }
+        if (stuck) {
+            PyErr_SetString(PyExc_RuntimeError, "cudabridge torch allocator: connect or disconnect from inside a "
+                                                "free's hand-over while another thread hands frees over");
+            return -1;
+        }
+        if (refused != 0) {
+            refuse_owner(refused);
+            return -1;
+        }
+        for (PyObject *o : old) Py_XDECREF(o);   // after the mutex: a destructor may run Python code
+        return 0;
+    }
 }
 
 // connect(owner, alloc, free, record_stream, reset): the Python side of the four functions, for
-// owner (a service). A later connect for the same owner replaces the callables; one for another
-// owner only while no tensor this part allocated is outstanding (the invariants), else it raises
-// cudabridge's InvalidArgument and changes nothing.
+// owner (a token of one service: torch.py's). A later connect for the same owner replaces the
+// callables; one for another owner only while no tensor this part allocated is outstanding (the
+// invariants), else it raises cudabridge's InvalidArgument and changes nothing.
 static PyObject *connect(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *owner, *a, *f, *rs, *rt;
@@ -277,33 +341,16 @@ static PyObject *connect(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_TypeError, "connect: an owner and four callables");
         return nullptr;
     }
-    long held = g_outstanding.load(std::memory_order_relaxed);
-    if (g_owner != nullptr && owner != g_owner && held > 0) {
-        PyObject *errors = PyImport_ImportModule("cudabridge.errors");   // not a hot call: a service's start
-        PyObject *invalid = errors != nullptr ? PyObject_GetAttrString(errors, "InvalidArgument") : nullptr;
-        Py_XDECREF(errors);
-        if (invalid == nullptr) return nullptr;
-        PyErr_Format(invalid,
-                     "PyTorch still holds %ld tensor(s) that cudabridge's torch allocator made for another service; "
-                     "their frees would reach this service's allocator: drop them (del, gc.collect()) before "
-                     "attaching the torch allocator to another service",
-                     held);
-        Py_DECREF(invalid);
-        return nullptr;
-    }
-    set_callables(a, f, rs, rt);
-    Py_INCREF(owner);
-    PyObject *old_owner = g_owner;
-    g_owner = owner;
-    Py_XDECREF(old_owner);
+    if (switch_to(owner, false, a, f, rs, rt) < 0) return nullptr;
     Py_RETURN_NONE;
 }
 
-// disconnect(): allocations fail ("not connected"), frees and hooks do nothing.
+// disconnect(): allocations fail ("not connected"), frees and hooks do nothing; the owner stays
+// (its tensors still count against another owner's connect).
 static PyObject *disconnect(PyObject *self, PyObject *unused) {
     (void)self;
     (void)unused;
-    set_callables(nullptr, nullptr, nullptr, nullptr);
+    if (switch_to(nullptr, true, nullptr, nullptr, nullptr, nullptr) < 0) return nullptr;
     Py_RETURN_NONE;
 }
 

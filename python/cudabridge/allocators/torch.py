@@ -29,6 +29,7 @@ global swap is the default.
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 from ..errors import InvalidArgument
@@ -58,16 +59,30 @@ def attach(service: Service) -> LibraryAllocator:
     service's allocator, which may have handed the same address out again); until then it raises
     :class:`~cudabridge.errors.InvalidArgument` and changes nothing."""
     part = compiled_part()
+    token = _owner_token(service)
     held = part.outstanding()
-    if held > 0 and part.owner() not in (None, service):
+    if held > 0 and part.owner() not in (None, token):   # the part checks it again as it switches
         raise InvalidArgument(f"PyTorch still holds {held} tensor(s) that cudabridge's torch allocator made for "
                               f"another service; their frees would reach this service's allocator: drop them (del, "
                               f"gc.collect()) before attaching the torch allocator to another service")
     allocator = allocator_for(service, "torch", by_stream=True, register_streams=True)
-    part.connect(service, allocator.allocate_pointer, allocator.free_pointer, allocator.record_stream_pointer,
+    part.connect(token, allocator.allocate_pointer, allocator.free_pointer, allocator.record_stream_pointer,
                  allocator.drain)
     allocator.pending_frees = part.flush   # torch's frees wait in the part, GIL-free, until a drain takes them
     return allocator
+
+
+# The compiled part's owner for each service: a bare object made once per service, so that the part,
+# which keeps its last owner, never keeps a closed service alive (and, unlike an id, it cannot be
+# reused by another service while the part holds it).
+_owner_tokens: "weakref.WeakKeyDictionary[Any, object]" = weakref.WeakKeyDictionary()
+
+
+def _owner_token(service: Service) -> object:
+    token = _owner_tokens.get(service)
+    if token is None:
+        token = _owner_tokens.setdefault(service, object())
+    return token
 
 
 def detach() -> None:
