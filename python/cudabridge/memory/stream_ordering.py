@@ -43,8 +43,6 @@ lock held.
 
 from __future__ import annotations
 
-from itertools import islice
-
 from ..errors import OutOfDeviceMemory
 from .block import LIVE, PENDING, SAFE, UNMAPPED, Block
 from .fences import Fences
@@ -342,7 +340,8 @@ class StreamOrderingCore:
         moved = 0
         # A block taken back by the fast path and freed again has an older entry too: the blocks
         # of the kept entries are not moved through their older ones.
-        kept = {id(b) for b in islice(recent, max(0, len(recent) - keep), None)} if keep else ()
+        # (a copy first: frees append to the deque without the lock, and iterating it meanwhile raises)
+        kept = {id(b) for b in list(recent)[-keep:]} if keep else ()
         while len(recent) > keep:
             blk = recent[0]
             if blk.state is not arena or id(blk) in kept:
