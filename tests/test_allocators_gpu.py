@@ -88,6 +88,46 @@ def test_torch_runs_an_mlp_step_on_the_pool_with_record_stream_and_a_refused_all
     assert out["release"] >= 1   # the model's parameters, still referenced at the release
 
 
+def test_a_repeated_torch_training_step_settles_in_the_pools_stream_bins():
+    # torch's MLP step (forward, backward on autograd's device thread, SGD) repeated on a task's
+    # stream: after its first steps every allocation is served by the stream's bins (the pool's
+    # stream cache), none by its locked slow path, which moved physical pieces each step before.
+    out = _run("torch", """
+        import torch
+        from cudabridge.allocators import torch as cb_torch
+        allocator = cb_torch.install(service)
+        b = service.bind_task(4)
+        pool = service.memory_pool(0)
+        def task():
+            service.registry.attach(4)
+            with torch.cuda.stream(torch.cuda.ExternalStream(b.stream)):
+                model = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.ReLU(),
+                                            torch.nn.Linear(4096, 1024)).cuda()
+                opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+                x = torch.randn(256, 1024, device="cuda")
+                def step():
+                    opt.zero_grad(set_to_none=True)
+                    model(x).square().mean().backward()
+                    opt.step()
+                for _ in range(5):
+                    step()
+                before = pool.statistics()
+                for _ in range(20):
+                    step()
+                torch.cuda.synchronize()
+                after = pool.statistics()
+                out["slow"] = after.slow_allocations - before.slow_allocations
+                out["moved"] = after.pieces_moved - before.pieces_moved
+                out["allocations"] = after.allocations - before.allocations
+                del model, opt, x
+        t = threading.Thread(target=task); t.start(); t.join()
+        gc.collect()
+        service.release_task(4)
+    """)
+    assert out["allocations"] >= 20 * 10
+    assert (out["slow"], out["moved"]) == (0, 0), out
+
+
 def test_numba_allocates_from_the_pool_and_launches_on_the_tasks_stream():
     out = _run("numba", """
         import numpy as np
