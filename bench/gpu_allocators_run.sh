@@ -3,7 +3,8 @@
 # the real libraries through cudabridge.allocators (tests/test_allocators_gpu.py: CuPy, PyTorch,
 # Numba; RMM where installed), then bench/bench_allocators.py (CuPy and PyTorch against their own
 # pools, interleaved rounds), bench/cupy_pair_parts.py (CuPy's pair, part by part) and the pool's
-# footprint on the Spark-like trace (bench_core.py's fragmentation rows). gpu_setup.sh
+# footprint on the Spark-like trace (bench_core.py's fragmentation rows) and its stream cache on
+# repeating steps (bench_stream_cache.py). gpu_setup.sh
 # builds the C paths and the torch allocator's compiled part there (build_fastpath). Logs and JSON
 # under $OUT; a summary last.
 set -uo pipefail
@@ -20,8 +21,10 @@ from cudabridge.device import open_backend
 be = open_backend('cuda'); be.set_device(0)
 b.bench_fragmentation(be); b.bench_fragmentation(be, growth='chunks')
 print(b.report.text())") >"$out/trace_footprint.log" 2>&1 || status=1
+timeout 120 python3 bench/bench_stream_cache.py --backend cuda --out "$out" >"$out/bench_stream_cache.log" 2>&1 || status=1
 tail -3 "$out/pytest_allocators.log"
 tail -12 "$out/cupy_pair_parts.log"
 tail -4 "$out/trace_footprint.log"
+tail -17 "$out/bench_stream_cache.log"
 sed -n "/^measurement /,\$p" "$out/bench_allocators.log"
 exit $status
