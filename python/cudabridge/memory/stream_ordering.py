@@ -196,25 +196,7 @@ class StreamOrderingCore:
         """Join adjacent blocks the requesting stream may use at once (safe ones, and its own free
         blocks, cached or in flight on it) into one of at least ``r`` bytes: no device wait. Only
         the run's blocks leave the stream's cache."""
-        for chunk in self.upstream.chunks:
-            if chunk.small != small or chunk.size < r:
-                continue
-            run: list[Block] = []
-            total = 0
-            blk = chunk.head
-            while blk is not None:
-                if blk.state is SAFE or blk.state is arena:
-                    run.append(blk)
-                    total += blk.size
-                    if total >= r:
-                        joined = self._join(run, arena)
-                        if joined is not None:
-                            return joined
-                        run, total = [], 0
-                else:
-                    run, total = [], 0
-                blk = blk.next
-        return None
+        return self._joined_run(r, arena, small, lambda b: b.state is SAFE or b.state is arena)
 
     def _take_in_flight(self, r: int, arena: StreamArena, small: bool) -> Block | None:
         """Best-fit block (or run of adjacent free blocks) still in flight elsewhere; the
@@ -268,6 +250,12 @@ class StreamOrderingCore:
     def _take_run(self, r: int, consumer: StreamArena, small: bool) -> Block | None:
         """Join adjacent free blocks of any state into one block of at least ``r`` bytes; its
         fences are the union of theirs."""
+        return self._joined_run(r, consumer, small, lambda b: b.state is not LIVE and b.state is not UNMAPPED
+                                and Fences.waitable(Fences.of(b), consumer))
+
+    def _joined_run(self, r: int, consumer: StreamArena, small: bool, usable) -> Block | None:
+        """The first run of adjacent ``usable`` blocks in a chunk of ``small``'s class that reaches
+        ``r`` bytes, joined (:meth:`_join`), or None."""
         for chunk in self.upstream.chunks:
             if chunk.small != small or chunk.size < r:
                 continue
@@ -275,7 +263,7 @@ class StreamOrderingCore:
             total = 0
             blk = chunk.head
             while blk is not None:
-                if blk.state is not LIVE and blk.state is not UNMAPPED and Fences.waitable(Fences.of(blk), consumer):
+                if usable(blk):
                     run.append(blk)
                     total += blk.size
                     if total >= r:
