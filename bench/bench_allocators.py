@@ -19,7 +19,8 @@
 * PyTorch, one process per candidate and round (an allocator is process-wide and set before the
   first allocation): torch's caching allocator, cudabridge.allocators.torch (the global swap) and
   ``torch.cuda.MemPool`` over the same pluggable allocator (torch's caching above our pool); a
-  step is a small MLP's forward and backward (1024-4096-1024, batch 256, SGD), then the pair
+  step is a small MLP's forward and backward (1024-4096-1024, batch 256, SGD) on a non-default
+  stream (ours: the task's; torch's own: a torch.cuda.Stream, since session 14), then the pair
   (``torch.empty`` of 1 MiB, dropped), the peak reserved bytes (torch's
   ``max_memory_reserved`` for its own allocator, our pool's ``peak_reserved_bytes`` otherwise),
   and the allocations a step makes. Where g++ is, a fourth candidate, "timed", is ours through
@@ -268,6 +269,8 @@ if mode != "caching":
     b = service.bind_task(1)
     service.registry.attach(1)
     torch.cuda.set_stream(torch.cuda.ExternalStream(b.stream))
+else:   # torch's own: a stream of its own too, not the legacy default stream, as the others run on
+    torch.cuda.set_stream(torch.cuda.Stream())
 model = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.ReLU(), torch.nn.Linear(4096, 1024)).cuda()
 opt = torch.optim.SGD(model.parameters(), lr=1e-3)
 x = torch.randn(256, 1024, device="cuda")
