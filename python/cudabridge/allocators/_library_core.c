@@ -46,6 +46,8 @@ typedef struct {
                                 * meanwhile, at its task's release or at the pool's close */
     PyObject *frees_made;      /* itertools.count of frees made */
     PyObject *after_reclaim;   /* itertools.count of frees of reclaimed memory, dropped */
+    PyObject *double_frees;    /* itertools.count of frees of a handle freed already, refused */
+    PyObject *freed_state;     /* allocation.py's FREED: the state of a handle freed already */
     PyObject *drain_ref;       /* the reference drain (bound): a free that fails otherwise goes there */
     PyObject *set_aside;       /* dict: address -> allocation held back for it (LibraryAllocator._set_aside) */
     PyObject *free_pointer_ref;/* the reference free_pointer (bound): what the twin does not take */
@@ -65,6 +67,7 @@ static int core_traverse(LibraryCore *self, visitproc visit, void *arg) {
     Py_VISIT(self->by_pointer); Py_VISIT(self->frees); Py_VISIT(self->allocated); Py_VISIT(self->allocate_ref);
     Py_VISIT(self->pointer_ref); Py_VISIT(self->hold_back); Py_VISIT(self->unknown_stream);
     Py_VISIT(self->invalid_free); Py_VISIT(self->frees_made); Py_VISIT(self->after_reclaim); Py_VISIT(self->drain_ref);
+    Py_VISIT(self->double_frees); Py_VISIT(self->freed_state);
     Py_VISIT(self->set_aside); Py_VISIT(self->free_pointer_ref); Py_VISIT(self->pools); Py_VISIT(self->pool_reissue); Py_VISIT(self->frees_pop); Py_VISIT(self->frees_popleft); Py_VISIT(self->frees_append); Py_VISIT(self->allocation_base);
     return 0;
 }
@@ -74,6 +77,7 @@ static int core_clear(LibraryCore *self) {
     Py_CLEAR(self->by_pointer); Py_CLEAR(self->frees); Py_CLEAR(self->allocated); Py_CLEAR(self->allocate_ref);
     Py_CLEAR(self->pointer_ref); Py_CLEAR(self->hold_back); Py_CLEAR(self->unknown_stream);
     Py_CLEAR(self->invalid_free); Py_CLEAR(self->frees_made); Py_CLEAR(self->after_reclaim); Py_CLEAR(self->drain_ref);
+    Py_CLEAR(self->double_frees); Py_CLEAR(self->freed_state);
     Py_CLEAR(self->set_aside); Py_CLEAR(self->free_pointer_ref); Py_CLEAR(self->pools); Py_CLEAR(self->pool_reissue); Py_CLEAR(self->frees_pop); Py_CLEAR(self->frees_popleft); Py_CLEAR(self->frees_append); Py_CLEAR(self->allocation_base);
     return 0;
 }
@@ -88,13 +92,14 @@ static int core_init(LibraryCore *self, PyObject *args, PyObject *kwds) {
     static char *kw[] = {"pool_allocate", "leases", "local", "by_owner", "by_pointer", "frees", "allocated",
                          "allocate_ref", "pointer_ref", "hold_back", "unknown_stream", "invalid_free", "frees_made",
                          "after_reclaim", "drain_ref", "set_aside", "free_pointer_ref", "pools", "pool_reissue", "allocation_base", "by_stream",
-                         NULL};
+                         "double_frees", "freed_state", NULL};
     PyObject *pa, *le, *lo, *bo, *bp, *fr, *al, *ar, *pr, *hb, *us, *inf, *fm, *afr, *dr, *sa, *fpr, *po, *pri, *ab;
+    PyObject *dfr, *fst;
     int bs = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!O!OO!O!OOOOOOOOOOO!OO!O!Op", kw, &PyDict_Type, &pa, &PyDict_Type,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!O!OO!O!OOOOOOOOOOO!OO!O!OpOO", kw, &PyDict_Type, &pa, &PyDict_Type,
                                      &le, &lo, &PyDict_Type, &bo, &PyDict_Type, &bp, &fr, &al, &ar, &pr, &hb, &us, &inf,
                                      &fm, &afr, &dr, &PyDict_Type, &sa, &fpr, &PyDict_Type, &po, &PyDict_Type, &pri, &ab,
-                                     &bs))
+                                     &bs, &dfr, &fst))
         return -1;
     if (ab != Py_None && !PyType_Check(ab)) {
         PyErr_SetString(PyExc_TypeError, "LibraryCore: allocation_base must be a type or None");
@@ -116,6 +121,7 @@ static int core_init(LibraryCore *self, PyObject *args, PyObject *kwds) {
     KEEP(frees, fr); KEEP(allocated, al); KEEP(allocate_ref, ar); KEEP(pointer_ref, pr); KEEP(hold_back, hb);
     KEEP(unknown_stream, us); KEEP(invalid_free, inf); KEEP(frees_made, fm); KEEP(after_reclaim, afr);
     KEEP(drain_ref, dr); KEEP(set_aside, sa); KEEP(free_pointer_ref, fpr); KEEP(pools, po); KEEP(pool_reissue, pri); KEEP(allocation_base, ab);
+    KEEP(double_frees, dfr); KEEP(freed_state, fst);
 #undef KEEP
     self->by_stream = bs;
     self->closed = 0;
@@ -190,11 +196,17 @@ static PyObject *drain_some(LibraryCore *self, Py_ssize_t limit) {
         PyObject *r = pool == NULL ? NULL : PyObject_CallMethodOneArg(pool, name_free, a);
         Py_XDECREF(pool);
         if (r == NULL) {
-            if (PyErr_ExceptionMatches(self->invalid_free)) {   /* reclaimed at its task's release, or at close */
+            if (PyErr_ExceptionMatches(self->invalid_free)) {   /* reclaimed at its task's release, or at close;
+                                                                   or freed already (its state says which) */
                 PyErr_Clear();
-                if (counted == 1 && count_one(self->after_reclaim) < 0) {
-                    Py_DECREF(item);
-                    return NULL;
+                if (counted == 1) {
+                    PyObject *state = PyObject_GetAttrString(a, "_state");
+                    int twice = state == NULL ? -1 : PyObject_RichCompareBool(state, self->freed_state, Py_EQ);
+                    Py_XDECREF(state);
+                    if (twice < 0 || count_one(twice ? self->double_frees : self->after_reclaim) < 0) {
+                        Py_DECREF(item);
+                        return NULL;
+                    }
                 }
                 Py_DECREF(item);
                 continue;

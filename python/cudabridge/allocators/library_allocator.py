@@ -25,8 +25,9 @@ library's allocator interface to a :class:`LibraryAllocator`; the rules live her
   task's memory is reclaimed, so that what the task freed is not counted as leaked), in
   :meth:`statistics` and at :meth:`close`. Each is the pool's free: ordered after the stream the
   block was allocated on and every stream named through :meth:`record_stream`. A free of an
-  allocation reclaimed at its task's release is counted (``frees_after_reclaim``) and dropped.
-  One exception, the pair of a library that frees a temporary and allocates the next of the same
+  allocation reclaimed at its task's release is counted (``frees_after_reclaim``) and dropped; a
+  second free of one handle (the library's bug, or a stale free of a handle reissued since) is
+  refused by the pool and counted (``double_frees``). One exception, the pair of a library that frees a temporary and allocates the next of the same
   size on its stream: the newest queued free is made by that allocation as one pool step, the
   pool's ``reissue`` (a new handle of the same block; the old handle freed), where it needs no
   ordering (same stream, none recorded, not a per-thread stream). A plug-in whose library frees
@@ -53,7 +54,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol
 from ..device import LEGACY_STREAM
 from ..memory.native import load as load_native
 from ..errors import InvalidArgument, InvalidFree, PoolClosed, UnknownStream
-from ..memory.allocation import ALIVE, Allocation
+from ..memory.allocation import ALIVE, FREED, Allocation
 
 if TYPE_CHECKING:
     from ..task_registry import GpuResources, TaskBinding, TaskRegistry
@@ -93,6 +94,7 @@ class LibraryStatistics:
                                       # the next allocation of its size on its stream (allocate)
     frees_pending: int                # frees the library made that wait for the next drain
     frees_after_reclaim: int          # frees of allocations reclaimed at their task's release: dropped
+    double_frees: int                 # frees of a handle freed already (the library's second free of it): refused
     in_use_bytes: int                 # handed out, neither freed nor reclaimed (the pool's peak_in_use_bytes
                                       # is the executor's peak, every library's and Java's together)
     leaks_reclaimed: int              # allocations still held at their task's release
@@ -128,6 +130,7 @@ class LibraryAllocator:
         # counts: itertools.count objects (one next() is one atomic step; read with _read)
         self._allocated, self._outside, self._held_back, self._outside_held_back = count(), count(), count(), count()
         self._frees_made, self._after_reclaim, self._handed_over = count(), count(), count()
+        self._double_frees = count()
         self._lock = threading.Lock()           # the leak totals below (a release at a time)
         self._leaks = self._leaked_bytes = 0
         self._closed = False
@@ -157,7 +160,8 @@ class LibraryAllocator:
                 pointer_ref=cls.allocate_pointer.__get__(self, cls), hold_back=self._hold_back,
                 unknown_stream=UnknownStream, invalid_free=(InvalidFree, PoolClosed), frees_made=self._frees_made,
                 after_reclaim=self._after_reclaim, drain_ref=cls._drain_all.__get__(self, cls), set_aside=self._set_aside,
-                free_pointer_ref=cls.free_pointer.__get__(self, cls), by_stream=by_stream)
+                free_pointer_ref=cls.free_pointer.__get__(self, cls), by_stream=by_stream,
+                double_frees=self._double_frees, freed_state=FREED)
             self.allocate = self._core.allocate                   # type: ignore[method-assign]
             self.allocate_pointer = self._core.allocate_pointer   # type: ignore[method-assign]
             self.free = self._core.free                           # type: ignore[method-assign]
@@ -411,9 +415,9 @@ class LibraryAllocator:
                     owned.pop(a, None)
             try:
                 a._pool.free(a)   # refuses an allocation reclaimed meanwhile (InvalidFree) or closed (PoolClosed)
-            except (InvalidFree, PoolClosed):   # reclaimed at its task's release, or at close: nothing to do
-                if counted:
-                    next(self._after_reclaim)
+            except (InvalidFree, PoolClosed):   # reclaimed at its task's release, or at close: nothing to do;
+                if counted:                     # or freed already (the library's second free of it)
+                    next(self._double_frees if a._state == FREED else self._after_reclaim)
                 continue
             except Exception as exc:   # noqa: BLE001 - a sticky CUDA error, say: the pool keeps it (reclaimed
                 # with its task, or at close); the drain goes on, and the caller's own call is not failed by it
@@ -456,6 +460,7 @@ class LibraryAllocator:
             allocations=_read(self._allocated) - held_back,
             allocations_outside_tasks=_read(self._outside) - _read(self._outside_held_back),
             frees=_read(self._frees_made), frees_pending=len(self._frees), frees_after_reclaim=_read(self._after_reclaim),
+            double_frees=_read(self._double_frees),
             in_use_bytes=in_use, leaks_reclaimed=leaks, leaked_bytes_reclaimed=leaked_bytes,
             allocations_set_aside=len(self._set_aside), allocations_handed_over=_read(self._handed_over))
 
