@@ -25,7 +25,9 @@
   ``max_memory_reserved`` for its own allocator, our pool's ``peak_reserved_bytes`` otherwise),
   and the allocations a step makes. Where g++ is, a fourth candidate, "timed", is ours through
   bench/timed_pluggable.cpp, which times every call inside the compiled part on whichever thread
-  torch makes it (autograd's included): the calls and the microseconds inside our part per step.
+  torch makes it (autograd's included): the calls and the microseconds inside our part per step,
+  and, its allocator's two callables wrapped in timing Python functions, how much of that is the
+  allocator's own allocate_pointer and free_pointer (a Python frame more a call).
 
 Targets (issue 26): time per step <= 1.1x the library's own, peak reserved <= 1.0x. Nothing is
 asserted; the table is printed last and written as JSON under --out (bench_allocators.json).
@@ -253,7 +255,28 @@ if mode != "caching":
         cb_torch.install(service)
     elif mode == "timed":   # ours through a shim that times each call inside the part (timed_pluggable.cpp)
         import ctypes
-        cb_torch.attach(service)
+        lib_alloc = cb_torch.attach(service)
+        # and the allocator's own calls timed from the part's side (a Python frame each: about 0.2 us
+        # more a call), so that the part's time splits into the allocator's and the rest
+        in_alloc = [0, 0]   # calls, ns
+        in_free = [0, 0]
+        _ns, _allocate, _free = time.perf_counter_ns, lib_alloc.allocate_pointer, lib_alloc.free_pointer
+        def timed_allocate(size, device, stream):
+            t = _ns()
+            try:
+                return _allocate(size, device, stream)
+            finally:
+                in_alloc[1] += _ns() - t
+                in_alloc[0] += 1
+        def timed_free(ptr):
+            t = _ns()
+            try:
+                return _free(ptr)
+            finally:
+                in_free[1] += _ns() - t
+                in_free[0] += 1
+        part = cb_torch.compiled_part()
+        part.connect(part.owner(), timed_allocate, timed_free, lib_alloc.record_stream_pointer, lib_alloc.drain)
         shim = ctypes.CDLL(sys.argv[5])
         shim.timed_read.restype = ctypes.c_longlong
         assert shim.timed_connect(cb_torch.compiled_part().__file__.encode()) == 0, "timed_connect"
@@ -293,6 +316,7 @@ def pool_counts():   # the pool's counters (ours only), to say what a step's all
     return {k: getattr(st, k) for k in st.__dataclass_fields__ if isinstance(getattr(st, k), int)}
 counted = pool_counts()
 inside = [shim.timed_read(i) for i in range(12)] if mode == "timed" else None
+called = (list(in_alloc), list(in_free)) if mode == "timed" else None
 t0 = time.perf_counter()
 for _ in range(steps):
     step()
@@ -303,6 +327,9 @@ pool_per_step = {k: (v - counted[k]) / steps for k, v in pool_counts().items()
                  if v != counted[k] and not k.endswith("bytes")}
 if inside is not None:   # per step, by thread (timed_pluggable.cpp): calls, and microseconds inside the part
     inside = [(shim.timed_read(i) - inside[i]) / steps / (1 if i % 6 in (0, 4) else 1000) for i in range(12)]
+    # then the allocator's own calls per step: allocations and their us, hand-overs and their us
+    inside += [(in_alloc[0] - called[0][0]) / steps, (in_alloc[1] - called[0][1]) / steps / 1000,
+               (in_free[0] - called[1][0]) / steps, (in_free[1] - called[1][1]) / steps / 1000]
 t0 = time.perf_counter()
 for _ in range(pairs):
     torch.empty(MIB, dtype=torch.uint8, device="cuda")
@@ -367,6 +394,13 @@ def torch_rounds(report: Report, rounds: int, steps: int, pairs: int, log: Path)
             report.values(f"torch step, timed, {where}: us per allocation taking + giving back the GIL",
                           [(x[t + 2] + x[t + 3]) / x[t] if x[t] else float("nan") for x in inside], "us",
                           note=f"take {median(x[t + 2] / x[t] if x[t] else float('nan') for x in inside):.2f} us")
+        if inside and len(inside[0]) >= 16:   # the part's calls into the allocator (Python frames timed)
+            report.values("torch step, timed: us in the allocator's allocate_pointer per allocation",
+                          [x[13] / x[12] if x[12] else float("nan") for x in inside], "us",
+                          note=f"{median(x[12] for x in inside):.1f} a step")
+            report.values("torch step, timed: us in the allocator's free_pointer per hand-over",
+                          [x[15] / x[14] if x[14] else float("nan") for x in inside], "us",
+                          note=f"{median(x[14] for x in inside):.1f} a step")
         if inside:
             report.values("torch step, timed", [r["timed"]["step"] for r in res], "us", better="lower")
     # what a step's allocations did in our pool (its counters that moved, per step)
