@@ -256,6 +256,13 @@ __attribute__((visibility("default"))) void cb_torch_reset(void) {
 
 // The exception connect raises for a refused owner: cudabridge's InvalidArgument (already imported
 // by the package that calls connect; connect is no hot call).
+// The tensors outstanding that refuse a connect for owner (another owner's, while any is out), or 0.
+// GIL held (g_owner); under g_pending_mu where the answer must hold until a switch (switch_to).
+static long refused_for(PyObject *owner) {
+    long held = g_outstanding.load(std::memory_order_relaxed);
+    return g_owner != nullptr && owner != g_owner && held > 0 ? held : 0;
+}
+
 static void refuse_owner(long held) {
     PyObject *errors = PyImport_ImportModule("cudabridge.errors");
     PyObject *invalid = errors != nullptr ? PyObject_GetAttrString(errors, "InvalidArgument") : nullptr;
@@ -290,12 +297,8 @@ static int switch_to(PyObject *owner, bool keep_owner, PyObject *a, PyObject *f,
                 if (t_in_flight == 0) continue;   // wait_handed waits for the others
                 stuck = true;   // inside a hand-over this thread cannot wait for another's (wait_handed)
             }
-            long held = g_outstanding.load(std::memory_order_relaxed);
-            if (stuck) {
-                // nothing changes
-            } else if (!keep_owner && g_owner != nullptr && owner != g_owner && held > 0) {
-                refused = held;
-            } else {
+            if (!stuck && !keep_owner) refused = refused_for(owner);
+            if (!stuck && refused == 0) {   // else nothing changes
                 old[0] = g_alloc;
                 old[1] = g_free;
                 old[2] = g_record;
@@ -373,6 +376,18 @@ static PyObject *outstanding(PyObject *self, PyObject *unused) {
     return PyLong_FromLong(g_outstanding.load(std::memory_order_relaxed));
 }
 
+// check_owner(owner): raises what connect(owner, ...) would raise for the tensors outstanding now,
+// without connecting (torch.attach asks before it makes the service's allocator).
+static PyObject *check_owner(PyObject *self, PyObject *owner) {
+    (void)self;
+    long held = refused_for(owner);
+    if (held != 0) {
+        refuse_owner(held);
+        return nullptr;
+    }
+    Py_RETURN_NONE;
+}
+
 // owner(): the last connect's owner, or None.
 static PyObject *owner(PyObject *self, PyObject *unused) {
     (void)self;
@@ -393,6 +408,7 @@ static PyObject *addresses(PyObject *self, PyObject *unused) {
 
 static PyMethodDef torch_allocator_methods[] = {
     {"connect", connect, METH_VARARGS, "connect(owner, alloc, free, record_stream, reset): the Python side"},
+    {"check_owner", check_owner, METH_O, "check_owner(owner): raises as connect would for owner, connects nothing"},
     {"owner", owner, METH_NOARGS, "owner(): the last connect's owner, or None"},
     {"outstanding", outstanding, METH_NOARGS, "outstanding() -> int: tensors allocated, not yet freed by torch"},
     {"disconnect", disconnect, METH_NOARGS, "disconnect(): no Python side (allocations fail)"},

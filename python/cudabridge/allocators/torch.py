@@ -60,11 +60,7 @@ def attach(service: Service) -> LibraryAllocator:
     :class:`~cudabridge.errors.InvalidArgument` and changes nothing."""
     part = compiled_part()
     token = _owner_token(service)
-    held = part.outstanding()
-    if held > 0 and part.owner() not in (None, token):   # the part checks it again as it switches
-        raise InvalidArgument(f"PyTorch still holds {held} tensor(s) that cudabridge's torch allocator made for "
-                              f"another service; their frees would reach this service's allocator: drop them (del, "
-                              f"gc.collect()) before attaching the torch allocator to another service")
+    part.check_owner(token)   # before the allocator is made; connect checks again as it switches
     allocator = allocator_for(service, "torch", by_stream=True, register_streams=True)
     part.connect(token, allocator.allocate_pointer, allocator.free_pointer, allocator.record_stream_pointer,
                  allocator.drain)
