@@ -329,7 +329,7 @@ class StreamOrderingCore:
         # A block taken back by the fast path and freed again has an older entry too: the blocks
         # of the kept entries are not moved through their older ones.
         # (a copy first: frees append to the deque without the lock, and iterating it meanwhile raises)
-        kept = {id(b) for b in list(recent)[-keep:]} if keep else ()
+        kept = {id(b) for b in list(recent)[-keep:]} if keep and len(recent) > keep else ()
         while len(recent) > keep:
             blk = recent[0]
             if blk.state is not arena or id(blk) in kept:
