@@ -1,6 +1,7 @@
 """Unit tests of the stream-ordered memory pool on the emulated device."""
 
 import threading
+from contextlib import contextmanager
 
 import pytest
 from device_kernels import spin_async
@@ -299,37 +300,39 @@ def test_context_manager_frees(pool, streams):
     assert pool.statistics().live_allocations == 0
 
 
+@contextmanager
+def _one_stream_pool(emulated, **options):
+    """A pool of one stream of its own (``options``: the pool's keywords), closed afterwards."""
+    s = emulated.stream_create()
+    pool = StreamOrderedMemoryPool(emulated, 0, [s], **options)
+    try:
+        yield pool, s
+    finally:
+        pool.close()
+        emulated.stream_destroy(s)
+
+
 def test_stream_cache_is_coalesced_before_the_limit_refuses(emulated):
     # Growth is refused at the limit, so the stream's cached frees are coalesced for the request:
     # the cache never turns into an out-of-memory.
-    s = emulated.stream_create()
-    pool = StreamOrderedMemoryPool(emulated, 0, [s], limit_bytes=16 << 20)
-    try:
+    with _one_stream_pool(emulated, limit_bytes=16 << 20) as (pool, s):
         blocks = [pool.allocate(2 << 20, s) for _ in range(6)]
         for a in blocks:
             a.free()   # six frees, all in the stream's cache
         whole = pool.allocate(12 << 20, s)
         assert pool.statistics().reserved_bytes <= 16 << 20
         whole.free()
-    finally:
-        pool.close()
-        emulated.stream_destroy(s)
 
 
 def test_stream_cache_keeps_only_its_newest_frees(emulated):
     # A stream of ever-new sizes: what the slow path leaves in the stream's bins is its newest
     # cache_frees frees (and blocks its stream has not passed), not everything it ever freed.
-    s = emulated.stream_create()
-    pool = StreamOrderedMemoryPool(emulated, 0, [s], limit_bytes=256 << 20, cache_frees=4)
-    try:
+    with _one_stream_pool(emulated, limit_bytes=256 << 20, cache_frees=4) as (pool, s):
         for i in range(40):
             pool.allocate((2 << 20) + i * 4096, s).free()
             emulated.stream_synchronize(s)
         arena = pool._streams.by_handle[s]
         assert len(list(arena.free_blocks())) <= 4 + 1
-    finally:
-        pool.close()
-        emulated.stream_destroy(s)
 
 
 def test_the_pool_cache_setting_reaches_every_gpus_pool(emulated):
@@ -351,9 +354,7 @@ def test_the_stream_cache_never_makes_the_pool_grow_for_good_where_joining_it_se
                                                                                       request_, limit, later):
     # Growth that is for good (a small chunk, a cudaMalloc chunk) waits for a run of the stream's
     # cached blocks: grown instead, its room was gone when a later request needed it at the limit.
-    s = emulated.stream_create()
-    pool = StreamOrderedMemoryPool(emulated, 0, [s], limit_bytes=limit, growth=growth)
-    try:
+    with _one_stream_pool(emulated, limit_bytes=limit, growth=growth) as (pool, s):
         blocks = [pool.allocate(n, s) for n in sizes]
         reserved = pool.statistics().reserved_bytes
         for a in blocks:
@@ -363,18 +364,13 @@ def test_the_stream_cache_never_makes_the_pool_grow_for_good_where_joining_it_se
         joined.free()
         emulated.stream_synchronize(s)
         pool.allocate(later, s).free()   # needs the room a needless growth would have taken
-    finally:
-        pool.close()
-        emulated.stream_destroy(s)
 
 
 def test_a_block_freed_again_stays_in_the_stream_cache_by_its_newest_free(emulated):
     # The fast path takes a block back and it is freed again: its older entry in the arena's free
     # order must not count as its place, or the cache gives up its newest frees first.
-    s = emulated.stream_create()
-    pool = StreamOrderedMemoryPool(emulated, 0, [s], limit_bytes=512 << 20, cache_frees=4)
     size_a, size_b = 3 << 20, 5 << 20
-    try:
+    with _one_stream_pool(emulated, limit_bytes=512 << 20, cache_frees=4) as (pool, s):
         a, b = pool.allocate(size_a, s), pool.allocate(size_b, s)
         a.free()
         b.free()
@@ -390,6 +386,3 @@ def test_a_block_freed_again_stays_in_the_stream_cache_by_its_newest_free(emulat
         pool.allocate(size_a, s).free()
         pool.allocate(size_b, s).free()
         assert pool.statistics().slow_allocations == slow
-    finally:
-        pool.close()
-        emulated.stream_destroy(s)
