@@ -260,7 +260,7 @@ if mode != "caching":
         # more a call), so that the part's time splits into the allocator's and the rest
         in_alloc = [0, 0]   # calls, ns
         in_free = [0, 0]
-        _ns, _allocate, _free = time.perf_counter_ns, lib_alloc.allocate_pointer, lib_alloc.free_pointer
+        _ns, _allocate, _free = time.perf_counter_ns, lib_alloc.allocate_pointer_owned, lib_alloc.free_pointer
         def timed_allocate(size, device, stream):
             t = _ns()
             try:
@@ -276,7 +276,8 @@ if mode != "caching":
                 in_free[1] += _ns() - t
                 in_free[0] += 1
         part = cb_torch.compiled_part()
-        part.connect(part.owner(), timed_allocate, timed_free, lib_alloc.record_stream_pointer, lib_alloc.drain)
+        part.connect(part.owner(), timed_allocate, timed_free, lib_alloc.record_stream_pointer, lib_alloc.drain,
+                     lib_alloc.owner_for)
         shim = ctypes.CDLL(sys.argv[5])
         shim.timed_read.restype = ctypes.c_longlong
         assert shim.timed_connect(cb_torch.compiled_part().__file__.encode()) == 0, "timed_connect"
@@ -302,8 +303,8 @@ def step():
     model(x).square().mean().backward()
     opt.step()
 def allocations():   # torch's own count where its caching allocator runs (not under the global swap)
-    if mode in ("ours", "timed"):
-        return service.memory_pool(0).statistics().allocations
+    if mode in ("ours", "timed"):   # the library's count: the part's reuses of kept frees included
+        return service.library_allocators["torch"].statistics().allocations
     return torch.cuda.memory_stats()["allocation.all.allocated"]
 for _ in range(20):
     step()
@@ -395,7 +396,7 @@ def torch_rounds(report: Report, rounds: int, steps: int, pairs: int, log: Path)
                           [(x[t + 2] + x[t + 3]) / x[t] if x[t] else float("nan") for x in inside], "us",
                           note=f"take {median(x[t + 2] / x[t] if x[t] else float('nan') for x in inside):.2f} us")
         if inside and len(inside[0]) >= 16:   # the part's calls into the allocator (Python frames timed)
-            report.values("torch step, timed: us in the allocator's allocate_pointer per allocation",
+            report.values("torch step, timed: us in the allocator's allocate_pointer_owned per call (not reused)",
                           [x[13] / x[12] if x[12] else float("nan") for x in inside], "us",
                           note=f"{median(x[12] for x in inside):.1f} a step")
             report.values("torch step, timed: us in the allocator's free_pointer per hand-over",

@@ -391,7 +391,7 @@ class _TorchPart:
     def connect_free(self, free):
         """The part's free callable replaced; the allocator's other three kept."""
         a = self.allocator
-        self.part.connect(self._service, a.allocate_pointer, free, a.record_stream_pointer, a.drain)
+        self.part.connect(self._service, a.allocate_pointer_owned, free, a.record_stream_pointer, a.drain, a.owner_for)
 
 
 def test_a_torch_free_never_waits_for_the_gil_and_the_next_drain_makes_it(service, torch_standin):
@@ -484,7 +484,9 @@ def test_a_torch_allocation_whose_hand_over_disconnects_the_part_fails_in_torch(
 
     def task():
         service.registry.attach(5)
-        torch.free(torch.alloc(4096), 4096)
+        ptr = torch.alloc(4096)
+        torch.allocator.drain()   # a new epoch: the free below is listed, not kept
+        torch.free(ptr, 4096)
         assert torch.alloc(4096) is None
         return torch.err.value.decode()
 
@@ -505,11 +507,13 @@ def test_torch_autograd_threads_allocate_for_the_task_whose_stream_they_name(ser
     assert (s.leaks_reclaimed, s.frees_after_reclaim) == (1, 1)
 
 
-def test_a_repeated_torch_step_settles_in_its_streams_bins(service, torch_standin):
+def test_a_repeated_torch_step_is_served_from_the_parts_kept_frees(service, torch_standin):
     # An MLP's step as torch allocates it (forward temporaries, gradients kept until the next
-    # step's zero_grad) through the compiled part: after its first repetitions each allocation is
-    # served by the stream's own bins, none by the pool's locked slow path (the stream's cache of
-    # its newest frees, stream_ordering.py). Before it, each step reached the slow path 8 times.
+    # step's zero_grad) through the compiled part: after its first repetition each allocation
+    # takes back a free the part kept (same size, stream and task), with no call into the pool,
+    # and counts as the library's allocation and free. (Before the part kept frees, each took
+    # 4-5 us in the pool's and the allocator's C twins inside a real torch step; before the
+    # pool's stream cache, 8 a step reached its locked slow path.)
     t = torch_standin
     b = service.bind_task(3)
     service.registry.attach(3)
@@ -536,16 +540,175 @@ def test_a_repeated_torch_step_settles_in_its_streams_bins(service, torch_standi
     try:
         for _ in range(4):
             step()
-        before = pool.statistics()
+        allocator = service.library_allocators["torch"]
+        lib_before = allocator.statistics()   # a drain: a new epoch
+        step()   # from the pool again (but what it frees and allocates again itself): the tensors of
+                 # before the drain are never kept
+        before = pool.statistics()   # the pool's own: no drain
         for _ in range(10):
             step()
         after = pool.statistics()
-        assert (after.slow_allocations - before.slow_allocations, after.allocations - before.allocations) == (0, 150)
+        lib_after = allocator.statistics()
+        assert (after.slow_allocations - before.slow_allocations, after.allocations - before.allocations) == (0, 0)
+        assert lib_after.allocations - lib_before.allocations == 165
+        assert lib_after.frees - lib_before.frees == 165   # the gradients of the step before the 11 freed
+        assert lib_after.in_use_bytes == 2 * 16 * MIB + 4096 + 16384   # the last step's gradients: the kept
+                                                                      # frees were handed over by the drain
         assert after.peak_reserved_bytes <= 56 << 20   # what the step's sizes need at once (52 MiB; 48 coalesced)
     finally:
         grads.clear()
         service.registry.detach()
         service.release_task(3)
+
+
+def test_a_kept_torch_free_goes_back_only_to_an_allocation_of_the_same_task(service, torch_standin):
+    """The part keeps a tensor's free for the next allocation of its size on its stream, but only
+    for the task it was made for: two tasks whose threads both allocate on the legacy default
+    stream (a user who set no stream) never get each other's memory."""
+    part = cb_torch.compiled_part()
+    service.bind_task(1)
+    service.bind_task(2)
+    pool = service.memory_pool(0)
+
+    def on_task(task, fn):
+        def run():
+            service.registry.attach(task)
+            torch_standin.set_stream(0)
+            return fn()
+        return _in_thread(run)
+
+    first = on_task(1, lambda: torch_standin.empty(MIB).data_ptr)   # freed as the thread's tensor dies
+    assert part.kept() == 1
+    other = on_task(2, lambda: torch_standin.empty(MIB).data_ptr)
+    assert other != first and part.kept() == 2   # task 2's own from the pool; then kept too
+    again = on_task(1, lambda: torch_standin.empty(MIB).data_ptr)
+    assert again == first   # task 1's kept free, taken back
+    assert [a.ptr for a in pool.owned_by(1)] == [first] and [a.ptr for a in pool.owned_by(2)] == [other]
+    s = service.library_allocators["torch"].statistics()   # its drain hands the kept frees over
+    assert (s.allocations, s.frees, s.in_use_bytes) == (3, 3, 0)
+    assert part.kept() == 0 and pool.statistics().in_use_bytes == 0
+    assert service.release_task(1).leaks_reclaimed == 0
+    assert service.release_task(2).leaks_reclaimed == 0
+
+
+def test_a_torch_free_kept_at_its_tasks_release_is_made_not_reclaimed_as_a_leak(service, torch_standin):
+    part = cb_torch.compiled_part()
+    b = service.bind_task(4)
+
+    def task():
+        service.registry.attach(4)
+        torch_standin.set_stream(b.stream)
+        torch_standin.empty(MIB)   # freed at once: kept
+
+    _in_thread(task)
+    assert part.kept() == 1
+    report = service.release_task(4)
+    assert (report.leaks_reclaimed, part.kept()) == (0, 0)
+    s = service.library_allocators["torch"].statistics()
+    assert (s.allocations, s.frees, s.leaks_reclaimed, s.frees_after_reclaim) == (1, 1, 0, 0)
+
+
+def test_a_late_torch_free_after_its_tasks_release_is_never_kept(service, torch_standin):
+    """A tensor its task's release reclaimed is freed later (autograd's thread dropped it late):
+    its memory is the pool's again, so the part must not keep it for the next allocation of its
+    size on its stream (which a task bound to that stream again would then share with whoever the
+    pool gave the memory to)."""
+    part = cb_torch.compiled_part()
+    b = service.bind_task(9)
+    torch_standin.set_stream(b.stream)   # this thread attached to no task: task 9's by its stream
+    t = torch_standin.empty(MIB)
+    assert service.release_task(9).leaks_reclaimed == 1
+    rebound = service.bind_task(9)
+    torch_standin.set_stream(rebound.stream)
+    del t
+    assert part.kept() == 0   # listed: handed over, counted as a free after reclaim
+    s = service.library_allocators["torch"].statistics()
+    assert (s.frees_after_reclaim, s.frees) == (1, 0)
+    service.release_task(9)
+
+
+def test_a_torch_free_with_a_recorded_stream_is_not_kept(tight_service, emulated, tmp_path):
+    """record_stream named another stream that still uses the tensor: its free must wait for that
+    stream (the pool's free does), so the part does not keep it for its own stream's next
+    allocation, which would reuse it at once."""
+    service = tight_service
+    cb_torch.attach(service)
+    part = cb_torch.compiled_part()
+    torch_standin = StandinTorch(emulated, part, build_caller(tmp_path))
+    b1, b2 = service.bind_task(1), service.bind_task(2)
+    torch_standin.set_stream(b1.stream)
+    t = torch_standin.empty(2 * MIB)
+    t.record_stream(b2.stream)
+    torch_standin.fill(t, 1, delay_s=0.3, stream=b2.stream)   # the side stream is still writing at the free
+    del t
+    assert part.kept() == 0
+    u = torch_standin.empty(2 * MIB)   # the same block, after the side stream's write (no StreamOrderRace)
+    torch_standin.fill(u, 3)
+    emulated.stream_synchronize(b1.stream)
+    del u
+    for task in (1, 2):
+        service.release_task(task)
+    cb_torch.detach()
+
+
+def test_a_torch_free_on_the_per_thread_stream_is_not_kept(service, torch_standin):
+    # the per-thread default stream's handle names another stream on each thread
+    b = service.bind_task(6)
+
+    def task():
+        service.registry.attach(6)
+        torch_standin.set_stream(2)   # CU_STREAM_PER_THREAD
+        torch_standin.empty(MIB)
+
+    _in_thread(task)
+    assert cb_torch.compiled_part().kept() == 0
+    assert service.library_allocators["torch"].statistics().frees == 1
+    service.release_task(6)
+
+
+def test_a_torch_allocation_that_finds_the_pool_full_gets_the_frees_the_part_kept(tight_service, emulated, tmp_path):
+    """The pool holds one 2 MiB chunk; the part keeps a 2 MiB tensor's free (live in the pool) and
+    torch asks for 1 MiB: the pool's out-of-memory path has its holders (the library allocator's
+    drain: the part's kept frees) give back first, and the allocation is served."""
+    service = tight_service
+    cb_torch.attach(service)
+    part = cb_torch.compiled_part()
+    torch_standin = StandinTorch(emulated, part, build_caller(tmp_path))
+    b = service.bind_task(1)
+
+    def task():
+        service.registry.attach(1)
+        torch_standin.set_stream(b.stream)
+        torch_standin.empty(2 * MIB)   # freed at once: kept
+        assert part.kept() == 1
+        return torch_standin.empty(MIB).data_ptr
+
+    ptr = _in_thread(task)
+    assert part.kept() == 0   # the 1 MiB one was made across a drain (the give-back): listed, not kept
+    assert ptr and [a.ptr for a in service.memory_pool(0).owned_by(1)] == [ptr]
+    s = service.library_allocators["torch"].statistics()
+    assert (s.allocations, s.frees, s.in_use_bytes) == (2, 2, 0)
+    assert service.release_task(1).leaks_reclaimed == 0
+    cb_torch.detach()
+
+
+def test_owner_for_says_whose_an_allocation_would_be(service):
+    allocator = service.library_allocators["cupy"]
+    by_stream = LibraryAllocator(service, "torch-by-stream", by_stream=True, fast_path=allocator.fast_path)
+    b = service.bind_task(3)
+    assert allocator.owner_for(0, b.stream) is None   # no task on this thread; by stream only where asked
+    assert by_stream.owner_for(0, b.stream) == 3
+    assert allocator.owner_for(7, b.stream) == -1   # a GPU the executor does not own
+    assert allocator.owner_for("0", b.stream) == -1
+
+    def attached():
+        service.registry.attach(3)
+        return allocator.owner_for(0, 0)
+    assert _in_thread(attached) == 3
+    service.release_task(3)
+    assert by_stream.owner_for(0, b.stream) is None
+    by_stream.close()
+    assert by_stream.owner_for(0, b.stream) == -1
 
 
 def _two_services(emulated, twin):
@@ -571,8 +734,8 @@ def test_another_service_attaches_torchs_part_only_once_torch_freed_the_last_one
         # the part's own check, which the attach's Python check stands in front of
         b_alloc = svc_b.library_allocators["torch"]
         with pytest.raises(InvalidArgument, match="still holds 1 tensor"):
-            part.connect(object(), b_alloc.allocate_pointer, b_alloc.free_pointer, b_alloc.record_stream_pointer,
-                         b_alloc.drain)
+            part.connect(object(), b_alloc.allocate_pointer_owned, b_alloc.free_pointer, b_alloc.record_stream_pointer,
+                         b_alloc.drain, b_alloc.owner_for)
         held.append(t.empty(MIB))   # nothing changed: A's allocator still serves torch
         assert sorted(a.ptr for a in svc_a.memory_pool(0).owned_by(1)) == sorted(x.data_ptr for x in held)
         cb_torch.attach(svc_a)   # the same service again: its tensors stay its own
@@ -613,7 +776,8 @@ def test_a_torch_allocation_while_another_service_attaches_keeps_the_part_with_i
             time.sleep(0.3)   # the GIL let go, as any Python code may
             free_a(ptr)
 
-        part.connect(part.owner(), alloc_a.allocate_pointer, slow_free, alloc_a.record_stream_pointer, alloc_a.drain)
+        part.connect(part.owner(), alloc_a.allocate_pointer_owned, slow_free, alloc_a.record_stream_pointer,
+                     alloc_a.drain, alloc_a.owner_for)
         del_me = t.empty(MIB)
         del del_me   # listed: the attach below hands it to slow_free
 

@@ -386,3 +386,40 @@ def test_a_block_freed_again_stays_in_the_stream_cache_by_its_newest_free(emulat
         pool.allocate(size_a, s).free()
         pool.allocate(size_b, s).free()
         assert pool.statistics().slow_allocations == slow
+
+
+def test_a_full_pool_has_its_holders_give_back_once_before_its_out_of_memory_handler(emulated):
+    # Frees kept outside the pool (a library plug-in's) come back before an allocation waits or
+    # fails; the handler then counts its attempts from its own first call.
+    with _one_stream_pool(emulated, limit_bytes=4 << 20) as (pool, s):
+        held = [pool.allocate(4 << 20, s)]
+        calls, attempts = [], []
+
+        def give_back() -> int:
+            calls.append(len(held))
+            if not held:
+                return 0
+            held.pop().free()
+            return 1
+
+        def handler(p, r, owner, exc, attempt) -> bool:
+            attempts.append(attempt)
+            return False
+
+        pool.out_of_memory_handler = handler
+        pool.add_holder(give_back)
+        a = pool.allocate(2 << 20, s)   # served once the holder gave its 4 MiB back
+        assert (calls, attempts) == ([1], [])
+        held.append(pool.allocate(1 << 20, s))
+        with pytest.raises(OutOfDeviceMemory):
+            pool.allocate(3 << 20, s)   # the 1 MiB back is not enough: the handler, from its attempt 0
+        assert (calls, attempts) == ([1, 1], [0])
+        with pytest.raises(OutOfDeviceMemory):
+            pool.allocate(3 << 20, s)   # nothing to give back
+        assert (calls, attempts) == ([1, 1, 0], [0, 0])
+        pool.remove_holder(give_back)
+        pool.remove_holder(give_back)   # not registered: nothing happens
+        with pytest.raises(OutOfDeviceMemory):
+            pool.allocate(3 << 20, s)
+        assert len(calls) == 3
+        a.free()

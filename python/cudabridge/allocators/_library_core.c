@@ -60,7 +60,7 @@ typedef struct {
 } LibraryCore;
 
 static PyObject *name_dict, *name_task, *name_binding, *name_ptr, *name_owner, *name_pool, *name_free,
-    *name_popleft, *name_appendleft, *name_append, *name_pop, *name_state, *name_extra, *name_stream, *name_size, *zero;
+    *name_popleft, *name_appendleft, *name_append, *name_pop, *name_state, *name_extra, *name_stream, *name_size, *name_open, *zero;
 
 static int core_traverse(LibraryCore *self, visitproc visit, void *arg) {
     Py_VISIT(self->pool_allocate); Py_VISIT(self->leases); Py_VISIT(self->local); Py_VISIT(self->by_owner);
@@ -355,6 +355,18 @@ static void put_back(LibraryCore *self, PyObject *a) {
     PyErr_Restore(t, v, tb);
 }
 
+/* An allocation made but not handed out (an error after it): freed again at once, the pending
+ * error kept; the reference `a` is taken. */
+static void drop_made(PyObject *a) {
+    PyObject *t, *v, *tb;
+    PyErr_Fetch(&t, &v, &tb);
+    PyObject *r = PyObject_CallMethod(a, "free", NULL);
+    Py_XDECREF(r);
+    PyErr_Clear();
+    PyErr_Restore(t, v, tb);
+    Py_DECREF(a);
+}
+
 /* The common case; 0 with *out set, HAND_OVER (nothing changed), or -1 with an error (the pool's).
  * The library's newest queued free, when reusable for this call (the pair of a library that frees
  * and allocates one size on its stream), is handed out again under a new handle (the pool's
@@ -480,15 +492,7 @@ leave_lease:
         }
         Py_XDECREF(n);
     }
-    if (a != NULL) {   /* made but not handed out (an error after it): freed again at once */
-        PyObject *t, *v, *tb;
-        PyErr_Fetch(&t, &v, &tb);
-        PyObject *r = PyObject_CallMethod(a, "free", NULL);
-        Py_XDECREF(r);
-        PyErr_Clear();
-        PyErr_Restore(t, v, tb);
-        Py_DECREF(a);
-    }
+    if (a != NULL) drop_made(a);   /* made but not handed out (an error after it) */
 done:
     Py_XDECREF(kept);   /* reissued (its handle freed) or put back */
     Py_XDECREF(binding);
@@ -519,14 +523,42 @@ static PyObject *core_allocate(LibraryCore *self, PyObject *const *args, size_t 
     return PyObject_Vectorcall(self->allocate_ref, args, nargsf, kwnames);
 }
 
-/* allocate_pointer(size, device, stream=None) -> int: LibraryAllocator.allocate_pointer. */
-static PyObject *core_allocate_pointer(LibraryCore *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+/* The owner of the allocation the library holds at address `ptr` (a new reference), or NULL with an
+ * error. */
+static PyObject *held_owner(LibraryCore *self, PyObject *ptr) {
+    PyObject *held = PyDict_GetItemWithError(self->by_pointer, ptr);   /* borrowed */
+    if (held == NULL) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_SystemError, "library allocator: an address it does not hold");
+        return NULL;
+    }
+    return PyObject_GetAttr(held, name_owner);
+}
+
+/* The reference's allocate_pointer: the address, and where `owner` is not NULL its owner (new
+ * references), or NULL with an error (an address without its owner stays with the library,
+ * reclaimed with its owner). */
+static PyObject *pointer_ref(LibraryCore *self, PyObject *const *args, size_t nargsf, PyObject *kwnames,
+                             PyObject **owner) {
+    PyObject *ptr = PyObject_Vectorcall(self->pointer_ref, args, nargsf, kwnames);
+    if (ptr == NULL || owner == NULL) return ptr;
+    if ((*owner = held_owner(self, ptr)) == NULL) Py_CLEAR(ptr);
+    return ptr;
+}
+
+/* allocate_pointer: the address (a new reference), and where `owner` is not NULL the owner the
+ * allocation was made for (a new reference), or NULL with an error. */
+static PyObject *pointer_of(LibraryCore *self, PyObject *const *args, size_t nargsf, PyObject *kwnames,
+                            PyObject **owner) {
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
     PyObject *size, *device, *stream, *a = NULL;
-    if (!parse(args, nargs, kwnames, &size, &device, &stream)) return PyObject_Vectorcall(self->pointer_ref, args, nargsf, kwnames);
-    int rc = allocate_common(self, size, device, stream, &a);
+    int rc = parse(args, nargs, kwnames, &size, &device, &stream) ? allocate_common(self, size, device, stream, &a)
+                                                                  : HAND_OVER;
     if (rc < 0) return NULL;
-    if (rc == HAND_OVER) return PyObject_Vectorcall(self->pointer_ref, args, nargsf, kwnames);
+    if (rc == HAND_OVER) return pointer_ref(self, args, nargsf, kwnames, owner);
+    if (owner != NULL && (*owner = PyObject_GetAttr(a, name_owner)) == NULL) {
+        drop_made(a);
+        return NULL;
+    }
     PyObject *ptr = PyObject_GetAttr(a, name_ptr);
     int held = ptr == NULL ? -1 : PyDict_Contains(self->by_pointer, ptr);
     if (held == 0 && PyDict_SetItem(self->by_pointer, ptr, a) < 0) held = -1;
@@ -537,6 +569,7 @@ static PyObject *core_allocate_pointer(LibraryCore *self, PyObject *const *args,
         Py_XDECREF(r);
         Py_DECREF(a);
         Py_XDECREF(ptr);
+        if (owner != NULL) Py_CLEAR(*owner);
         if (held < 0) {
             if (r != NULL) PyErr_Restore(t, v, tb);
             else {
@@ -547,10 +580,62 @@ static PyObject *core_allocate_pointer(LibraryCore *self, PyObject *const *args,
             return NULL;
         }
         if (r == NULL) return NULL;
-        return PyObject_Vectorcall(self->pointer_ref, args, nargsf, kwnames);
+        return pointer_ref(self, args, nargsf, kwnames, owner);
     }
     Py_DECREF(a);
     return ptr;
+}
+
+/* allocate_pointer(size, device, stream=None) -> int: LibraryAllocator.allocate_pointer. */
+static PyObject *core_allocate_pointer(LibraryCore *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    return pointer_of(self, args, nargsf, kwnames, NULL);
+}
+
+/* allocate_pointer_owned(size, device, stream=None) -> (int, owner): LibraryAllocator.allocate_pointer_owned. */
+static PyObject *core_allocate_pointer_owned(LibraryCore *self, PyObject *const *args, size_t nargsf,
+                                             PyObject *kwnames) {
+    PyObject *owner = NULL;
+    PyObject *ptr = pointer_of(self, args, nargsf, kwnames, &owner);
+    if (ptr == NULL) return NULL;
+    PyObject *pair = PyTuple_Pack(2, ptr, owner);
+    Py_DECREF(ptr);
+    Py_DECREF(owner);
+    return pair;   /* NULL (out of memory): the allocation stays with the library, reclaimed with its owner */
+}
+
+/* owner_for(device, stream) -> int | None: LibraryAllocator.owner_for (the same rules as
+ * allocate_common's; -1 where it would refuse or hand the call to the reference). Runs no Python code
+ * for the registry's own leases and thread-local. */
+static PyObject *core_owner_for(LibraryCore *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "owner_for(device, stream)");
+        return NULL;
+    }
+    PyObject *device = args[0], *stream = args[1];
+    if (self->closed || !PyLong_CheckExact(device)) return PyLong_FromLong(-1);
+    PyObject *pool = PyDict_GetItemWithError(self->pools, device);   /* borrowed */
+    if (pool == NULL) return PyErr_Occurred() ? NULL : PyLong_FromLong(-1);
+    int failed;
+    PyObject *task = attached_task(self, &failed);
+    if (failed) return NULL;
+    if (task == NULL && self->by_stream && stream != Py_None) task = task_on_stream(self, device, stream);
+    if (task == NULL) {
+        if (PyErr_Occurred()) return NULL;
+        Py_RETURN_NONE;
+    }
+    PyObject *lease = PyDict_GetItemWithError(self->leases, task);   /* borrowed */
+    PyObject *open = lease == NULL ? NULL : PyObject_GetAttr(lease, name_open);
+    PyObject *binding = lease == NULL ? NULL : PyObject_GetAttr(lease, name_binding);
+    int ok = open != NULL && binding != NULL && PyObject_IsTrue(open) == 1 && PyTuple_Check(binding) &&
+             PyTuple_GET_SIZE(binding) >= 4 && PyObject_RichCompareBool(PyTuple_GET_ITEM(binding, 1), device, Py_EQ) == 1;
+    Py_XDECREF(open);
+    Py_XDECREF(binding);
+    PyErr_Clear();   /* a lease not as documented: not reused */
+    if (!ok) {
+        Py_DECREF(task);
+        return PyLong_FromLong(-1);
+    }
+    return task;
 }
 
 /* Queues (a, counted) for the next drain: one deque append, no lock (safe in a finalizer, on any
@@ -610,6 +695,10 @@ static PyMethodDef core_methods[] = {
      "allocate(size, device, stream=None) -> Allocation (LibraryAllocator.allocate)"},
     {"allocate_pointer", (PyCFunction)(void (*)(void))core_allocate_pointer, METH_FASTCALL | METH_KEYWORDS,
      "allocate_pointer(size, device, stream=None) -> int (LibraryAllocator.allocate_pointer)"},
+    {"allocate_pointer_owned", (PyCFunction)(void (*)(void))core_allocate_pointer_owned, METH_FASTCALL | METH_KEYWORDS,
+     "allocate_pointer_owned(size, device, stream=None) -> (int, owner) (LibraryAllocator.allocate_pointer_owned)"},
+    {"owner_for", (PyCFunction)(void (*)(void))core_owner_for, METH_FASTCALL,
+     "owner_for(device, stream) -> int | None (LibraryAllocator.owner_for)"},
     {"drain", (PyCFunction)core_drain, METH_NOARGS, "drain() -> int (LibraryAllocator.drain)"},
     {"free", (PyCFunction)core_free, METH_O, "free(allocation): queued (LibraryAllocator.free)"},
     {"free_pointer", (PyCFunction)core_free_pointer, METH_O, "free_pointer(ptr): queued (LibraryAllocator.free_pointer)"},
@@ -652,10 +741,11 @@ PyMODINIT_FUNC PyInit__library_core(void) {
     name_extra = PyUnicode_InternFromString("_extra");
     name_stream = PyUnicode_InternFromString("stream");
     name_size = PyUnicode_InternFromString("size");
+    name_open = PyUnicode_InternFromString("open");
     zero = PyLong_FromLong(0);
     if (!name_dict || !name_task || !name_binding || !name_ptr || !name_owner || !name_pool || !name_free ||
         !name_popleft || !name_appendleft || !name_append || !name_pop || !name_state || !name_extra || !name_stream ||
-        !name_size || !zero)
+        !name_size || !name_open || !zero)
         return NULL;
     if (PyType_Ready(&LibraryCoreType) < 0) return NULL;
     PyObject *m = PyModule_Create(&library_core_module);

@@ -23,6 +23,23 @@
  * it. Autograd's device threads free as often as they allocate,
  * and a free that had to take the GIL waited for whichever thread held it.
  *
+ * Kept frees: a free of a tensor this part made in the current epoch (below), on a stream that is
+ * one stream on every thread, with no stream recorded on it, is kept here (its allocation stays
+ * live in the pool) instead of listed; an allocation of the same size on the same device and
+ * stream for the same owner takes the newest such back with no call into the allocator: torch's
+ * own caching, ordered as the pool's own bin for that stream would order it (work queued on the
+ * stream from now on runs after the block's last use there). Why: each call into the allocator
+ * runs some 10,000 instructions of Python objects (its C twin, the pool's fast path), which inside
+ * a real torch step, with torch's working set in the caches, took 4-5 us an allocation
+ * (bench/RESULTS.md); a kept free is taken back with the GIL, one owner_for call and a scan of at
+ * most KEEP_LIMIT entries. The owner is what the allocator said it made the tensor for (a task's
+ * id, or the executor's), and owner_for says whose an allocation here would be now (and that its
+ * task's lease is open), so a task never gets another's memory. Every drain (flush(): a task's
+ * release before its memory is reclaimed, statistics, empty_cache, a connect, the pool's
+ * out-of-memory give-back) hands every kept free over and starts a new epoch: a tensor made before
+ * it is never kept (its task may have been released and its memory reclaimed since), and nothing
+ * kept outlives the release of the task it was made for.
+ *
  * Invariants:
  *  - torch calls these with or without the GIL, from any thread (autograd's included): alloc,
  *    record_stream and reset take it with PyGILState_Ensure and give it back before returning or
@@ -47,7 +64,12 @@
  *    and swaps holding the GIL and the mutex, with the list empty and nothing in flight, so every
  *    tensor is then either counted or already with the old owner's allocator;
  *  - the callables are read and replaced only with the GIL held (connect, disconnect), so a call
- *    sees one complete set; a call with no set connected fails (alloc) or does nothing (the rest).
+ *    sees one complete set; a call with no set connected fails (alloc) or does nothing (the rest);
+ *  - a kept free's allocation is live in the pool and owned as it was made; it is handed back to
+ *    torch only with the GIL held, only to an owner_for answer equal to its owner, and only while
+ *    its epoch is the current one (no drain since it was made: so no release of its task either);
+ *    g_live, g_kept and g_epoch are guarded by g_pending_mu; g_kept is never longer than
+ *    KEEP_LIMIT (the oldest is listed).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -60,8 +82,9 @@
 #include <new>
 #include <stdexcept>
 #include <string>
+#include <unordered_map>
 
-static PyObject *g_alloc, *g_free, *g_record, *g_reset;   // strong references, set by connect(); GIL
+static PyObject *g_alloc, *g_free, *g_record, *g_reset, *g_owner_for;   // strong references, set by connect(); GIL
 static PyObject *g_owner;   // the last connect's owner (strong; kept across disconnect); GIL
 static std::atomic<long> g_outstanding;   // allocations returned to torch, not yet freed by it
 // The frees listed, not yet handed to g_free (oldest first), and how many are being handed over
@@ -74,10 +97,53 @@ static std::deque<void *> &g_pending = *new std::deque<void *>;
 static long g_in_flight;
 static thread_local long t_in_flight;   // this thread's part of g_in_flight
 
+// Owners as the part keeps them: a task's id (>= 0), the executor's, or one never kept.
+constexpr long long EXECUTOR = -1, NOT_KEPT = -2;
+constexpr size_t KEEP_LIMIT = 128;   // kept frees at most (the oldest is listed); a scan's length
+constexpr uintptr_t PER_THREAD_STREAM = 2;   // CU_STREAM_PER_THREAD: another stream on each thread
+
+// What the part made a live tensor for (g_live) and what it keeps of a free (g_kept). Guarded by
+// g_pending_mu, as is the epoch, which every drain advances.
+struct Made {
+    size_t size;
+    int device;
+    void *stream;
+    long long owner;
+    unsigned long long epoch;
+    bool recorded;   // a stream was named through record_stream: its free waits for that stream too
+};
+struct Kept {
+    void *ptr;
+    Made made;
+};
+static std::unordered_map<void *, Made> &g_live = *new std::unordered_map<void *, Made>;
+static std::deque<Kept> &g_kept = *new std::deque<Kept>;   // oldest first
+static unsigned long long g_epoch;
+static std::atomic<long> g_reuses, g_reuses_outside;   // allocations served from kept frees since the last
+                                                       // connect for a new owner; of those, the executor's
+
 namespace {
 
 // A C size or pointer as a Python int (new reference, or NULL with an error). GIL held.
 PyObject *as_int(uintptr_t v) { return PyLong_FromSize_t((size_t)v); }
+
+// An owner as the allocator names it (None: the executor's; a task's id) as the part keeps it; any
+// other value (owner_for's -1: an allocation now would not be served) is never kept. GIL held.
+long long owner_key(PyObject *owner) {
+    if (owner == Py_None) return EXECUTOR;
+    if (!PyLong_CheckExact(owner)) return NOT_KEPT;
+    long long v = PyLong_AsLongLong(owner);
+    if (v == -1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return NOT_KEPT;
+    }
+    return v >= 0 ? v : NOT_KEPT;
+}
+
+// Whether a free of what `m` describes may be kept. Under g_pending_mu.
+bool keepable(const Made &m) {
+    return !m.recorded && m.owner != NOT_KEPT && m.epoch == g_epoch && (uintptr_t)m.stream != PER_THREAD_STREAM;
+}
 
 // The pending Python error as one line ("Type: message"), cleared. GIL held.
 std::string take_error() {
@@ -142,6 +208,80 @@ void flush_pending() {
     }
 }
 
+// Starts a new epoch and hands every free kept before it over (GIL held): a drain's first step.
+// One at a time, each counted in flight as it leaves g_kept (one step under the mutex), as
+// flush_pending does, so a concurrent flush sees it kept or waits for it. Frees kept in the new
+// epoch (after the old ones: g_kept is in time order) stay.
+void flush_kept() {
+    unsigned long long ended;
+    {
+        std::lock_guard<std::mutex> hold(g_pending_mu);
+        ended = g_epoch++;
+    }
+    for (;;) {
+        void *ptr;
+        {
+            std::lock_guard<std::mutex> hold(g_pending_mu);
+            if (g_kept.empty() || g_kept.front().made.epoch > ended) return;
+            ptr = g_kept.front().ptr;
+            g_kept.pop_front();
+            g_in_flight++;
+            t_in_flight++;
+        }
+        hand_over(ptr);
+    }
+}
+
+// A kept free for an allocation of `size` bytes on `device` and `stream` by the calling thread, taken
+// back (the tensor live again), or nullptr. GIL held. owner_for is asked only where a kept free of
+// that size and stream exists; an error from it is cleared (the allocator's own call follows, and
+// says what is wrong).
+void *take_kept(size_t size, int device, void *stream) {
+    {
+        std::lock_guard<std::mutex> hold(g_pending_mu);
+        bool any = false;
+        for (const Kept &k : g_kept)
+            if (k.made.size == size && k.made.stream == stream && k.made.device == device) {
+                any = true;
+                break;
+            }
+        if (!any) return nullptr;
+    }
+    PyObject *fn = g_owner_for;
+    if (fn == nullptr) return nullptr;
+    Py_INCREF(fn);
+    PyObject *args[2] = {PyLong_FromLong(device), as_int((uintptr_t)stream)};
+    PyObject *r = args[0] && args[1] ? PyObject_Vectorcall(fn, args, 2, nullptr) : nullptr;
+    for (PyObject *a : args) Py_XDECREF(a);
+    Py_DECREF(fn);
+    if (r == nullptr) {
+        PyErr_Clear();
+        return nullptr;
+    }
+    long long owner = owner_key(r);
+    Py_DECREF(r);
+    if (owner == NOT_KEPT) return nullptr;
+    std::lock_guard<std::mutex> hold(g_pending_mu);
+    for (auto it = g_kept.end(); it != g_kept.begin();) {   // newest first: the block last used there
+        --it;
+        const Made &m = it->made;
+        if (m.size != size || m.stream != stream || m.device != device || m.owner != owner || m.epoch != g_epoch)
+            continue;
+        void *ptr = it->ptr;
+        try {
+            g_live[ptr] = m;
+        } catch (const std::bad_alloc &) {
+            return nullptr;   // stays kept; the allocator serves this one
+        }
+        g_kept.erase(it);
+        g_outstanding.fetch_add(1, std::memory_order_relaxed);
+        g_reuses.fetch_add(1, std::memory_order_relaxed);
+        if (owner == EXECUTOR) g_reuses_outside.fetch_add(1, std::memory_order_relaxed);
+        return ptr;
+    }
+    return nullptr;
+}
+
 // Waits, the GIL given back, until no other thread is handing a free over. Not from inside a
 // hand-over of this thread's own (a finalizer or an error report that drains): two such threads
 // would wait for each other; that drain sees the frees handed over so far. The mutex is let go
@@ -167,6 +307,14 @@ extern "C" {
 __attribute__((visibility("default"))) void *cb_torch_alloc(size_t size, int device, void *stream) {
     if (size == 0) return nullptr;   // as torch's own allocator: no memory, no call
     PyGILState_STATE st = PyGILState_Ensure();
+    if (g_alloc != nullptr) {
+        void *kept = take_kept(size, device, stream);
+        if (kept != nullptr) {
+            flush_pending();   // the frees listed since go on as they would have
+            PyGILState_Release(st);
+            return kept;
+        }
+    }
     flush_pending();   // the frees listed since: queued before this allocation drains the queue
     if (g_alloc == nullptr) {   // checked after the hand-over, whose Python code may disconnect
         PyGILState_Release(st);
@@ -175,21 +323,41 @@ __attribute__((visibility("default"))) void *cb_torch_alloc(size_t size, int dev
     PyObject *fn = g_alloc;
     Py_INCREF(fn);
     g_outstanding.fetch_add(1, std::memory_order_relaxed);   // from before the call: the invariants
+    unsigned long long epoch;
+    {
+        std::lock_guard<std::mutex> hold(g_pending_mu);
+        epoch = g_epoch;   // before the call: a drain during it makes the tensor one never kept
+    }
     PyObject *args[3] = {as_int(size), PyLong_FromLong(device), as_int((uintptr_t)stream)};
     PyObject *r = args[0] && args[1] && args[2] ? PyObject_Vectorcall(fn, args, 3, nullptr) : nullptr;
     for (PyObject *a : args) Py_XDECREF(a);
     Py_DECREF(fn);
     void *ptr = nullptr;
+    long long owner = NOT_KEPT;
     std::string why;
-    if (r != nullptr) {
-        ptr = PyLong_AsVoidPtr(r);
+    if (r != nullptr) {   // (address, owner)
+        if (PyTuple_CheckExact(r) && PyTuple_GET_SIZE(r) == 2) {
+            ptr = PyLong_AsVoidPtr(PyTuple_GET_ITEM(r, 0));
+            if (!PyErr_Occurred()) owner = owner_key(PyTuple_GET_ITEM(r, 1));
+        } else {
+            PyErr_SetString(PyExc_TypeError, "the allocator returned no (address, owner) pair");
+        }
         Py_DECREF(r);
         if (PyErr_Occurred()) why = take_error();
         else if (ptr == nullptr) why = "the allocator returned address 0";
     } else {
         why = take_error();
     }
-    if (!why.empty()) g_outstanding.fetch_sub(1, std::memory_order_relaxed);   // no tensor after all
+    if (!why.empty()) {
+        g_outstanding.fetch_sub(1, std::memory_order_relaxed);   // no tensor after all
+    } else {
+        std::lock_guard<std::mutex> hold(g_pending_mu);
+        try {
+            g_live[ptr] = Made{size, device, stream, owner, epoch, false};
+        } catch (const std::bad_alloc &) {
+            g_live.erase(ptr);   // not known here: its free is listed, never kept
+        }
+    }
     PyGILState_Release(st);
     if (!why.empty()) throw std::runtime_error("cudabridge torch allocator: " + why);
     return ptr;
@@ -202,6 +370,29 @@ __attribute__((visibility("default"))) void cb_torch_free(void *ptr, size_t size
     if (ptr == nullptr) return;
     {
         std::lock_guard<std::mutex> hold(g_pending_mu);
+        try {
+            auto it = g_live.find(ptr);
+            if (it != g_live.end()) {
+                Made made = it->second;
+                if (keepable(made)) {
+                    g_kept.push_back(Kept{ptr, made});   // may throw: then listed below, as any other
+                    g_live.erase(it);
+                    if (g_kept.size() > KEEP_LIMIT) {
+                        g_pending.push_back(g_kept.front().ptr);   // may throw: kept one over the limit
+                        g_kept.pop_front();
+                    }
+                    g_outstanding.fetch_sub(1, std::memory_order_relaxed);   // kept: no longer outstanding
+                    return;
+                }
+                g_live.erase(it);
+            }
+        } catch (const std::bad_alloc &) {
+            if (!g_kept.empty() && g_kept.back().ptr == ptr) {   // kept after all (only the list was full)
+                g_outstanding.fetch_sub(1, std::memory_order_relaxed);
+                return;
+            }
+            g_live.erase(ptr);
+        }
         try {
             g_pending.push_back(ptr);
             g_outstanding.fetch_sub(1, std::memory_order_relaxed);   // listed: no longer outstanding
@@ -221,6 +412,11 @@ __attribute__((visibility("default"))) void cb_torch_free(void *ptr, size_t size
 
 __attribute__((visibility("default"))) void cb_torch_record_stream(void *ptr, void *stream) {
     if (ptr == nullptr) return;
+    {
+        std::lock_guard<std::mutex> hold(g_pending_mu);
+        auto it = g_live.find(ptr);
+        if (it != g_live.end()) it->second.recorded = true;   // its free waits for that stream: never kept
+    }
     PyGILState_STATE st = PyGILState_Ensure();
     flush_pending();   // a free listed before it is made first, as it was called first
     std::string why;
@@ -282,16 +478,18 @@ static void refuse_owner(long held) {
 // checked against the tensors outstanding and the set swapped in one step. A free listed while
 // the old set took the last ones is handed over on the next turn. NULLs disconnect. Returns 0, or
 // -1 with InvalidArgument set and nothing changed.
-static int switch_to(PyObject *owner, bool keep_owner, PyObject *a, PyObject *f, PyObject *rs, PyObject *rt) {
+static int switch_to(PyObject *owner, bool keep_owner, PyObject *a, PyObject *f, PyObject *rs, PyObject *rt,
+                     PyObject *of) {
     for (;;) {
+        flush_kept();
         flush_pending();
         wait_handed();
-        PyObject *old[5] = {nullptr, nullptr, nullptr, nullptr, nullptr};
+        PyObject *old[6] = {nullptr, nullptr, nullptr, nullptr, nullptr, nullptr};
         long refused = 0;
         bool stuck = false;
         {
             std::lock_guard<std::mutex> hold(g_pending_mu);
-            if (!g_pending.empty()) continue;
+            if (!g_pending.empty() || !g_kept.empty()) continue;
             // this thread's own hand-over (a switch from inside one) goes to the old set already
             if (g_in_flight != t_in_flight) {
                 if (t_in_flight == 0) continue;   // wait_handed waits for the others
@@ -303,18 +501,23 @@ static int switch_to(PyObject *owner, bool keep_owner, PyObject *a, PyObject *f,
                 old[1] = g_free;
                 old[2] = g_record;
                 old[3] = g_reset;
+                old[4] = g_owner_for;
                 Py_XINCREF(a);
                 Py_XINCREF(f);
                 Py_XINCREF(rs);
                 Py_XINCREF(rt);
+                Py_XINCREF(of);
                 g_alloc = a;
                 g_free = f;
                 g_record = rs;
                 g_reset = rt;
+                g_owner_for = of;
                 if (!keep_owner) {
-                    old[4] = g_owner;
+                    old[5] = g_owner;
                     Py_INCREF(owner);
                     g_owner = owner;
+                    g_reuses.store(0, std::memory_order_relaxed);   // the new set's allocator counts from here
+                    g_reuses_outside.store(0, std::memory_order_relaxed);
                 }
             }
         }
@@ -332,19 +535,24 @@ static int switch_to(PyObject *owner, bool keep_owner, PyObject *a, PyObject *f,
     }
 }
 
-// connect(owner, alloc, free, record_stream, reset): the Python side of the four functions, for
-// owner (a token of one service: torch.py's). A later connect for the same owner replaces the
-// callables; one for another owner only while no tensor this part allocated is outstanding (the
-// invariants), else it raises cudabridge's InvalidArgument and changes nothing.
+// connect(owner, alloc, free, record_stream, reset, owner_for): the Python side of the four
+// functions, for owner (a token of one service: torch.py's): alloc(size, device, stream) ->
+// (address, the owner it was made for), free(address), record_stream(address, stream), reset(),
+// owner_for(device, stream) -> whose an allocation there would be now (LibraryAllocator's
+// allocate_pointer_owned, free_pointer, record_stream_pointer, drain, owner_for). A later connect
+// for the same owner replaces the callables; one for another owner only while no tensor this part
+// allocated is outstanding (the invariants), else it raises cudabridge's InvalidArgument and
+// changes nothing.
 static PyObject *connect(PyObject *self, PyObject *args) {
     (void)self;
-    PyObject *owner, *a, *f, *rs, *rt;
-    if (!PyArg_ParseTuple(args, "OOOOO:connect", &owner, &a, &f, &rs, &rt)) return nullptr;
-    if (!PyCallable_Check(a) || !PyCallable_Check(f) || !PyCallable_Check(rs) || !PyCallable_Check(rt)) {
-        PyErr_SetString(PyExc_TypeError, "connect: an owner and four callables");
+    PyObject *owner, *a, *f, *rs, *rt, *of;
+    if (!PyArg_ParseTuple(args, "OOOOOO:connect", &owner, &a, &f, &rs, &rt, &of)) return nullptr;
+    if (!PyCallable_Check(a) || !PyCallable_Check(f) || !PyCallable_Check(rs) || !PyCallable_Check(rt) ||
+        !PyCallable_Check(of)) {
+        PyErr_SetString(PyExc_TypeError, "connect: an owner and five callables");
         return nullptr;
     }
-    if (switch_to(owner, false, a, f, rs, rt) < 0) return nullptr;
+    if (switch_to(owner, false, a, f, rs, rt, of) < 0) return nullptr;
     Py_RETURN_NONE;
 }
 
@@ -353,16 +561,18 @@ static PyObject *connect(PyObject *self, PyObject *args) {
 static PyObject *disconnect(PyObject *self, PyObject *unused) {
     (void)self;
     (void)unused;
-    if (switch_to(nullptr, true, nullptr, nullptr, nullptr, nullptr) < 0) return nullptr;
+    if (switch_to(nullptr, true, nullptr, nullptr, nullptr, nullptr, nullptr) < 0) return nullptr;
     Py_RETURN_NONE;
 }
 
 // flush(): every free torch made before the call is with the allocator's free_pointer when it
-// returns: the listed ones handed over here, those another thread is handing over waited for (the
-// LibraryAllocator's pending_frees: every drain, a task's release's included, runs it first).
+// returns: the kept and the listed ones handed over here (a new epoch begun), those another
+// thread is handing over waited for (the LibraryAllocator's pending_frees: every drain, a task's
+// release's included, runs it first).
 static PyObject *flush(PyObject *self, PyObject *unused) {
     (void)self;
     (void)unused;
+    flush_kept();
     flush_pending();
     wait_handed();
     Py_RETURN_NONE;
@@ -374,6 +584,24 @@ static PyObject *outstanding(PyObject *self, PyObject *unused) {
     (void)self;
     (void)unused;
     return PyLong_FromLong(g_outstanding.load(std::memory_order_relaxed));
+}
+
+// reuses() -> (all, outside tasks): the allocations served from kept frees since the last connect
+// for a new owner, and those of them the executor's (the allocator counts each as an allocation and
+// a free made: LibraryAllocator.reused_frees).
+static PyObject *reuses(PyObject *self, PyObject *unused) {
+    (void)self;
+    (void)unused;
+    return Py_BuildValue("(ll)", g_reuses.load(std::memory_order_relaxed),
+                         g_reuses_outside.load(std::memory_order_relaxed));
+}
+
+// kept(): how many frees are kept now.
+static PyObject *kept(PyObject *self, PyObject *unused) {
+    (void)self;
+    (void)unused;
+    std::lock_guard<std::mutex> hold(g_pending_mu);
+    return PyLong_FromSize_t(g_kept.size());
 }
 
 // check_owner(owner): raises what connect(owner, ...) would raise for the tensors outstanding now,
@@ -407,12 +635,14 @@ static PyObject *addresses(PyObject *self, PyObject *unused) {
 }
 
 static PyMethodDef torch_allocator_methods[] = {
-    {"connect", connect, METH_VARARGS, "connect(owner, alloc, free, record_stream, reset): the Python side"},
+    {"connect", connect, METH_VARARGS, "connect(owner, alloc, free, record_stream, reset, owner_for): the Python side"},
+    {"reuses", reuses, METH_NOARGS, "reuses() -> (all, outside tasks): allocations served from kept frees"},
+    {"kept", kept, METH_NOARGS, "kept() -> int: frees kept for reuse now"},
     {"check_owner", check_owner, METH_O, "check_owner(owner): raises as connect would for owner, connects nothing"},
     {"owner", owner, METH_NOARGS, "owner(): the last connect's owner, or None"},
     {"outstanding", outstanding, METH_NOARGS, "outstanding() -> int: tensors allocated, not yet freed by torch"},
     {"disconnect", disconnect, METH_NOARGS, "disconnect(): no Python side (allocations fail)"},
-    {"flush", flush, METH_NOARGS, "flush(): the frees listed since the last hand-over, to the allocator now"},
+    {"flush", flush, METH_NOARGS, "flush(): the frees kept and listed, to the allocator now (a new epoch)"},
     {"addresses", addresses, METH_NOARGS, "addresses() -> dict: the C functions' addresses"},
     {nullptr, nullptr, 0, nullptr},
 };

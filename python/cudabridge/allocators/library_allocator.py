@@ -137,7 +137,13 @@ class LibraryAllocator:
         # A plug-in whose library frees without the GIL keeps those frees outside Python until this
         # hands them to free / free_pointer (torch's compiled part: its flush); every drain calls it first.
         self.pending_frees: "Callable[[], None] | None" = None
+        # A plug-in that keeps the library's frees and hands them back to its next allocations
+        # itself (torch's compiled part: its reuses) says here how many it has, and how many of
+        # them the executor's: each is counted as an allocation and as a free made.
+        self.reused_frees: "Callable[[], tuple[int, int]] | None" = None
         self._attached_task = service.registry.attached_task
+        for pool in self._pools.values():   # the frees this allocator keeps: made before a pool runs out
+            pool.add_holder(self.drain)
         self._lease_of = service.registry.leases.get
         service.registry.on_release(self._task_released)
         # the C twin of allocate and allocate_pointer (_library_core.c) where it is built; these
@@ -166,6 +172,8 @@ class LibraryAllocator:
             self.allocate_pointer = self._core.allocate_pointer   # type: ignore[method-assign]
             self.free = self._core.free                           # type: ignore[method-assign]
             self.free_pointer = self._core.free_pointer           # type: ignore[method-assign]
+            self.allocate_pointer_owned = self._core.allocate_pointer_owned   # type: ignore[method-assign]
+            self.owner_for = self._core.owner_for                 # type: ignore[method-assign]
 
     @property
     def core(self) -> Any:
@@ -332,6 +340,32 @@ class LibraryAllocator:
         self._by_pointer[a.ptr] = a
         return a.ptr
 
+    def allocate_pointer_owned(self, size: int, device: int, stream: int | None = None) -> tuple[int, int | None]:
+        """:meth:`allocate_pointer`, and the owner it made the allocation for (the task's id; None: the
+        executor's). For a plug-in that keeps the library's frees for reuse (torch's compiled part):
+        it hands one back only to an allocation :meth:`owner_for` gives the same owner."""
+        ptr = self.allocate_pointer(size, device, stream)
+        return ptr, self._by_pointer[ptr].owner
+
+    def owner_for(self, device: object, stream: object) -> int | None:
+        """Whose an allocation on ``device`` ordered on ``stream`` by the calling thread would be,
+        now, where :meth:`allocate` would make it as it stands (module docstring: whose): the task's
+        id, its lease open and on that GPU; None, the executor's; -1 where it would be refused or
+        made otherwise (a closed allocator, a GPU not owned, a lease closed or of another GPU).
+        Reads only (the C twin's runs no Python code, so no release can begin inside it). What a
+        plug-in that keeps frees asks before it hands one back (torch's compiled part)."""
+        if self._closed or device.__class__ is not int or device not in self._pools:
+            return -1
+        task = self._attached_task()
+        if task is None and self._by_stream and stream is not None and len(self._leases):
+            task = self._registry.task_on_stream(device, stream)
+        if task is None:
+            return None
+        lease = self._lease_of(task)
+        if lease is None or not lease.open or lease.binding.gpu != device:
+            return -1
+        return task
+
     def _hold_back(self, a: "Allocation") -> None:
         self._by_owner.get(a.owner, {}).pop(a, None)
         self._set_aside[a.ptr] = a
@@ -456,10 +490,12 @@ class LibraryAllocator:
         with self._lock:
             leaks, leaked_bytes = self._leaks, self._leaked_bytes
         held_back = _read(self._held_back)
+        reused, reused_outside = self.reused_frees() if self.reused_frees is not None else (0, 0)
         return LibraryStatistics(
-            allocations=_read(self._allocated) - held_back,
-            allocations_outside_tasks=_read(self._outside) - _read(self._outside_held_back),
-            frees=_read(self._frees_made), frees_pending=len(self._frees), frees_after_reclaim=_read(self._after_reclaim),
+            allocations=_read(self._allocated) - held_back + reused,
+            allocations_outside_tasks=_read(self._outside) - _read(self._outside_held_back) + reused_outside,
+            frees=_read(self._frees_made) + reused, frees_pending=len(self._frees),
+            frees_after_reclaim=_read(self._after_reclaim),
             double_frees=_read(self._double_frees),
             in_use_bytes=in_use, leaks_reclaimed=leaks, leaked_bytes_reclaimed=leaked_bytes,
             allocations_set_aside=len(self._set_aside), allocations_handed_over=_read(self._handed_over))
@@ -475,3 +511,5 @@ class LibraryAllocator:
         if self._core is not None:
             self._core.close()
         self.drain()
+        for pool in self._pools.values():
+            pool.remove_holder(self.drain)

@@ -126,6 +126,8 @@ class StreamOrderedMemoryPool:
         self._ledger = UsageLedger()
 
         self._live: set[Allocation] = set()
+        self._holders: list[Callable[[], int]] = []   # add_holder: frees kept outside the pool
+        self._oom_local = threading.local()            # this thread's allocation: whether they gave back
 
         # The fast paths: C for the default composition where the extension is built, else Python.
         hooks = FastPathHooks(
@@ -260,12 +262,44 @@ class StreamOrderedMemoryPool:
     # frees and ask for the slow path again. Called on the allocating thread, no lock held.
     out_of_memory_handler: "Callable[[StreamOrderedMemoryPool, int, object, OutOfDeviceMemory, int], bool] | None" = None
 
+    def add_holder(self, give_back: Callable[[], int]) -> None:
+        """Register ``give_back``, which makes in this pool the frees its caller keeps outside it
+        (a library plug-in's queued frees, and those torch's compiled part keeps for reuse) and
+        returns how many. An allocation the slow path cannot serve calls every holder once, on the
+        allocating thread with no lock held, before the out-of-memory handler: memory freed but
+        kept elsewhere is never what makes an allocation wait or fail."""
+        self._holders.append(give_back)
+
+    def remove_holder(self, give_back: Callable[[], int]) -> None:
+        """Undo :meth:`add_holder` (a holder not registered: nothing happens)."""
+        try:
+            self._holders.remove(give_back)
+        except ValueError:
+            pass
+
+    def _give_back(self) -> int:
+        """Every holder's frees, made now: how many. A holder that fails is logged and skipped."""
+        made = 0
+        for give_back in list(self._holders):
+            try:
+                made += give_back()
+            except Exception as exc:   # noqa: BLE001 - the allocation goes on to the handler
+                log.warning("GPU %d: a holder's give-back failed (%s: %s)", self.device, type(exc).__name__, exc)
+        return made
+
     def _out_of_memory(self, r: int, arena: StreamArena, owner: object, exc: OutOfDeviceMemory, attempt: int) -> bool:
         """The fast paths' hook when the slow path raised ``exc`` for ``r`` bytes of ``owner``
         (``attempt``: the times this allocation asked before): True runs the slow path again;
-        False raises ``exc``; the handler may raise instead."""
+        False raises ``exc``; the handler may raise instead. The holders give back first, once an
+        allocation; the handler counts its attempts from its own first call."""
+        local = self._oom_local
+        if attempt == 0:
+            local.shift = 0
+            if self._holders and self._give_back():
+                local.shift = 1
+                return True
         handler = self.out_of_memory_handler
-        return False if handler is None else bool(handler(self, r, owner, exc, attempt))
+        return False if handler is None else bool(handler(self, r, owner, exc, attempt - local.shift))
 
     def _queue_waits(self, arena: StreamArena, waits: list) -> None:
         """On the allocating thread: make its stream wait for the events the slow path found
