@@ -9,8 +9,11 @@ no library and no kernels, so that they run on the emulated device too:
 
 * "torch MLP": the 1024-4096-1024 MLP's forward, backward and SGD step at batch 256 as PyTorch's
   pluggable allocator sees it (the forward's activations, the gradients kept until the next step's
-  ``zero_grad(set_to_none=True)``), through torch's compiled part called from C++ as PyTorch calls
-  it (the tests' stand-in torch, tests/standin_torch.py; g++ builds its caller);
+  ``zero_grad(set_to_none=True)``), by address (allocate_pointer / free_pointer, as torch's
+  compiled part hands them over); and once more through the compiled part itself, called from C++
+  as PyTorch calls it (the tests' stand-in torch, tests/standin_torch.py; g++ builds its caller),
+  whose kept frees serve the repeating step without the pool (its time includes the stand-in's
+  ctypes calls and tensor objects: not comparable with the other rows'; its pool counters are);
 * "CuPy chain": bench_allocators.py's chain of temporaries over 1, 4, 16 and 64 MiB arrays, each
   temporary freed when Python drops its last reference (a reduction's scalar is 512 bytes, CuPy's
   smallest block).
@@ -101,7 +104,7 @@ def cupy_chain(alloc: Callable[[int], object], live: dict) -> None:
 
 
 def run(backend_name: str, growth: str, library: str, step: Callable, cache_frees: int | None, warm: int,
-        steps: int) -> dict:
+        steps: int, through_part: bool = False) -> dict:
     from cudabridge.allocators.library_allocator import LibraryAllocator
     from cudabridge.config import ServiceConfig
     from cudabridge.service import CudaBridgeService
@@ -124,12 +127,14 @@ def run(backend_name: str, growth: str, library: str, step: Callable, cache_free
             self.a = a
 
         def free(self) -> None:
-            if library == "torch":
-                self.a = None   # the stand-in tensor's deleter: torch's part lists the free
+            if through_part:
+                self.a = None   # the stand-in tensor's deleter: torch's part keeps or lists the free
+            elif library == "torch":
+                allocator.free_pointer(self.a)
             else:
                 allocator.free(self.a)
 
-    if library == "torch":   # through torch's compiled part, called from C++ as torch calls it
+    if through_part:   # through torch's compiled part, called from C++ as torch calls it
         import tempfile
 
         from cudabridge.allocators import torch as cb_torch
@@ -142,6 +147,9 @@ def run(backend_name: str, growth: str, library: str, step: Callable, cache_free
 
         def alloc(n: int) -> Freed:
             return Freed(standin.empty(n))
+    elif library == "torch":
+        def alloc(n: int) -> Freed:
+            return Freed(allocator.allocate_pointer(n, binding.gpu, binding.stream))
     else:
         def alloc(n: int) -> Freed:
             return Freed(allocator.allocate(n, binding.gpu, binding.stream))
@@ -167,7 +175,7 @@ def run(backend_name: str, growth: str, library: str, step: Callable, cache_free
                 "step_us": took, "peak_reserved": after.peak_reserved_bytes, "cache_frees": pool.cache_frees}
     finally:
         live.clear()
-        if library == "torch":
+        if through_part:
             cb_torch.detach()
         service.registry.detach()
         service.release_task(1)
@@ -184,15 +192,19 @@ def main() -> None:
     args = parser.parse_args()
     report = Report()
     raw = {}
-    for name, library, step in (("torch MLP", "torch", torch_mlp), ("CuPy chain", "cupy", cupy_chain)):
-        for label, cache in (("stream cache", None), ("no cache", 0)):
-            r = raw[f"{name}, {label}"] = run(args.backend, args.growth, library, step, cache, args.warm, args.steps)
-            key = f"{name}, {label} (cache_frees={r['cache_frees']})"
-            report.values(f"{key}: slow allocations per step", [r["slow"]], "", better="lower",
-                          note=f"of {r['allocations']:.0f}")
-            report.values(f"{key}: pieces moved per step", [r["moved"]], "", better="lower")
-            report.values(f"{key}: step", [r["step_us"]], "us", better="lower")
-            report.values(f"{key}: peak reserved", [r["peak_reserved"] / MIB], "MiB", better="lower")
+    cases = [(name, library, step, label, cache, False)
+             for name, library, step in (("torch MLP", "torch", torch_mlp), ("CuPy chain", "cupy", cupy_chain))
+             for label, cache in (("stream cache", None), ("no cache", 0))]
+    cases.insert(2, ("torch MLP through its part", "torch", torch_mlp, "kept frees", None, True))
+    for name, library, step, label, cache, through_part in cases:
+        r = raw[f"{name}, {label}"] = run(args.backend, args.growth, library, step, cache, args.warm, args.steps,
+                                          through_part)
+        key = f"{name}, {label} (cache_frees={r['cache_frees']})"
+        report.values(f"{key}: slow allocations per step", [r["slow"]], "", better="lower",
+                      note=f"of {r['allocations']:.0f}")
+        report.values(f"{key}: pieces moved per step", [r["moved"]], "", better="lower")
+        report.values(f"{key}: step", [r["step_us"]], "us", better="lower")
+        report.values(f"{key}: peak reserved", [r["peak_reserved"] / MIB], "MiB", better="lower")
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "bench_stream_cache.json"), "w") as f:
         json.dump({"backend": args.backend, "growth": args.growth, "date": time.strftime("%Y-%m-%d %H:%M"),

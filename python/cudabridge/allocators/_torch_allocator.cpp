@@ -23,7 +23,7 @@
  * it. Autograd's device threads free as often as they allocate,
  * and a free that had to take the GIL waited for whichever thread held it.
  *
- * Kept frees: a free of a tensor this part made in the current epoch (below), on a stream that is
+ * Kept frees: a free of a tensor this part made since the last drain (below), on a stream that is
  * one stream on every thread, with no stream recorded on it, is kept here (its allocation stays
  * live in the pool) instead of listed; an allocation of the same size on the same device and
  * stream for the same owner takes the newest such back with no call into the allocator: torch's
@@ -36,7 +36,7 @@
  * id, or the executor's), and owner_for says whose an allocation here would be now (and that its
  * task's lease is open), so a task never gets another's memory. Every drain (flush(): a task's
  * release before its memory is reclaimed, statistics, empty_cache, a connect, the pool's
- * out-of-memory give-back) hands every kept free over and starts a new epoch: a tensor made before
+ * out-of-memory give-back) hands every kept free over and counts one more drain: a tensor made before
  * it is never kept (its task may have been released and its memory reclaimed since), and nothing
  * kept outlives the release of the task it was made for.
  *
@@ -67,8 +67,8 @@
  *    sees one complete set; a call with no set connected fails (alloc) or does nothing (the rest);
  *  - a kept free's allocation is live in the pool and owned as it was made; it is handed back to
  *    torch only with the GIL held, only to an owner_for answer equal to its owner, and only while
- *    its epoch is the current one (no drain since it was made: so no release of its task either);
- *    g_live, g_kept and g_epoch are guarded by g_pending_mu; g_kept is never longer than
+ *    no drain came since it was made (g_drains: so no release of its task either);
+ *    g_live, g_kept and g_drains are guarded by g_pending_mu; g_kept is never longer than
  *    KEEP_LIMIT (the oldest is listed).
  */
 #define PY_SSIZE_T_CLEAN
@@ -103,13 +103,13 @@ constexpr size_t KEEP_LIMIT = 128;   // kept frees at most (the oldest is listed
 constexpr uintptr_t PER_THREAD_STREAM = 2;   // CU_STREAM_PER_THREAD: another stream on each thread
 
 // What the part made a live tensor for (g_live) and what it keeps of a free (g_kept). Guarded by
-// g_pending_mu, as is the epoch, which every drain advances.
+// g_pending_mu, as is the count of drains.
 struct Made {
     size_t size;
     int device;
     void *stream;
     long long owner;
-    unsigned long long epoch;
+    unsigned long long drains;   // g_drains when it was made
     bool recorded;   // a stream was named through record_stream: its free waits for that stream too
 };
 struct Kept {
@@ -118,7 +118,7 @@ struct Kept {
 };
 static std::unordered_map<void *, Made> &g_live = *new std::unordered_map<void *, Made>;
 static std::deque<Kept> &g_kept = *new std::deque<Kept>;   // oldest first
-static unsigned long long g_epoch;
+static unsigned long long g_drains;   // flush() calls so far
 static std::atomic<long> g_reuses, g_reuses_outside;   // allocations served from kept frees since the last
                                                        // connect for a new owner; of those, the executor's
 
@@ -142,7 +142,7 @@ long long owner_key(PyObject *owner) {
 
 // Whether a free of what `m` describes may be kept. Under g_pending_mu.
 bool keepable(const Made &m) {
-    return !m.recorded && m.owner != NOT_KEPT && m.epoch == g_epoch && (uintptr_t)m.stream != PER_THREAD_STREAM;
+    return !m.recorded && m.owner != NOT_KEPT && m.drains == g_drains && (uintptr_t)m.stream != PER_THREAD_STREAM;
 }
 
 // The pending Python error as one line ("Type: message"), cleared. GIL held.
@@ -208,21 +208,21 @@ void flush_pending() {
     }
 }
 
-// Starts a new epoch and hands every free kept before it over (GIL held): a drain's first step.
+// Counts a drain and hands every free kept before it over (GIL held): a drain's first step.
 // One at a time, each counted in flight as it leaves g_kept (one step under the mutex), as
-// flush_pending does, so a concurrent flush sees it kept or waits for it. Frees kept in the new
-// epoch (after the old ones: g_kept is in time order) stay.
+// flush_pending does, so a concurrent flush sees it kept or waits for it. Frees of tensors made
+// after the count (kept after the older ones: g_kept is in time order) stay.
 void flush_kept() {
     unsigned long long ended;
     {
         std::lock_guard<std::mutex> hold(g_pending_mu);
-        ended = g_epoch++;
+        ended = g_drains++;
     }
     for (;;) {
         void *ptr;
         {
             std::lock_guard<std::mutex> hold(g_pending_mu);
-            if (g_kept.empty() || g_kept.front().made.epoch > ended) return;
+            if (g_kept.empty() || g_kept.front().made.drains > ended) return;
             ptr = g_kept.front().ptr;
             g_kept.pop_front();
             g_in_flight++;
@@ -265,7 +265,7 @@ void *take_kept(size_t size, int device, void *stream) {
     for (auto it = g_kept.end(); it != g_kept.begin();) {   // newest first: the block last used there
         --it;
         const Made &m = it->made;
-        if (m.size != size || m.stream != stream || m.device != device || m.owner != owner || m.epoch != g_epoch)
+        if (m.size != size || m.stream != stream || m.device != device || m.owner != owner || m.drains != g_drains)
             continue;
         void *ptr = it->ptr;
         try {
@@ -323,10 +323,10 @@ __attribute__((visibility("default"))) void *cb_torch_alloc(size_t size, int dev
     PyObject *fn = g_alloc;
     Py_INCREF(fn);
     g_outstanding.fetch_add(1, std::memory_order_relaxed);   // from before the call: the invariants
-    unsigned long long epoch;
+    unsigned long long drains;
     {
         std::lock_guard<std::mutex> hold(g_pending_mu);
-        epoch = g_epoch;   // before the call: a drain during it makes the tensor one never kept
+        drains = g_drains;   // before the call: a drain during it makes the tensor one never kept
     }
     PyObject *args[3] = {as_int(size), PyLong_FromLong(device), as_int((uintptr_t)stream)};
     PyObject *r = args[0] && args[1] && args[2] ? PyObject_Vectorcall(fn, args, 3, nullptr) : nullptr;
@@ -353,7 +353,7 @@ __attribute__((visibility("default"))) void *cb_torch_alloc(size_t size, int dev
     } else {
         std::lock_guard<std::mutex> hold(g_pending_mu);
         try {
-            g_live[ptr] = Made{size, device, stream, owner, epoch, false};
+            g_live[ptr] = Made{size, device, stream, owner, drains, false};
         } catch (const std::bad_alloc &) {
             g_live.erase(ptr);   // not known here: its free is listed, never kept
         }
@@ -566,7 +566,7 @@ static PyObject *disconnect(PyObject *self, PyObject *unused) {
 }
 
 // flush(): every free torch made before the call is with the allocator's free_pointer when it
-// returns: the kept and the listed ones handed over here (a new epoch begun), those another
+// returns: the kept and the listed ones handed over here (a drain counted), those another
 // thread is handing over waited for (the LibraryAllocator's pending_frees: every drain, a task's
 // release's included, runs it first).
 static PyObject *flush(PyObject *self, PyObject *unused) {
@@ -642,7 +642,7 @@ static PyMethodDef torch_allocator_methods[] = {
     {"owner", owner, METH_NOARGS, "owner(): the last connect's owner, or None"},
     {"outstanding", outstanding, METH_NOARGS, "outstanding() -> int: tensors allocated, not yet freed by torch"},
     {"disconnect", disconnect, METH_NOARGS, "disconnect(): no Python side (allocations fail)"},
-    {"flush", flush, METH_NOARGS, "flush(): the frees kept and listed, to the allocator now (a new epoch)"},
+    {"flush", flush, METH_NOARGS, "flush(): the frees kept and listed, to the allocator now (a drain)"},
     {"addresses", addresses, METH_NOARGS, "addresses() -> dict: the C functions' addresses"},
     {nullptr, nullptr, 0, nullptr},
 };
