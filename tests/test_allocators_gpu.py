@@ -88,14 +88,15 @@ def test_torch_runs_an_mlp_step_on_the_pool_with_record_stream_and_a_refused_all
     assert out["release"] >= 1   # the model's parameters, still referenced at the release
 
 
-def test_a_repeated_torch_training_step_settles_in_the_pools_stream_bins():
+def test_a_repeated_torch_training_step_is_served_from_the_parts_kept_frees():
     # torch's MLP step (forward, backward on autograd's device thread, SGD) repeated on a task's
-    # stream: after its first steps every allocation is served by the stream's bins (the pool's
-    # stream cache), none by its locked slow path, which moved physical pieces each step before.
+    # stream: after its first steps every allocation takes back a free the compiled part kept
+    # (same size, stream and task), none reaches the pool; the library still counts each one.
     out = _run("torch", """
         import torch
         from cudabridge.allocators import torch as cb_torch
         allocator = cb_torch.install(service)
+        part = cb_torch.compiled_part()
         b = service.bind_task(4)
         pool = service.memory_pool(0)
         def task():
@@ -111,21 +112,22 @@ def test_a_repeated_torch_training_step_settles_in_the_pools_stream_bins():
                     opt.step()
                 for _ in range(5):
                     step()
-                before = pool.statistics()
+                before, reused = pool.statistics(), part.reuses()[0]
                 for _ in range(20):
                     step()
                 torch.cuda.synchronize()
                 after = pool.statistics()
+                out["reused"] = part.reuses()[0] - reused
                 out["slow"] = after.slow_allocations - before.slow_allocations
-                out["moved"] = after.pieces_moved - before.pieces_moved
                 out["allocations"] = after.allocations - before.allocations
                 del model, opt, x
         t = threading.Thread(target=task); t.start(); t.join()
         gc.collect()
-        service.release_task(4)
+        out["leaks"] = service.release_task(4).leaks_reclaimed
+        out["kept"] = part.kept()
     """)
-    assert out["allocations"] >= 20 * 10
-    assert (out["slow"], out["moved"]) == (0, 0), out
+    assert out["reused"] >= 20 * 10, out
+    assert (out["allocations"], out["slow"], out["kept"]) == (0, 0, 0), out
 
 
 def test_numba_allocates_from_the_pool_and_launches_on_the_tasks_stream():
