@@ -692,6 +692,94 @@ def test_a_torch_allocation_that_finds_the_pool_full_gets_the_frees_the_part_kep
     cb_torch.detach()
 
 
+def test_torch_reuses_go_on_counting_across_a_reconnect_and_stay_each_services_own(emulated, twin, tmp_path):
+    # The part counts its reuses per owner: an attach of the same service again goes on counting
+    # (its statistics never go backwards), and another service's reuses are not the first one's.
+    svc_a, svc_b = _two_services(emulated, twin)
+    try:
+        cb_torch.attach(svc_a)
+        t = StandinTorch(emulated, cb_torch.compiled_part(), build_caller(tmp_path))
+
+        def five_pairs(svc, task):
+            b = svc.bind_task(task)
+
+            def run():
+                svc.registry.attach(task)
+                t.set_stream(b.stream)
+                for _ in range(5):
+                    t.empty(MIB)   # allocated, freed (kept), taken back by the next
+            _in_thread(run)
+            svc.release_task(task)
+
+        five_pairs(svc_a, 1)
+        a_stats = svc_a.library_allocators["torch"].statistics()
+        assert (a_stats.allocations, a_stats.frees) == (5, 5)
+        cb_torch.attach(svc_a)   # the same service again
+        assert svc_a.library_allocators["torch"].statistics().allocations == 5
+        cb_torch.attach(svc_b)
+        five_pairs(svc_b, 2)
+        assert svc_b.library_allocators["torch"].statistics().allocations == 5
+        assert svc_a.library_allocators["torch"].statistics().allocations == 5
+        cb_torch.attach(svc_a)   # back: A's count resumes
+        five_pairs(svc_a, 3)
+        assert svc_a.library_allocators["torch"].statistics().allocations == 10
+    finally:
+        cb_torch.detach()
+        svc_b.close()
+        svc_a.close()
+
+
+def test_a_waiting_allocation_gets_the_frees_kept_while_it_waits(emulated, twin, tmp_path):
+    # Task 2 finds the pool full and waits (oomWait); meanwhile task 1 frees what filled it, but its
+    # torch allocations keep that free in the part (one size, over and over). The pool has its
+    # holders give back before each of the handler's calls, so task 2 is served, not timed out.
+    svc = _with_allocators(CudaBridgeService(ServiceConfig(backend="emulated", streams_per_gpu=4,
+                                                           high_priority_streams=0, pool_limit="2m", oom_wait=5.0),
+                                             backend=emulated), twin)
+    try:
+        cb_torch.attach(svc)
+        part = cb_torch.compiled_part()
+        t = StandinTorch(emulated, part, build_caller(tmp_path))
+        b1 = svc.bind_task(1)
+        svc.bind_task(2)
+        started, waited, out = threading.Event(), threading.Event(), {}
+
+        def task1():
+            svc.registry.attach(1)
+            t.set_stream(b1.stream)
+            filler = t.empty(3 * MIB // 2)   # 1.5 MiB of the 2
+            started.set()
+            time.sleep(0.3)                  # task 2 has asked (its give-back: a drain) and waits
+            del filler                       # made before that drain: listed
+            big = t.empty(3 * MIB // 2)      # the filler's memory again, made after it
+            del big                          # kept: live in the pool
+            while not waited.is_set():       # one size over and over: served from its kept free
+                t.empty(MIB // 4)
+                time.sleep(0.02)
+
+        def task2():
+            started.wait()
+            svc.registry.attach(2)
+            t0 = time.monotonic()
+            try:
+                svc.allocate(2, MIB).free()
+                out["served"] = time.monotonic() - t0
+            finally:
+                waited.set()
+
+        threads = [threading.Thread(target=task1), threading.Thread(target=task2)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(30)
+        assert out.get("served", 99) < 4.0, out
+        svc.release_task(1)
+        svc.release_task(2)
+        cb_torch.detach()
+    finally:
+        svc.close()
+
+
 def test_owner_for_says_whose_an_allocation_would_be(service):
     allocator = service.library_allocators["cupy"]
     by_stream = LibraryAllocator(service, "torch-by-stream", by_stream=True, fast_path=allocator.fast_path)

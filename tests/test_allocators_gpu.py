@@ -112,12 +112,12 @@ def test_a_repeated_torch_training_step_is_served_from_the_parts_kept_frees():
                     opt.step()
                 for _ in range(5):
                     step()
-                before, reused = pool.statistics(), part.reuses()[0]
+                before, reused = pool.statistics(), part.reuses(part.owner())[0]
                 for _ in range(20):
                     step()
                 torch.cuda.synchronize()
                 after = pool.statistics()
-                out["reused"] = part.reuses()[0] - reused
+                out["reused"] = part.reuses(part.owner())[0] - reused
                 out["slow"] = after.slow_allocations - before.slow_allocations
                 out["allocations"] = after.allocations - before.allocations
                 del model, opt, x

@@ -119,8 +119,9 @@ struct Kept {
 static std::unordered_map<void *, Made> &g_live = *new std::unordered_map<void *, Made>;
 static std::deque<Kept> &g_kept = *new std::deque<Kept>;   // oldest first
 static unsigned long long g_drains;   // flush() calls so far
-static std::atomic<long> g_reuses, g_reuses_outside;   // allocations served from kept frees since the last
-                                                       // connect for a new owner; of those, the executor's
+static std::atomic<long> g_reuses, g_reuses_outside;   // allocations served from kept frees while g_owner was
+                                                       // connected; of those, the executor's
+static PyObject *g_reuses_before;   // {owner: (reuses, outside)} of the owners connected before; GIL
 
 namespace {
 
@@ -480,12 +481,19 @@ static void refuse_owner(long held) {
 // -1 with InvalidArgument set and nothing changed.
 static int switch_to(PyObject *owner, bool keep_owner, PyObject *a, PyObject *f, PyObject *rs, PyObject *rt,
                      PyObject *of) {
+    long resume[2] = {0, 0};   // the new owner's reuses from an earlier connection (read before the mutex:
+                               // dict steps may run a collection, whose finalizers may free tensors)
+    if (!keep_owner && owner != g_owner && g_reuses_before != nullptr) {
+        PyObject *was = PyDict_GetItemWithError(g_reuses_before, owner);   // borrowed
+        if (was == nullptr && PyErr_Occurred()) return -1;
+        if (was != nullptr && !PyArg_ParseTuple(was, "ll", &resume[0], &resume[1])) return -1;
+    }
     for (;;) {
         flush_kept();
         flush_pending();
         wait_handed();
         PyObject *old[6] = {nullptr, nullptr, nullptr, nullptr, nullptr, nullptr};
-        long refused = 0;
+        long refused = 0, ended[2] = {0, 0};
         bool stuck = false;
         {
             std::lock_guard<std::mutex> hold(g_pending_mu);
@@ -512,12 +520,12 @@ static int switch_to(PyObject *owner, bool keep_owner, PyObject *a, PyObject *f,
                 g_record = rs;
                 g_reset = rt;
                 g_owner_for = of;
-                if (!keep_owner) {
+                if (!keep_owner && owner != g_owner) {   // the reuses counted so far were the old owner's
                     old[5] = g_owner;
                     Py_INCREF(owner);
                     g_owner = owner;
-                    g_reuses.store(0, std::memory_order_relaxed);   // the new set's allocator counts from here
-                    g_reuses_outside.store(0, std::memory_order_relaxed);
+                    ended[0] = g_reuses.exchange(resume[0], std::memory_order_relaxed);
+                    ended[1] = g_reuses_outside.exchange(resume[1], std::memory_order_relaxed);
                 }
             }
         }
@@ -529,6 +537,14 @@ static int switch_to(PyObject *owner, bool keep_owner, PyObject *a, PyObject *f,
         if (refused != 0) {
             refuse_owner(refused);
             return -1;
+        }
+        if (old[5] != nullptr) {   // the old owner's count, for reuses(old owner) (after the mutex, as above)
+            PyObject *counts = Py_BuildValue("(ll)", ended[0], ended[1]);
+            if (g_reuses_before == nullptr) g_reuses_before = PyDict_New();
+            if (counts == nullptr || g_reuses_before == nullptr ||
+                PyDict_SetItem(g_reuses_before, old[5], counts) < 0)
+                PyErr_WriteUnraisable(old[5]);   // the switch stands; only that count is lost
+            Py_XDECREF(counts);
         }
         for (PyObject *o : old) Py_XDECREF(o);   // after the mutex: a destructor may run Python code
         return 0;
@@ -586,14 +602,18 @@ static PyObject *outstanding(PyObject *self, PyObject *unused) {
     return PyLong_FromLong(g_outstanding.load(std::memory_order_relaxed));
 }
 
-// reuses() -> (all, outside tasks): the allocations served from kept frees since the last connect
-// for a new owner, and those of them the executor's (the allocator counts each as an allocation and
-// a free made: LibraryAllocator.reused_frees).
-static PyObject *reuses(PyObject *self, PyObject *unused) {
+// reuses(owner) -> (all, outside tasks): the allocations served from kept frees while owner was
+// connected, and those of them the executor's (its allocator counts each as an allocation and a
+// free made: LibraryAllocator.reused_frees). Never reset: a reconnect of the same owner goes on
+// counting, and an owner connected again resumes its count.
+static PyObject *reuses(PyObject *self, PyObject *owner) {
     (void)self;
-    (void)unused;
-    return Py_BuildValue("(ll)", g_reuses.load(std::memory_order_relaxed),
-                         g_reuses_outside.load(std::memory_order_relaxed));
+    if (owner == g_owner)
+        return Py_BuildValue("(ll)", g_reuses.load(std::memory_order_relaxed),
+                             g_reuses_outside.load(std::memory_order_relaxed));
+    PyObject *was = g_reuses_before == nullptr ? nullptr : PyDict_GetItemWithError(g_reuses_before, owner);
+    if (was != nullptr) return Py_NewRef(was);
+    return PyErr_Occurred() ? nullptr : Py_BuildValue("(ll)", 0L, 0L);
 }
 
 // kept(): how many frees are kept now.
@@ -636,7 +656,7 @@ static PyObject *addresses(PyObject *self, PyObject *unused) {
 
 static PyMethodDef torch_allocator_methods[] = {
     {"connect", connect, METH_VARARGS, "connect(owner, alloc, free, record_stream, reset, owner_for): the Python side"},
-    {"reuses", reuses, METH_NOARGS, "reuses() -> (all, outside tasks): allocations served from kept frees"},
+    {"reuses", reuses, METH_O, "reuses(owner) -> (all, outside tasks): allocations served from owner's kept frees"},
     {"kept", kept, METH_NOARGS, "kept() -> int: frees kept for reuse now"},
     {"check_owner", check_owner, METH_O, "check_owner(owner): raises as connect would for owner, connects nothing"},
     {"owner", owner, METH_NOARGS, "owner(): the last connect's owner, or None"},

@@ -29,6 +29,7 @@ global swap is the default.
 
 from __future__ import annotations
 
+import functools
 import weakref
 from typing import Any
 
@@ -65,7 +66,7 @@ def attach(service: Service) -> LibraryAllocator:
     part.connect(token, allocator.allocate_pointer_owned, allocator.free_pointer, allocator.record_stream_pointer,
                  allocator.drain, allocator.owner_for)
     allocator.pending_frees = part.flush   # torch's frees wait in the part, GIL-free, until a drain takes them
-    allocator.reused_frees = part.reuses   # and the kept ones its allocations took back
+    allocator.reused_frees = functools.partial(part.reuses, token)   # and the kept ones its allocations took back
     return allocator
 
 

@@ -265,9 +265,10 @@ class StreamOrderedMemoryPool:
     def add_holder(self, give_back: Callable[[], int]) -> None:
         """Register ``give_back``, which makes in this pool the frees its caller keeps outside it
         (a library plug-in's queued frees, and those torch's compiled part keeps for reuse) and
-        returns how many. An allocation the slow path cannot serve calls every holder once, on the
-        allocating thread with no lock held, before the out-of-memory handler: memory freed but
-        kept elsewhere is never what makes an allocation wait or fail."""
+        returns how many. An allocation the slow path cannot serve has every holder give back, on
+        the allocating thread with no lock held, before each call of the out-of-memory handler
+        (so also after each of its waits): memory freed but kept elsewhere is never what makes an
+        allocation wait or fail."""
         self._holders.append(give_back)
 
     def remove_holder(self, give_back: Callable[[], int]) -> None:
@@ -290,16 +291,22 @@ class StreamOrderedMemoryPool:
     def _out_of_memory(self, r: int, arena: StreamArena, owner: object, exc: OutOfDeviceMemory, attempt: int) -> bool:
         """The fast paths' hook when the slow path raised ``exc`` for ``r`` bytes of ``owner``
         (``attempt``: the times this allocation asked before): True runs the slow path again;
-        False raises ``exc``; the handler may raise instead. The holders give back first, once an
-        allocation; the handler counts its attempts from its own first call."""
+        False raises ``exc``; the handler may raise instead. Before each handler call the holders
+        give back, and where they made any free the slow path runs again first; the handler
+        counts its attempts from its own first call."""
         local = self._oom_local
         if attempt == 0:
-            local.shift = 0
-            if self._holders and self._give_back():
-                local.shift = 1
-                return True
+            local.handled = 0      # the handler's calls for this allocation
+            local.gave = False     # whether the last ask was answered by a give-back
+        if not local.gave and self._holders and self._give_back():
+            local.gave = True
+            return True
+        local.gave = False
         handler = self.out_of_memory_handler
-        return False if handler is None else bool(handler(self, r, owner, exc, attempt - local.shift))
+        if handler is None:
+            return False
+        local.handled += 1
+        return bool(handler(self, r, owner, exc, local.handled - 1))
 
     def _queue_waits(self, arena: StreamArena, waits: list) -> None:
         """On the allocating thread: make its stream wait for the events the slow path found
