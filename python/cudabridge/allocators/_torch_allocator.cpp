@@ -29,10 +29,10 @@
  * stream for the same owner takes the newest such back with no call into the allocator: torch's
  * own caching, ordered as the pool's own bin for that stream would order it (work queued on the
  * stream from now on runs after the block's last use there). Why: each call into the allocator
- * runs some 10,000 instructions of Python objects (its C twin, the pool's fast path), which inside
- * a real torch step, with torch's working set in the caches, took 4-5 us an allocation
- * (bench/RESULTS.md); a kept free is taken back with the GIL, one owner_for call and a scan of at
- * most KEEP_LIMIT entries. The owner is what the allocator said it made the tensor for (a task's
+ * runs some ten thousand instructions over Python objects (its C twin, the pool's fast path),
+ * which inside a real torch step, whose working set evicts them from the caches, cost several
+ * times what they cost hot (bench/RESULTS.md); a kept free is taken back with the GIL, one
+ * owner_for call and a scan of at most KEEP_LIMIT entries. The owner is what the allocator said it made the tensor for (a task's
  * id, or the executor's), and owner_for says whose an allocation here would be now (and that its
  * task's lease is open), so a task never gets another's memory. Every drain (flush(): a task's
  * release before its memory is reclaimed, statistics, empty_cache, a connect, the pool's
@@ -59,17 +59,18 @@
  *    are outstanding: such a tensor's later free would reach the new owner's allocator, whose pool
  *    may by then have handed the same address to a live allocation of its own (an address alone
  *    cannot tell the two apart). g_outstanding counts them, from before an allocation's call
- *    (GIL held: the call may let the GIL go, and a connect meanwhile must see it) to the moment its
- *    free is listed or counted in flight (under g_pending_mu, in the same step); a connect decides
- *    and swaps holding the GIL and the mutex, with the list empty and nothing in flight, so every
- *    tensor is then either counted or already with the old owner's allocator;
+ *    (GIL held: the call may let the GIL go, and a connect meanwhile must see it), or from a kept
+ *    free's taking back, to the moment its free is kept, listed or counted in flight (under
+ *    g_pending_mu, in the same step); a connect decides and swaps holding the GIL and the mutex,
+ *    with nothing kept or listed and nothing in flight, so every tensor is then either counted or
+ *    already with the old owner's allocator;
  *  - the callables are read and replaced only with the GIL held (connect, disconnect), so a call
  *    sees one complete set; a call with no set connected fails (alloc) or does nothing (the rest);
  *  - a kept free's allocation is live in the pool and owned as it was made; it is handed back to
  *    torch only with the GIL held, only to an owner_for answer equal to its owner, and only while
  *    no drain came since it was made (g_drains: so no release of its task either);
- *    g_live, g_kept and g_drains are guarded by g_pending_mu; g_kept is never longer than
- *    KEEP_LIMIT (the oldest is listed).
+ *    g_live, g_kept and g_drains are guarded by g_pending_mu; g_kept holds at most KEEP_LIMIT
+ *    (the oldest is listed; one more where listing it ran out of memory).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
