@@ -780,6 +780,42 @@ def test_a_waiting_allocation_gets_the_frees_kept_while_it_waits(emulated, twin,
         svc.close()
 
 
+def test_kept_frees_taken_back_on_native_threads_while_drains_run_lose_and_leak_nothing(service, torch_standin):
+    # Two native threads (autograd-like: the task's by its stream) free and allocate one size over
+    # and over, taking kept frees back, while another thread drains again and again (statistics:
+    # each drain hands the kept frees over and counts a drain): every allocation is counted once
+    # and freed once, nothing stays kept after the last drain, the release reclaims nothing.
+    b = service.bind_task(12)
+    allocator = service.library_allocators["torch"]
+    part = cb_torch.compiled_part()
+    stop = threading.Event()
+    drains = []
+
+    def drain_loop():
+        while not stop.is_set():
+            allocator.statistics()
+            drains.append(1)
+
+    def pairs(size):
+        torch_standin.pairs_on_new_thread(size, b.stream, 3000, True)
+
+    drainer = threading.Thread(target=drain_loop)
+    workers = [threading.Thread(target=pairs, args=(size,)) for size in (MIB, 2 * MIB)]
+    drainer.start()
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(60)
+    stop.set()
+    drainer.join(60)
+    s = allocator.statistics()
+    assert len(drains) > 1 and part.reuses(part.owner())[0] > 1000   # both paths taken, many times
+    assert (s.allocations, s.frees, s.in_use_bytes, s.double_frees, s.frees_after_reclaim) == (6000, 6000, 0, 0, 0)
+    assert part.kept() == 0 and part.outstanding() == 0
+    assert service.release_task(12).leaks_reclaimed == 0
+    assert service.memory_pool(0).statistics().in_use_bytes == 0
+
+
 def test_owner_for_says_whose_an_allocation_would_be(service):
     allocator = service.library_allocators["cupy"]
     by_stream = LibraryAllocator(service, "torch-by-stream", by_stream=True, fast_path=allocator.fast_path)
