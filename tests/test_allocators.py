@@ -816,6 +816,31 @@ def test_kept_frees_taken_back_on_native_threads_while_drains_run_lose_and_leak_
     assert service.memory_pool(0).statistics().in_use_bytes == 0
 
 
+@pytest.mark.parametrize("kept_frees", [0, 2])
+def test_torch_kept_frees_setting_bounds_what_the_part_keeps(emulated, twin, tmp_path, kept_frees):
+    # torchKeptFrees: 0 keeps none (each tensor a pool allocation and free); 2 keeps the newest two
+    svc = _with_allocators(CudaBridgeService(ServiceConfig(backend="emulated", streams_per_gpu=4, high_priority_streams=0,
+                                                           torch_kept_frees=kept_frees), backend=emulated), twin)
+    try:
+        cb_torch.attach(svc)
+        part = cb_torch.compiled_part()
+        t = StandinTorch(emulated, part, build_caller(tmp_path))
+        b = svc.bind_task(1)
+        svc.registry.attach(1)
+        t.set_stream(b.stream)
+        one, two, three = t.empty(MIB), t.empty(2 * MIB), t.empty(3 * MIB)
+        del one, two, three   # three frees, in that order
+        assert part.kept() == kept_frees
+        before = svc.memory_pool(0).statistics().allocations
+        t.empty(3 * MIB)   # the newest: kept where any is
+        assert svc.memory_pool(0).statistics().allocations - before == (1 if kept_frees == 0 else 0)
+        svc.registry.detach()
+        assert svc.release_task(1).leaks_reclaimed == 0
+    finally:
+        cb_torch.detach()
+        svc.close()
+
+
 def test_owner_for_says_whose_an_allocation_would_be(service):
     allocator = service.library_allocators["cupy"]
     by_stream = LibraryAllocator(service, "torch-by-stream", by_stream=True, fast_path=allocator.fast_path)

@@ -182,6 +182,8 @@ CASES = [
     (P + "poolCacheFrees", "256", True), (P + "poolCacheFrees", "0", True), (P + "poolCacheFrees", "1048576", True),
     (P + "poolCacheFrees", "-1", False), (P + "poolCacheFrees", "1048577", False), (P + "poolCacheFrees", "1.5", False),
     (P + "poolCacheFrees", "", False),
+    (P + "torchKeptFrees", "128", True), (P + "torchKeptFrees", "0", True), (P + "torchKeptFrees", "65536", True),
+    (P + "torchKeptFrees", "-1", False), (P + "torchKeptFrees", "65537", False), (P + "torchKeptFrees", "x", False),
     (P + "logLevel", "INFO", True), (P + "logLevel", "info", True), (P + "logLevel", "Warning", True),
     (P + "logLevel", "critical", True), (P + "logLevel", "TRACE", False), (P + "logLevel", " INFO", False),
     (P + "testStreamArena", "naive_arena:NaiveArena", True),

@@ -32,7 +32,7 @@
  * runs some ten thousand instructions over Python objects (its C twin, the pool's fast path),
  * which inside a real torch step, whose working set evicts them from the caches, cost several
  * times what they cost hot (bench/RESULTS.md); a kept free is taken back with the GIL, one
- * owner_for call and a scan of at most KEEP_LIMIT entries. The owner is what the allocator said it made the tensor for (a task's
+ * owner_for call and a scan of at most g_keep_limit entries. The owner is what the allocator said it made the tensor for (a task's
  * id, or the executor's), and owner_for says whose an allocation here would be now (and that its
  * task's lease is open), so a task never gets another's memory. Every drain (flush(): a task's
  * release before its memory is reclaimed, statistics, empty_cache, a connect, the pool's
@@ -69,7 +69,7 @@
  *  - a kept free's allocation is live in the pool and owned as it was made; it is handed back to
  *    torch only with the GIL held, only to an owner_for answer equal to its owner, and only while
  *    no drain came since it was made (g_drains: so no release of its task either);
- *    g_live, g_kept and g_drains are guarded by g_pending_mu; g_kept holds at most KEEP_LIMIT
+ *    g_live, g_kept and g_drains are guarded by g_pending_mu; g_kept holds at most g_keep_limit
  *    (the oldest is listed; one more where listing it ran out of memory).
  */
 #define PY_SSIZE_T_CLEAN
@@ -100,7 +100,8 @@ static thread_local long t_in_flight;   // this thread's part of g_in_flight
 
 // Owners as the part keeps them: a task's id (>= 0), the executor's, or one never kept.
 constexpr long long EXECUTOR = -1, NOT_KEPT = -2;
-constexpr size_t KEEP_LIMIT = 128;   // kept frees at most (the oldest is listed); a scan's length
+static size_t g_keep_limit = 128;   // kept frees at most (the oldest is listed; 0: none kept); a scan's length;
+                                    // set by keep_at_most (torchKeptFrees), under g_pending_mu
 constexpr uintptr_t PER_THREAD_STREAM = 2;   // CU_STREAM_PER_THREAD: another stream on each thread
 
 // What the part made a live tensor for (g_live) and what it keeps of a free (g_kept). Guarded by
@@ -144,7 +145,7 @@ long long owner_key(PyObject *owner) {
 
 // Whether a free of what `m` describes may be kept. Under g_pending_mu.
 bool keepable(const Made &m) {
-    return !m.recorded && m.owner != NOT_KEPT && m.drains == g_drains && (uintptr_t)m.stream != PER_THREAD_STREAM;
+    return g_keep_limit > 0 && !m.recorded && m.owner != NOT_KEPT && m.drains == g_drains && (uintptr_t)m.stream != PER_THREAD_STREAM;
 }
 
 // The pending Python error as one line ("Type: message"), cleared. GIL held.
@@ -379,7 +380,7 @@ __attribute__((visibility("default"))) void cb_torch_free(void *ptr, size_t size
                 if (keepable(made)) {
                     g_kept.push_back(Kept{ptr, made});   // may throw: then listed below, as any other
                     g_live.erase(it);
-                    if (g_kept.size() > KEEP_LIMIT) {
+                    if (g_kept.size() > g_keep_limit) {
                         g_pending.push_back(g_kept.front().ptr);   // may throw: kept one over the limit
                         g_kept.pop_front();
                     }
@@ -617,6 +618,21 @@ static PyObject *reuses(PyObject *self, PyObject *owner) {
     return PyErr_Occurred() ? nullptr : Py_BuildValue("(ll)", 0L, 0L);
 }
 
+// keep_at_most(n): keep at most n frees from now on (0: none; those kept over it go at the next
+// drain, or are listed one a free as new ones come).
+static PyObject *keep_at_most(PyObject *self, PyObject *arg) {
+    (void)self;
+    Py_ssize_t n = PyNumber_AsSsize_t(arg, PyExc_OverflowError);
+    if (n == -1 && PyErr_Occurred()) return nullptr;
+    if (n < 0) {
+        PyErr_SetString(PyExc_ValueError, "keep_at_most: a count >= 0");
+        return nullptr;
+    }
+    std::lock_guard<std::mutex> hold(g_pending_mu);
+    g_keep_limit = (size_t)n;
+    Py_RETURN_NONE;
+}
+
 // kept(): how many frees are kept now.
 static PyObject *kept(PyObject *self, PyObject *unused) {
     (void)self;
@@ -659,6 +675,7 @@ static PyMethodDef torch_allocator_methods[] = {
     {"connect", connect, METH_VARARGS, "connect(owner, alloc, free, record_stream, reset, owner_for): the Python side"},
     {"reuses", reuses, METH_O, "reuses(owner) -> (all, outside tasks): allocations served from owner's kept frees"},
     {"kept", kept, METH_NOARGS, "kept() -> int: frees kept for reuse now"},
+    {"keep_at_most", keep_at_most, METH_O, "keep_at_most(n): keep at most n frees for reuse (0: none)"},
     {"check_owner", check_owner, METH_O, "check_owner(owner): raises as connect would for owner, connects nothing"},
     {"owner", owner, METH_NOARGS, "owner(): the last connect's owner, or None"},
     {"outstanding", outstanding, METH_NOARGS, "outstanding() -> int: tensors allocated, not yet freed by torch"},

@@ -57,6 +57,7 @@ from ..errors import InvalidArgument, InvalidFree, PoolClosed, UnknownStream
 from ..memory.allocation import ALIVE, FREED, Allocation
 
 if TYPE_CHECKING:
+    from ..config import ServiceConfig
     from ..task_registry import GpuResources, TaskBinding, TaskRegistry
 
 
@@ -82,6 +83,7 @@ class Service(Protocol):
     registry: "TaskRegistry"
     gpus: "Mapping[int, GpuResources]"
     library_allocators: "dict[str, LibraryAllocator]"
+    config: "ServiceConfig"
 
 
 @dataclass(frozen=True)

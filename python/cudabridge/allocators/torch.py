@@ -63,6 +63,7 @@ def attach(service: Service) -> LibraryAllocator:
     token = _owner_token(service)
     part.check_owner(token)   # before the allocator is made; connect checks again as it switches
     allocator = allocator_for(service, "torch", by_stream=True, register_streams=True)
+    part.keep_at_most(service.config.torch_kept_frees)   # the connect below hands those kept so far over
     part.connect(token, allocator.allocate_pointer_owned, allocator.free_pointer, allocator.record_stream_pointer,
                  allocator.drain, allocator.owner_for)
     allocator.pending_frees = part.flush   # torch's frees wait in the part, GIL-free, until a drain takes them
