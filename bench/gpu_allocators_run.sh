@@ -25,6 +25,6 @@ timeout 120 python3 bench/bench_stream_cache.py --backend cuda --out "$out" >"$o
 tail -3 "$out/pytest_allocators.log"
 tail -12 "$out/cupy_pair_parts.log"
 tail -4 "$out/trace_footprint.log"
-tail -17 "$out/bench_stream_cache.log"
+tail -22 "$out/bench_stream_cache.log"
 sed -n "/^measurement /,\$p" "$out/bench_allocators.log"
 exit $status
