@@ -1422,3 +1422,114 @@ def test_a_cupy_array_handed_over_is_the_tasks_and_cupy_no_longer_frees_it(servi
     assert report.leaks_reclaimed == 1   # `other`, still CuPy's
     with pytest.raises(InvalidArgument):
         allocator.hand_over(a)
+
+
+# --- review demos ------------------------------------------------------------------------------
+def test_a_connect_that_another_owners_connect_overtakes_keeps_the_reuse_counts(emulated, twin, tmp_path):
+    # A connect hands the kept frees over first (Python code: another connect may get in); the
+    # owner's count it read against must still be the owner's when it swaps, or it goes round again.
+    svc_a, svc_b = _two_services(emulated, twin)
+    try:
+        alloc_a = cb_torch.attach(svc_a)
+        alloc_b = svc_b.library_allocators["torch"]
+        part = cb_torch.compiled_part()
+        tok_a, tok_b = cb_torch._owner_token(svc_a), cb_torch._owner_token(svc_b)
+        t = StandinTorch(emulated, part, build_caller(tmp_path))
+        b = svc_a.bind_task(1)
+        svc_a.registry.attach(1)
+        t.set_stream(b.stream)
+        for _ in range(5):
+            t.empty(MIB)
+        before = part.reuses(tok_a)
+        assert before[0] == 4
+        done = []
+
+        def free_then_switch(ptr):
+            alloc_a.free_pointer(ptr)
+            if not done:
+                done.append(1)   # e.g. another thread's attach(B) that got in while this connect let the GIL go
+                part.connect(tok_b, alloc_b.allocate_pointer_owned, alloc_b.free_pointer,
+                             alloc_b.record_stream_pointer, alloc_b.drain, alloc_b.owner_for)
+
+        part.connect(tok_a, alloc_a.allocate_pointer_owned, free_then_switch, alloc_a.record_stream_pointer,
+                     alloc_a.drain, alloc_a.owner_for)
+        t.empty(MIB)   # kept: the next connect hands it to free_then_switch
+        assert part.kept() == 1
+        part.connect(tok_a, alloc_a.allocate_pointer_owned, alloc_a.free_pointer, alloc_a.record_stream_pointer,
+                     alloc_a.drain, alloc_a.owner_for)   # A again (attach(svc_a) again)
+        assert part.owner() is tok_a
+        assert part.reuses(tok_a) == before, part.reuses(tok_a)
+    finally:
+        svc_a.registry.detach()
+        cb_torch.detach()
+        svc_b.close()
+        svc_a.close()
+
+
+def test_a_refused_attach_leaves_the_parts_kept_frees_limit_alone(emulated, twin, tmp_path):
+    # torchKeptFrees of the refused service (0) must not reach the part that still serves the other
+    svc_a = _with_allocators(CudaBridgeService(ServiceConfig(backend="emulated", streams_per_gpu=4,
+                                                             high_priority_streams=0), backend=emulated), twin)
+    svc_b = _with_allocators(CudaBridgeService(ServiceConfig(backend="emulated", streams_per_gpu=4,
+                                                             high_priority_streams=0, torch_kept_frees=0),
+                                               backend=emulated), twin)
+    held: list = []
+    try:
+        alloc_a = cb_torch.attach(svc_a)
+        part = cb_torch.compiled_part()
+        t = StandinTorch(emulated, part, build_caller(tmp_path))
+        stream = svc_a.bind_task(1).stream
+        t.set_stream(stream)
+        free_a = alloc_a.free_pointer
+
+        def slow_free(ptr):
+            time.sleep(0.3)
+            free_a(ptr)
+
+        part.connect(part.owner(), alloc_a.allocate_pointer_owned, slow_free, alloc_a.record_stream_pointer,
+                     alloc_a.drain, alloc_a.owner_for)
+        del_me = t.empty(MIB)
+        del del_me
+
+        def allocate_meanwhile():
+            time.sleep(0.1)
+            t.set_stream(stream)
+            held.append(t.empty(MIB))
+
+        th = threading.Thread(target=allocate_meanwhile)
+        th.start()
+        with pytest.raises(InvalidArgument, match="still holds 1 tensor"):
+            cb_torch.attach(svc_b)   # refused: "changes nothing"
+        th.join()
+        assert part.owner() is cb_torch._owner_token(svc_a)
+        t.set_stream(stream)
+        x = t.empty(2 * MIB)
+        del x
+        assert part.kept() == 1, "A's part no longer keeps frees: B's torchKeptFrees=0 took effect"
+    finally:
+        held.clear()
+        cb_torch.detach()
+        svc_b.close()
+        svc_a.close()
+
+
+def test_a_lowered_kept_frees_limit_lists_the_oldest_over_it(service, torch_standin):
+    part = cb_torch.compiled_part()
+    b = service.bind_task(7)
+
+    def task():
+        service.registry.attach(7)
+        torch_standin.set_stream(b.stream)
+        ts = [torch_standin.empty((i + 1) * MIB) for i in range(6)]
+        del ts[:]
+        assert part.kept() == 6
+        part.keep_at_most(2)
+        for i in range(3):
+            torch_standin.empty((10 + i) * MIB)
+        return part.kept()
+
+    try:
+        assert _in_thread(task) <= 2
+    finally:
+        part.keep_at_most(128)
+        service.release_task(7)

@@ -70,7 +70,7 @@
  *    torch only with the GIL held, only to an owner_for answer equal to its owner, and only while
  *    no drain came since it was made (g_drains: so no release of its task either);
  *    g_live, g_kept and g_drains are guarded by g_pending_mu; g_kept holds at most g_keep_limit
- *    (the oldest is listed; one more where listing it ran out of memory).
+ *    (the oldest are listed; more only where listing them ran out of memory).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -380,8 +380,8 @@ __attribute__((visibility("default"))) void cb_torch_free(void *ptr, size_t size
                 if (keepable(made)) {
                     g_kept.push_back(Kept{ptr, made});   // may throw: then listed below, as any other
                     g_live.erase(it);
-                    if (g_kept.size() > g_keep_limit) {
-                        g_pending.push_back(g_kept.front().ptr);   // may throw: kept one over the limit
+                    while (g_kept.size() > g_keep_limit) {   // one over; more after keep_at_most lowered it
+                        g_pending.push_back(g_kept.front().ptr);   // may throw: kept over the limit
                         g_kept.pop_front();
                     }
                     g_outstanding.fetch_sub(1, std::memory_order_relaxed);   // kept: no longer outstanding
@@ -483,23 +483,27 @@ static void refuse_owner(long held) {
 // -1 with InvalidArgument set and nothing changed.
 static int switch_to(PyObject *owner, bool keep_owner, PyObject *a, PyObject *f, PyObject *rs, PyObject *rt,
                      PyObject *of) {
-    long resume[2] = {0, 0};   // the new owner's reuses from an earlier connection (read before the mutex:
-                               // dict steps may run a collection, whose finalizers may free tensors)
-    if (!keep_owner && owner != g_owner && g_reuses_before != nullptr) {
-        PyObject *was = PyDict_GetItemWithError(g_reuses_before, owner);   // borrowed
-        if (was == nullptr && PyErr_Occurred()) return -1;
-        if (was != nullptr && !PyArg_ParseTuple(was, "ll", &resume[0], &resume[1])) return -1;
-    }
     for (;;) {
         flush_kept();
         flush_pending();
         wait_handed();
+        // The new owner's reuses from an earlier connection, read before the mutex (dict steps may
+        // run a collection, whose finalizers may free tensors) and after the hand-overs above (Python
+        // code: another connect may have got in); the swap below goes round again if the owner it
+        // was read against changed meanwhile.
+        PyObject *seen = g_owner;
+        long resume[2] = {0, 0};
+        if (!keep_owner && owner != seen && g_reuses_before != nullptr) {
+            PyObject *was = PyDict_GetItemWithError(g_reuses_before, owner);   // borrowed
+            if (was == nullptr && PyErr_Occurred()) return -1;
+            if (was != nullptr && !PyArg_ParseTuple(was, "ll", &resume[0], &resume[1])) return -1;
+        }
         PyObject *old[6] = {nullptr, nullptr, nullptr, nullptr, nullptr, nullptr};
         long refused = 0, ended[2] = {0, 0};
         bool stuck = false;
         {
             std::lock_guard<std::mutex> hold(g_pending_mu);
-            if (!g_pending.empty() || !g_kept.empty()) continue;
+            if (!g_pending.empty() || !g_kept.empty() || g_owner != seen) continue;
             // this thread's own hand-over (a switch from inside one) goes to the old set already
             if (g_in_flight != t_in_flight) {
                 if (t_in_flight == 0) continue;   // wait_handed waits for the others
@@ -618,8 +622,8 @@ static PyObject *reuses(PyObject *self, PyObject *owner) {
     return PyErr_Occurred() ? nullptr : Py_BuildValue("(ll)", 0L, 0L);
 }
 
-// keep_at_most(n): keep at most n frees from now on (0: none; those kept over it go at the next
-// drain, or are listed one a free as new ones come).
+// keep_at_most(n): keep at most n frees from now on (0: none); the oldest kept over it are listed
+// now (where listing one runs out of memory, the rest at the next free or drain).
 static PyObject *keep_at_most(PyObject *self, PyObject *arg) {
     (void)self;
     Py_ssize_t n = PyNumber_AsSsize_t(arg, PyExc_OverflowError);
@@ -630,6 +634,13 @@ static PyObject *keep_at_most(PyObject *self, PyObject *arg) {
     }
     std::lock_guard<std::mutex> hold(g_pending_mu);
     g_keep_limit = (size_t)n;
+    try {
+        while (g_kept.size() > g_keep_limit) {
+            g_pending.push_back(g_kept.front().ptr);
+            g_kept.pop_front();
+        }
+    } catch (const std::bad_alloc &) {
+    }
     Py_RETURN_NONE;
 }
 

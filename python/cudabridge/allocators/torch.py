@@ -63,9 +63,9 @@ def attach(service: Service) -> LibraryAllocator:
     token = _owner_token(service)
     part.check_owner(token)   # before the allocator is made; connect checks again as it switches
     allocator = allocator_for(service, "torch", by_stream=True, register_streams=True)
-    part.keep_at_most(service.config.torch_kept_frees)   # the connect below hands those kept so far over
     part.connect(token, allocator.allocate_pointer_owned, allocator.free_pointer, allocator.record_stream_pointer,
                  allocator.drain, allocator.owner_for)
+    part.keep_at_most(service.config.torch_kept_frees)   # once connected: a refused connect changes nothing
     allocator.pending_frees = part.flush   # torch's frees wait in the part, GIL-free, until a drain takes them
     allocator.reused_frees = functools.partial(part.reuses, token)   # and the kept ones its allocations took back
     return allocator

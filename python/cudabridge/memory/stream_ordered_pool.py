@@ -294,19 +294,23 @@ class StreamOrderedMemoryPool:
         False raises ``exc``; the handler may raise instead. Before each handler call the holders
         give back, and where they made any free the slow path runs again first; the handler
         counts its attempts from its own first call."""
+        # This allocation's state: read on entry, written back on every way out, so that an
+        # allocation nested inside (a holder's drain or the handler may allocate, a finalizer too)
+        # keeps its own and leaves this one's as it was.
         local = self._oom_local
-        if attempt == 0:
-            local.handled = 0      # the handler's calls for this allocation
-            local.gave = False     # whether the last ask was answered by a give-back
-        if not local.gave and self._holders and self._give_back():
-            local.gave = True
-            return True
-        local.gave = False
-        handler = self.out_of_memory_handler
-        if handler is None:
-            return False
-        local.handled += 1
-        return bool(handler(self, r, owner, exc, local.handled - 1))
+        handled, gave = (0, False) if attempt == 0 else (local.handled, local.gave)
+        try:
+            if not gave and self._holders and self._give_back():
+                gave = True
+                return True
+            gave = False
+            handler = self.out_of_memory_handler
+            if handler is None:
+                return False
+            handled += 1
+            return bool(handler(self, r, owner, exc, handled - 1))
+        finally:
+            local.handled, local.gave = handled, gave
 
     def _queue_waits(self, arena: StreamArena, waits: list) -> None:
         """On the allocating thread: make its stream wait for the events the slow path found
