@@ -425,61 +425,55 @@ def test_a_full_pool_has_its_holders_give_back_once_before_its_out_of_memory_han
         a.free()
 
 
+def _outer_attempts(pool, s, holder) -> list:
+    """The attempts the out-of-memory handler sees for a 2 MiB allocation of owner 1 that never
+    fits (asked four times), with ``holder`` registered; owner 99's nested allocations fail at once."""
+    attempts: list = []
+
+    def handler(p, r, owner, exc, attempt) -> bool:
+        if owner == 99:
+            return False
+        attempts.append(attempt)
+        return len(attempts) < 4
+
+    pool.out_of_memory_handler = handler
+    pool.add_holder(holder)
+    with pytest.raises(OutOfDeviceMemory):
+        pool.allocate(2 << 20, s, owner=1)
+    return attempts
+
+
 def test_an_allocation_nested_in_a_holder_leaves_the_outer_handlers_attempt_count_alone(emulated):
     # A holder's give-back (or the handler, or a finalizer) may allocate from the same pool on the
     # same thread; the nested allocation's own count must not reset the outer's (the handler starts
-    # its deadline at attempt 0).
+    # its deadline at attempt 0), whether the nested one fails or a give-back serves it.
     with _one_stream_pool(emulated, limit_bytes=4 << 20) as (pool, s):
         full = pool.allocate(4 << 20, s)
-        outer_attempts = []
         calls = {"n": 0}
 
-        def nested_allocating_holder() -> int:
+        def failing_nested() -> int:
             calls["n"] += 1
             if calls["n"] == 3:   # the outer's give-back before its 2nd handler call
-                try:
-                    pool.allocate(1 << 20, s, owner=99)   # nested, same thread: fails at once (no wait)
-                except OutOfDeviceMemory:
-                    pass
+                with pytest.raises(OutOfDeviceMemory):
+                    pool.allocate(1 << 20, s, owner=99)   # nested, same thread: fails at once
             return 0
 
-        def handler(p, r, owner, exc, attempt) -> bool:
-            if owner == 99:
-                return False
-            outer_attempts.append(attempt)
-            return len(outer_attempts) < 4
-
-        pool.out_of_memory_handler = handler
-        pool.add_holder(nested_allocating_holder)
-        with pytest.raises(OutOfDeviceMemory):
-            pool.allocate(2 << 20, s, owner=1)
+        assert _outer_attempts(pool, s, failing_nested) == [0, 1, 2, 3]
         full.free()
-        assert outer_attempts == [0, 1, 2, 3], outer_attempts
-
-
-def test_a_nested_allocation_served_by_a_give_back_leaves_the_outer_handlers_count_alone(emulated):
     with _one_stream_pool(emulated, limit_bytes=4 << 20) as (pool, s):
         full, spare = pool.allocate(3 << 20, s), [pool.allocate(1 << 20, s)]
-        outer_attempts, calls, nested = [], {"n": 0}, []
+        calls, nested = {"n": 0}, []
 
-        def holder() -> int:
+        def served_nested() -> int:
             calls["n"] += 1
             if calls["n"] == 3:
-                nested.append(pool.allocate(1 << 20, s, owner=99))   # nested: OOM, served by the give-back below
+                nested.append(pool.allocate(1 << 20, s, owner=99))   # nested: served by the give-back below
                 return 0
             if calls["n"] == 4 and spare:
                 spare.pop().free()
                 return 1
             return 0
 
-        def handler(p, r, owner, exc, attempt) -> bool:
-            outer_attempts.append(attempt)
-            return len(outer_attempts) < 4
-
-        pool.out_of_memory_handler = handler
-        pool.add_holder(holder)
-        with pytest.raises(OutOfDeviceMemory):
-            pool.allocate(2 << 20, s, owner=1)
+        assert _outer_attempts(pool, s, served_nested) == [0, 1, 2, 3]
         full.free()
         nested[0].free()
-        assert outer_attempts == [0, 1, 2, 3], outer_attempts
