@@ -13,7 +13,12 @@ import spark_harness as sh
 
 pytestmark = pytest.mark.slow
 
-CLUSTER = {"spark.executor.memory": "512m", "spark.cudabridge.reportIntervalMs": "250"}
+# The job starts once both executors have registered (Spark waits 30 s by default, then schedules on
+# whatever registered: on a loaded 2-core machine an executor's start can take longer, and all 8
+# tasks then ran on one executor).
+CLUSTER = {"spark.executor.memory": "512m", "spark.cudabridge.reportIntervalMs": "250",
+           "spark.scheduler.minRegisteredResourcesRatio": "1.0",
+           "spark.scheduler.maxRegisteredResourcesWaitingTime": "150s"}
 
 
 @pytest.fixture
