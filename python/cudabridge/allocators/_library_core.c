@@ -275,6 +275,16 @@ static PyObject *task_on_stream(LibraryCore *self, PyObject *device, PyObject *s
     return found;
 }
 
+/* The task an allocation on `device` ordered on `stream` (NULL or None: none named) by the calling
+ * thread is for (LibraryAllocator._task_for): the thread's, else, with by_stream, the one task whose
+ * stream it is. A new reference; NULL with *failed 0: none; NULL with *failed 1: an error set. */
+static PyObject *task_for(LibraryCore *self, PyObject *device, PyObject *stream, int *failed) {
+    PyObject *task = attached_task(self, failed);
+    if (task == NULL && !*failed && self->by_stream && stream != NULL && stream != Py_None)
+        task = task_on_stream(self, device, stream);
+    return task;
+}
+
 /* Whether `v` is an exact int equal to `want` (an int); no Python code runs. */
 static int int_is(PyObject *v, PyObject *want) {
     return v != NULL && PyLong_CheckExact(v) && (v == want || PyObject_RichCompareBool(v, want, Py_EQ) == 1);
@@ -379,9 +389,7 @@ static int allocate_common(LibraryCore *self, PyObject *size, PyObject *device, 
         return HAND_OVER;
     }
     int failed;
-    PyObject *task = attached_task(self, &failed);
-    if (task == NULL && !failed && self->by_stream && stream != NULL && stream != Py_None)
-        task = task_on_stream(self, device, stream);   /* autograd's threads: the task whose stream they name */
+    PyObject *task = task_for(self, device, stream, &failed);   /* autograd's threads: by the stream they name */
     if (task == NULL) {
         if (failed) PyErr_Clear();
         return HAND_OVER;   /* the executor's allocation (or a stream no one task has): the reference */
@@ -616,13 +624,9 @@ static PyObject *core_owner_for(LibraryCore *self, PyObject *const *args, Py_ssi
     PyObject *pool = PyDict_GetItemWithError(self->pools, device);   /* borrowed */
     if (pool == NULL) return PyErr_Occurred() ? NULL : PyLong_FromLong(-1);
     int failed;
-    PyObject *task = attached_task(self, &failed);
+    PyObject *task = task_for(self, device, stream, &failed);
     if (failed) return NULL;
-    if (task == NULL && self->by_stream && stream != Py_None) task = task_on_stream(self, device, stream);
-    if (task == NULL) {
-        if (PyErr_Occurred()) return NULL;
-        Py_RETURN_NONE;
-    }
+    if (task == NULL) Py_RETURN_NONE;
     PyObject *lease = PyDict_GetItemWithError(self->leases, task);   /* borrowed */
     PyObject *open = lease == NULL ? NULL : PyObject_GetAttr(lease, name_open);
     PyObject *binding = lease == NULL ? NULL : PyObject_GetAttr(lease, name_binding);

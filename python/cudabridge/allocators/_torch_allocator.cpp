@@ -145,7 +145,22 @@ long long owner_key(PyObject *owner) {
 
 // Whether a free of what `m` describes may be kept. Under g_pending_mu.
 bool keepable(const Made &m) {
-    return g_keep_limit > 0 && !m.recorded && m.owner != NOT_KEPT && m.drains == g_drains && (uintptr_t)m.stream != PER_THREAD_STREAM;
+    return g_keep_limit > 0 && !m.recorded && m.owner != NOT_KEPT && m.drains == g_drains &&
+           (uintptr_t)m.stream != PER_THREAD_STREAM;
+}
+
+// Whether what `m` describes was made for an allocation of `size` bytes on `device` and `stream`.
+bool made_for(const Made &m, size_t size, int device, void *stream) {
+    return m.size == size && m.device == device && m.stream == stream;
+}
+
+// Lists the oldest kept frees over g_keep_limit. Under g_pending_mu; may throw std::bad_alloc
+// (then those not listed yet stay kept, over the limit, until the next free or drain).
+void list_over_limit() {
+    while (g_kept.size() > g_keep_limit) {
+        g_pending.push_back(g_kept.front().ptr);
+        g_kept.pop_front();
+    }
 }
 
 // The pending Python error as one line ("Type: message"), cleared. GIL held.
@@ -244,10 +259,7 @@ void *take_kept(size_t size, int device, void *stream) {
         std::lock_guard<std::mutex> hold(g_pending_mu);
         bool any = false;
         for (const Kept &k : g_kept)
-            if (k.made.size == size && k.made.stream == stream && k.made.device == device) {
-                any = true;
-                break;
-            }
+            if ((any = made_for(k.made, size, device, stream))) break;
         if (!any) return nullptr;
     }
     PyObject *fn = g_owner_for;
@@ -268,8 +280,7 @@ void *take_kept(size_t size, int device, void *stream) {
     for (auto it = g_kept.end(); it != g_kept.begin();) {   // newest first: the block last used there
         --it;
         const Made &m = it->made;
-        if (m.size != size || m.stream != stream || m.device != device || m.owner != owner || m.drains != g_drains)
-            continue;
+        if (!made_for(m, size, device, stream) || m.owner != owner || m.drains != g_drains) continue;
         void *ptr = it->ptr;
         try {
             g_live[ptr] = m;
@@ -310,15 +321,12 @@ extern "C" {
 __attribute__((visibility("default"))) void *cb_torch_alloc(size_t size, int device, void *stream) {
     if (size == 0) return nullptr;   // as torch's own allocator: no memory, no call
     PyGILState_STATE st = PyGILState_Ensure();
-    if (g_alloc != nullptr) {
-        void *kept = take_kept(size, device, stream);
-        if (kept != nullptr) {
-            flush_pending();   // the frees listed since go on as they would have
-            PyGILState_Release(st);
-            return kept;
-        }
-    }
+    void *kept = g_alloc != nullptr ? take_kept(size, device, stream) : nullptr;
     flush_pending();   // the frees listed since: queued before this allocation drains the queue
+    if (kept != nullptr) {
+        PyGILState_Release(st);
+        return kept;
+    }
     if (g_alloc == nullptr) {   // checked after the hand-over, whose Python code may disconnect
         PyGILState_Release(st);
         throw std::runtime_error("cudabridge torch allocator: not connected to a service (cudabridge.allocators.torch.install)");
@@ -380,10 +388,7 @@ __attribute__((visibility("default"))) void cb_torch_free(void *ptr, size_t size
                 if (keepable(made)) {
                     g_kept.push_back(Kept{ptr, made});   // may throw: then listed below, as any other
                     g_live.erase(it);
-                    while (g_kept.size() > g_keep_limit) {   // one over; more after keep_at_most lowered it
-                        g_pending.push_back(g_kept.front().ptr);   // may throw: kept over the limit
-                        g_kept.pop_front();
-                    }
+                    list_over_limit();   // one over (more after keep_at_most lowered it); may throw
                     g_outstanding.fetch_sub(1, std::memory_order_relaxed);   // kept: no longer outstanding
                     return;
                 }
@@ -635,11 +640,8 @@ static PyObject *keep_at_most(PyObject *self, PyObject *arg) {
     std::lock_guard<std::mutex> hold(g_pending_mu);
     g_keep_limit = (size_t)n;
     try {
-        while (g_kept.size() > g_keep_limit) {
-            g_pending.push_back(g_kept.front().ptr);
-            g_kept.pop_front();
-        }
-    } catch (const std::bad_alloc &) {
+        list_over_limit();
+    } catch (const std::bad_alloc &) {   // the rest at the next free or drain
     }
     Py_RETURN_NONE;
 }

@@ -205,9 +205,7 @@ class LibraryAllocator:
             if self._frees:
                 self.drain()
             raise self._refusal(device)
-        task = self._attached_task()
-        if task is None and self._by_stream and stream is not None and len(self._leases):
-            task = self._registry.task_on_stream(device, stream)
+        task = self._task_for(device, stream)
         frees = self._frees
         if frees:   # all but a newest this call may hand out again
             queued = len(frees)
@@ -259,6 +257,15 @@ class LibraryAllocator:
         if reissued:
             next(self._frees_made)   # the library's free is made: reissued
         return a
+
+    def _task_for(self, device: int, stream: object) -> int | None:
+        """The task an allocation on ``device`` ordered on ``stream`` (None: none named) by the calling
+        thread is for: the thread's, else, with ``by_stream``, the one task whose stream it is
+        (autograd's threads); None: no task's."""
+        task = self._attached_task()
+        if task is None and self._by_stream and stream is not None and len(self._leases):
+            task = self._registry.task_on_stream(device, stream)
+        return task
 
     @staticmethod
     def _reusable(a: "Allocation", size: object, stream: object, task: int, pool: Any) -> bool:
@@ -358,9 +365,7 @@ class LibraryAllocator:
         plug-in that keeps frees asks before it hands one back (torch's compiled part)."""
         if self._closed or device.__class__ is not int or device not in self._pools:
             return -1
-        task = self._attached_task()
-        if task is None and self._by_stream and stream is not None and len(self._leases):
-            task = self._registry.task_on_stream(device, stream)
+        task = self._task_for(device, stream)
         if task is None:
             return None
         lease = self._lease_of(task)
