@@ -260,23 +260,19 @@ if mode != "caching":
         # more a call), so that the part's time splits into the allocator's and the rest
         in_alloc = [0, 0]   # calls, ns
         in_free = [0, 0]
-        _ns, _allocate, _free = time.perf_counter_ns, lib_alloc.allocate_pointer_owned, lib_alloc.free_pointer
-        def timed_allocate(size, device, stream):
-            t = _ns()
-            try:
-                return _allocate(size, device, stream)
-            finally:
-                in_alloc[1] += _ns() - t
-                in_alloc[0] += 1
-        def timed_free(ptr):
-            t = _ns()
-            try:
-                return _free(ptr)
-            finally:
-                in_free[1] += _ns() - t
-                in_free[0] += 1
+        def timed(fn, acc):
+            _ns = time.perf_counter_ns
+            def call(*args):
+                t = _ns()
+                try:
+                    return fn(*args)
+                finally:
+                    acc[1] += _ns() - t
+                    acc[0] += 1
+            return call
         part = cb_torch.compiled_part()
-        part.connect(part.owner(), timed_allocate, timed_free, lib_alloc.record_stream_pointer, lib_alloc.drain,
+        part.connect(part.owner(), timed(lib_alloc.allocate_pointer_owned, in_alloc),
+                     timed(lib_alloc.free_pointer, in_free), lib_alloc.record_stream_pointer, lib_alloc.drain,
                      lib_alloc.owner_for)
         shim = ctypes.CDLL(sys.argv[5])
         shim.timed_read.restype = ctypes.c_longlong

@@ -86,6 +86,16 @@ def _in_thread(fn, *args):
     return out.get("result")
 
 
+def _as_task(service, torch, task_id, stream, fn):
+    """fn() on a thread of its own attached to ``task_id``, with ``stream`` the stand-in torch's
+    current stream there (a task's thread as the Java bridge runs it); fn's result."""
+    def run():
+        service.registry.attach(task_id)
+        torch.set_stream(stream)
+        return fn()
+    return _in_thread(run)
+
+
 def _cupy(service, emulated):
     cp = StandinCupy(emulated)
     allocator = cb_cupy.install(service, module=cp)
@@ -570,18 +580,14 @@ def test_a_kept_torch_free_goes_back_only_to_an_allocation_of_the_same_task(serv
     service.bind_task(2)
     pool = service.memory_pool(0)
 
-    def on_task(task, fn):
-        def run():
-            service.registry.attach(task)
-            torch_standin.set_stream(0)
-            return fn()
-        return _in_thread(run)
+    def on_task(task):   # a tensor on the legacy default stream, freed as the thread's tensor dies
+        return _as_task(service, torch_standin, task, 0, lambda: torch_standin.empty(MIB).data_ptr)
 
-    first = on_task(1, lambda: torch_standin.empty(MIB).data_ptr)   # freed as the thread's tensor dies
+    first = on_task(1)
     assert part.kept() == 1
-    other = on_task(2, lambda: torch_standin.empty(MIB).data_ptr)
+    other = on_task(2)
     assert other != first and part.kept() == 2   # task 2's own from the pool; then kept too
-    again = on_task(1, lambda: torch_standin.empty(MIB).data_ptr)
+    again = on_task(1)
     assert again == first   # task 1's kept free, taken back
     assert [a.ptr for a in pool.owned_by(1)] == [first] and [a.ptr for a in pool.owned_by(2)] == [other]
     s = service.library_allocators["torch"].statistics()   # its drain hands the kept frees over
@@ -594,13 +600,7 @@ def test_a_kept_torch_free_goes_back_only_to_an_allocation_of_the_same_task(serv
 def test_a_torch_free_kept_at_its_tasks_release_is_made_not_reclaimed_as_a_leak(service, torch_standin):
     part = cb_torch.compiled_part()
     b = service.bind_task(4)
-
-    def task():
-        service.registry.attach(4)
-        torch_standin.set_stream(b.stream)
-        torch_standin.empty(MIB)   # freed at once: kept
-
-    _in_thread(task)
+    _as_task(service, torch_standin, 4, b.stream, lambda: torch_standin.empty(MIB))   # freed at once: kept
     assert part.kept() == 1
     report = service.release_task(4)
     assert (report.leaks_reclaimed, part.kept()) == (0, 0)
@@ -653,14 +653,8 @@ def test_a_torch_free_with_a_recorded_stream_is_not_kept(tight_service, emulated
 
 def test_a_torch_free_on_the_per_thread_stream_is_not_kept(service, torch_standin):
     # the per-thread default stream's handle names another stream on each thread
-    b = service.bind_task(6)
-
-    def task():
-        service.registry.attach(6)
-        torch_standin.set_stream(2)   # CU_STREAM_PER_THREAD
-        torch_standin.empty(MIB)
-
-    _in_thread(task)
+    service.bind_task(6)
+    _as_task(service, torch_standin, 6, 2, lambda: torch_standin.empty(MIB))   # 2: CU_STREAM_PER_THREAD
     assert cb_torch.compiled_part().kept() == 0
     assert service.library_allocators["torch"].statistics().frees == 1
     service.release_task(6)
@@ -677,13 +671,11 @@ def test_a_torch_allocation_that_finds_the_pool_full_gets_the_frees_the_part_kep
     b = service.bind_task(1)
 
     def task():
-        service.registry.attach(1)
-        torch_standin.set_stream(b.stream)
         torch_standin.empty(2 * MIB)   # freed at once: kept
         assert part.kept() == 1
         return torch_standin.empty(MIB).data_ptr
 
-    ptr = _in_thread(task)
+    ptr = _as_task(service, torch_standin, 1, b.stream, task)
     assert part.kept() == 0   # the 1 MiB one was made across a drain (the give-back): listed, not kept
     assert ptr and [a.ptr for a in service.memory_pool(0).owned_by(1)] == [ptr]
     s = service.library_allocators["torch"].statistics()
@@ -701,14 +693,10 @@ def test_torch_reuses_go_on_counting_across_a_reconnect_and_stay_each_services_o
         t = StandinTorch(emulated, cb_torch.compiled_part(), build_caller(tmp_path))
 
         def five_pairs(svc, task):
-            b = svc.bind_task(task)
-
             def run():
-                svc.registry.attach(task)
-                t.set_stream(b.stream)
                 for _ in range(5):
                     t.empty(MIB)   # allocated, freed (kept), taken back by the next
-            _in_thread(run)
+            _as_task(svc, t, task, svc.bind_task(task).stream, run)
             svc.release_task(task)
 
         five_pairs(svc_a, 1)
@@ -1480,8 +1468,6 @@ def test_a_lowered_kept_frees_limit_lists_the_oldest_over_it(service, torch_stan
     b = service.bind_task(7)
 
     def task():
-        service.registry.attach(7)
-        torch_standin.set_stream(b.stream)
         ts = [torch_standin.empty((i + 1) * MIB) for i in range(6)]
         del ts[:]
         assert part.kept() == 6
@@ -1491,7 +1477,7 @@ def test_a_lowered_kept_frees_limit_lists_the_oldest_over_it(service, torch_stan
         return part.kept()
 
     try:
-        assert _in_thread(task) <= 2
+        assert _as_task(service, torch_standin, 7, b.stream, task) <= 2
     finally:
         part.keep_at_most(128)
         service.release_task(7)
