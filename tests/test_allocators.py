@@ -1481,3 +1481,42 @@ def test_a_lowered_kept_frees_limit_lists_the_oldest_over_it(service, torch_stan
     finally:
         part.keep_at_most(128)
         service.release_task(7)
+
+
+def test_a_release_waits_only_for_the_torch_hand_overs_begun_before_it(service, torch_standin):
+    """A drain (a task's release) waits for the frees other threads were handing over when it began,
+    not for every hand-over that begins while it waits: with threads whose hand-overs overlap one
+    another without end (autograd's, of other tasks), it would otherwise never return."""
+    torch = _TorchPart(service, torch_standin, 5)
+    entered, gates = {}, {}
+
+    def gated_free(ptr):   # a hand-over that gives the GIL away until its gate opens
+        if ptr in gates:
+            entered[ptr].set()
+            gates[ptr].wait(10)
+        return torch.allocator.free_pointer(ptr)
+
+    torch.connect_free(gated_free)
+    first, later = torch.alloc_for_task(2, 4096)
+    for p in (first, later):
+        entered[p], gates[p] = threading.Event(), threading.Event()
+    torch.free(first, 4096)
+    before = threading.Thread(target=torch.part.flush, daemon=True)
+    before.start()                      # hands `first` over, stopped at its gate
+    assert entered[first].wait(10)
+    drain = threading.Thread(target=torch.part.flush, daemon=True)
+    drain.start()                       # waits for `first`
+    time.sleep(0.2)
+    torch.free(later, 4096)
+    after = threading.Thread(target=torch.part.flush, daemon=True)
+    after.start()                       # hands `later` over after the drain began, stopped at its gate
+    assert entered[later].wait(10)
+    gates[first].set()
+    drain.join(5)
+    drained = not drain.is_alive()
+    gates[later].set()
+    for t in (before, drain, after):
+        t.join(10)
+    assert drained, "the drain waited for a hand-over that began after it"
+    assert torch.allocator.statistics().frees == 2
+    assert service.release_task(5).leaks_reclaimed == 0

@@ -93,10 +93,19 @@ static std::atomic<long> g_outstanding;   // allocations returned to torch, not 
 // is never held while waiting for the GIL or calling Python. Never destroyed: a thread may free a
 // tensor while the process exits, after static destructors ran.
 static std::mutex &g_pending_mu = *new std::mutex;
-static std::condition_variable &g_handed = *new std::condition_variable;   // g_in_flight fell
+static std::condition_variable &g_handed = *new std::condition_variable;   // a hand-over ended
 static std::deque<void *> &g_pending = *new std::deque<void *>;
 static long g_in_flight;
 static thread_local long t_in_flight;   // this thread's part of g_in_flight
+// The hand-overs in flight, oldest first (each on its thread's stack, linked while it runs), and
+// the tickets given so far: a drain waits only for those begun before it (wait_handed), so
+// hand-overs that keep overlapping on other threads never hold it up. Guarded by g_pending_mu.
+struct HandOver {
+    unsigned long long ticket;
+    HandOver *prev, *next;
+};
+static HandOver *g_oldest, *g_newest;
+static unsigned long long g_tickets;
 
 // Owners as the part keeps them: a task's id (>= 0), the executor's, or one never kept.
 constexpr long long EXECUTOR = -1, NOT_KEPT = -2;
@@ -190,8 +199,19 @@ std::string take_error() {
 // so another thread's flush (a release's drain, through flush()) sees every free either still
 // listed or in flight, and waits for those in flight (wait_handed). A failure is written as
 // unraisable and the memory stays with the pool; with nothing connected the frees are dropped.
-// One free, counted in flight by the caller, to g_free (GIL held), then counted out.
-void hand_over(void *ptr) {
+// A hand-over begins (g_pending_mu held): counted in flight, linked newest, given the next ticket.
+void begin_hand_over(HandOver &h) {
+    h.ticket = g_tickets++;
+    h.prev = g_newest;
+    h.next = nullptr;
+    (g_newest != nullptr ? g_newest->next : g_oldest) = &h;
+    g_newest = &h;
+    g_in_flight++;
+    t_in_flight++;
+}
+
+// One free, begun by the caller (begin_hand_over), to g_free (GIL held), then counted out.
+void hand_over(void *ptr, HandOver &h) {
     PyObject *fn = g_free;
     if (fn != nullptr) {
         Py_INCREF(fn);   // a disconnect inside the call must not free the callable under it
@@ -206,23 +226,25 @@ void hand_over(void *ptr) {
         Py_DECREF(fn);
     }
     std::lock_guard<std::mutex> hold(g_pending_mu);
+    (h.prev != nullptr ? h.prev->next : g_oldest) = h.next;
+    (h.next != nullptr ? h.next->prev : g_newest) = h.prev;
     t_in_flight--;
     g_in_flight--;
-    g_handed.notify_all();   // every fall: a waiter may wait for its own part, not for 0
+    g_handed.notify_all();   // every end: a waiter may wait for its own part, not for none
 }
 
 void flush_pending() {
     for (;;) {
         void *ptr;
+        HandOver h;
         {
             std::lock_guard<std::mutex> hold(g_pending_mu);
             if (g_pending.empty()) return;
             ptr = g_pending.front();
             g_pending.pop_front();
-            g_in_flight++;
-            t_in_flight++;
+            begin_hand_over(h);
         }
-        hand_over(ptr);
+        hand_over(ptr, h);
     }
 }
 
@@ -238,15 +260,15 @@ void flush_kept() {
     }
     for (;;) {
         void *ptr;
+        HandOver h;
         {
             std::lock_guard<std::mutex> hold(g_pending_mu);
             if (g_kept.empty() || g_kept.front().made.drains > ended) return;
             ptr = g_kept.front().ptr;
             g_kept.pop_front();
-            g_in_flight++;
-            t_in_flight++;
+            begin_hand_over(h);
         }
-        hand_over(ptr);
+        hand_over(ptr, h);
     }
 }
 
@@ -296,20 +318,23 @@ void *take_kept(size_t size, int device, void *stream) {
     return nullptr;
 }
 
-// Waits, the GIL given back, until no other thread is handing a free over. Not from inside a
-// hand-over of this thread's own (a finalizer or an error report that drains): two such threads
-// would wait for each other; that drain sees the frees handed over so far. The mutex is let go
-// before the GIL is taken again: a GIL holder may be waiting for the mutex.
+// Waits, the GIL given back, until every hand-over other threads had begun when it was called has
+// ended; not for those begun since (other threads' hand-overs may overlap one another without
+// end). Not from inside a hand-over of this thread's own (a finalizer or an error report that
+// drains): two such threads would wait for each other; that drain sees the frees handed over so
+// far. The mutex is let go before the GIL is taken again: a GIL holder may be waiting for it.
 void wait_handed() {
     if (t_in_flight != 0) return;
+    unsigned long long begun;
     {
         std::lock_guard<std::mutex> hold(g_pending_mu);
-        if (g_in_flight == 0) return;
+        if (g_oldest == nullptr) return;
+        begun = g_tickets;
     }
     Py_BEGIN_ALLOW_THREADS
     {
         std::unique_lock<std::mutex> hold(g_pending_mu);
-        g_handed.wait(hold, [] { return g_in_flight == 0; });
+        g_handed.wait(hold, [begun] { return g_oldest == nullptr || g_oldest->ticket >= begun; });
     }
     Py_END_ALLOW_THREADS
 }
@@ -379,6 +404,7 @@ __attribute__((visibility("default"))) void cb_torch_free(void *ptr, size_t size
     (void)device;
     (void)stream;   // the allocation knows its stream, and any recorded since
     if (ptr == nullptr) return;
+    HandOver h;   // used only where the address cannot be listed
     {
         std::lock_guard<std::mutex> hold(g_pending_mu);
         try {
@@ -406,15 +432,14 @@ __attribute__((visibility("default"))) void cb_torch_free(void *ptr, size_t size
             g_outstanding.fetch_sub(1, std::memory_order_relaxed);   // listed: no longer outstanding
             return;
         } catch (const std::bad_alloc &) {   // no room to list it: in flight now, handed over under the GIL
-            g_in_flight++;   // before the GIL, so no flush meanwhile misses it (a free that cannot list
-                             // its address while Python finalizes would keep a later flush waiting)
+            begin_hand_over(h);   // before the GIL, so no flush meanwhile misses it (a free that cannot
+                                  // list its address while Python finalizes would keep a later flush waiting)
             g_outstanding.fetch_sub(1, std::memory_order_relaxed);
         }
     }
     PyGILState_STATE st = PyGILState_Ensure();
-    t_in_flight++;   // this thread's from here (counted in g_in_flight under the mutex above)
     flush_pending();
-    hand_over(ptr);
+    hand_over(ptr, h);
     PyGILState_Release(st);
 }
 
