@@ -402,7 +402,7 @@ def test_a_full_pool_has_its_holders_give_back_once_before_its_out_of_memory_han
             held.pop().free()
             return 1
 
-        def handler(p, r, owner, exc, attempt) -> bool:
+        def handler(p, r, owner, exc, attempt, first_asked) -> bool:
             attempts.append(attempt)
             return False
 
@@ -429,24 +429,27 @@ def _outer_attempts(pool, s, holder) -> list:
     """The attempts the out-of-memory handler sees for a 2 MiB allocation of owner 1 that never
     fits (asked four times), with ``holder`` registered; owner 99's nested allocations fail at once."""
     attempts: list = []
+    first: set = set()   # the outer's first ask's time, as each of its calls is told
 
-    def handler(p, r, owner, exc, attempt) -> bool:
+    def handler(p, r, owner, exc, attempt, first_asked) -> bool:
         if owner == 99:
             return False
         attempts.append(attempt)
+        first.add(first_asked)
         return len(attempts) < 4
 
     pool.out_of_memory_handler = handler
     pool.add_holder(holder)
     with pytest.raises(OutOfDeviceMemory):
         pool.allocate(2 << 20, s, owner=1)
+    assert len(first) == 1, "a nested allocation's first ask replaced the outer's"
     return attempts
 
 
 def test_an_allocation_nested_in_a_holder_leaves_the_outer_handlers_attempt_count_alone(emulated):
     # A holder's give-back (or the handler, or a finalizer) may allocate from the same pool on the
-    # same thread; the nested allocation's own count must not reset the outer's (the handler starts
-    # its deadline at attempt 0), whether the nested one fails or a give-back serves it.
+    # same thread; the nested allocation's own count and first ask must not replace the outer's (the
+    # handler's deadline runs from that first ask), whether the nested one fails or a give-back serves it.
     with _one_stream_pool(emulated, limit_bytes=4 << 20) as (pool, s):
         full = pool.allocate(4 << 20, s)
         calls = {"n": 0}

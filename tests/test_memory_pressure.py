@@ -373,3 +373,55 @@ def test_the_breaker_picks_the_task_bound_last_not_the_largest_id(make_service):
     assert "error" not in out, out
     a9.free()
     out["result"].free()
+
+
+def test_an_allocation_nested_in_a_holders_give_back_leaves_the_waiting_allocations_deadline_alone(make_service):
+    """A holder's give-back runs before each of a waiting allocation's asks, on its thread, and may
+    allocate itself (a library's drain, a finalizer); that nested allocation's own wait must not
+    restart the outer one's oomWait (the deadline runs from the outer's first ask)."""
+    svc = make_service(oom_wait=1.0)
+    svc.bind_task(1)
+    svc.bind_task(2)
+    filler = svc.allocate(1, 6 * MIB)   # task 1 holds the pool and does nothing: no break
+    spare = [svc.allocate(1, 2 * MIB)]
+    state = {"nested": None, "nesting": False, "asks": 0, "start": None}
+
+    def holder() -> int:
+        if threading.current_thread().name != "waiter":
+            return 0
+        if state["nesting"]:   # the nested allocation's give-backs: its second makes room for it
+            state["asks"] += 1
+            if state["asks"] == 2:
+                spare.pop().free()
+                return 1
+            return 0
+        if state["nested"] is None and time.monotonic() - state["start"] > 0.8:
+            state["nesting"] = True
+            try:
+                state["nested"] = svc.allocate(2, MIB)   # waits once (its own first ask), then fits
+            finally:
+                state["nesting"] = False
+        return 0
+
+    svc.memory_pool(0).add_holder(holder)
+
+    out = {}
+
+    def outer():
+        svc.registry.attach(2)
+        state["start"] = time.monotonic()
+        try:
+            svc.allocate(2, 4 * MIB)   # never fits: 1 MiB comes back, for the nested one
+        except OutOfDeviceMemory as exc:
+            out["error"] = exc
+        state["end"] = time.monotonic()
+
+    t = threading.Thread(target=outer, name="waiter")
+    t.start()
+    t.join(30)
+    assert state["nested"] is not None and state["asks"] >= 2
+    assert getattr(out.get("error"), "reason", None) == "timeout", out
+    # oomWait (1 s) from the outer's first ask; restarted by the nested ask it would end past 1.8 s
+    assert state["end"] - state["start"] < 1.6, state
+    state["nested"].free()
+    filler.free()

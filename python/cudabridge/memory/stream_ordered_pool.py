@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Callable, Iterable
 
 from ..device import DeviceBackend
@@ -259,8 +260,11 @@ class StreamOrderedMemoryPool:
 
     # What an allocation the slow path cannot serve does: by default it raises OutOfDeviceMemory;
     # the service installs its memory waits here (pressure/), which may wait for other owners'
-    # frees and ask for the slow path again. Called on the allocating thread, no lock held.
-    out_of_memory_handler: "Callable[[StreamOrderedMemoryPool, int, object, OutOfDeviceMemory, int], bool] | None" = None
+    # frees and ask for the slow path again. Called on the allocating thread, no lock held, as
+    # handler(pool, bytes, owner, exc, attempt, first_asked): attempt counts the allocation's
+    # earlier calls, first_asked is the time.monotonic() of its first (this allocation's, never
+    # one nested inside it: a deadline runs from it).
+    out_of_memory_handler: "Callable[[StreamOrderedMemoryPool, int, object, OutOfDeviceMemory, int, float], bool] | None" = None
 
     def add_holder(self, give_back: Callable[[], int]) -> None:
         """Register ``give_back``, which makes in this pool the frees its caller keeps outside it
@@ -298,7 +302,7 @@ class StreamOrderedMemoryPool:
         # allocation nested inside (a holder's drain or the handler may allocate, a finalizer too)
         # keeps its own and leaves this one's as it was.
         local = self._oom_local
-        handled, gave = (0, False) if attempt == 0 else (local.handled, local.gave)
+        handled, gave, first_asked = (0, False, 0.0) if attempt == 0 else (local.handled, local.gave, local.first_asked)
         try:
             if not gave and self._holders and self._give_back():
                 gave = True
@@ -307,10 +311,12 @@ class StreamOrderedMemoryPool:
             handler = self.out_of_memory_handler
             if handler is None:
                 return False
+            if handled == 0:
+                first_asked = time.monotonic()
             handled += 1
-            return bool(handler(self, r, owner, exc, handled - 1))
+            return bool(handler(self, r, owner, exc, handled - 1, first_asked))
         finally:
-            local.handled, local.gave = handled, gave
+            local.handled, local.gave, local.first_asked = handled, gave, first_asked
 
     def _queue_waits(self, arena: StreamArena, waits: list) -> None:
         """On the allocating thread: make its stream wait for the events the slow path found

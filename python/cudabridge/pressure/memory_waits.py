@@ -23,7 +23,6 @@ to 16 ms, and releases wake it at once.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
@@ -54,7 +53,6 @@ class MemoryWaits:
         self._waits = waits
         self._oom_wait_s = oom_wait_s
         self._holders = holders          # gpu -> {task: bytes held there}
-        self._started = threading.local()   # the thread's allocation now waiting: its first wait's start
         self._chosen: set[int] = set()   # tasks the breaker picked, whose waiting allocation fails next
         self._cancelled: set[int] = set()   # tasks killed: their allocations never wait (until their release)
         self._entering: Callable[[], list[int | None]] = list   # no bridge: no thread inside its calls
@@ -83,9 +81,12 @@ class MemoryWaits:
         """The threads inside calls of tasks now, as :meth:`entry_waits`'s reader gives them."""
         return self._entering()
 
-    def out_of_memory(self, pool: Any, r: int, owner: object, exc: OutOfDeviceMemory, attempt: int) -> bool:
+    def out_of_memory(self, pool: Any, r: int, owner: object, exc: OutOfDeviceMemory, attempt: int,
+                      first_asked: float) -> bool:
         """The pool's handler (module docstring): True to run the slow path again. ``attempt``
-        counts this allocation's earlier asks: its deadline runs from its first."""
+        counts this allocation's earlier asks; its deadline runs from its first, at
+        ``first_asked`` (the pool keeps both per allocation: an allocation nested in a holder's
+        give-back between two asks has its own)."""
         if owner is None:
             exc.reason = "no_wait"
             return False
@@ -96,10 +97,7 @@ class MemoryWaits:
             exc.reason = "no_wait"   # not a bound task's (an owner of the pool's own): as before
             return False
         now = time.monotonic()
-        if attempt == 0:
-            self._started.since = now
-        since = self._started.__dict__.get("since", now)
-        deadline = since + self._oom_wait_s
+        deadline = first_asked + self._oom_wait_s
         pause = min(POLL_FIRST_S * (1 << min(attempt, 4)), POLL_MAX_S)
         w = self._waits.make(ALLOCATION, owner, pool.device, r, first=attempt == 0)   # type: ignore[arg-type]
         paused = 0
@@ -138,7 +136,7 @@ class MemoryWaits:
             finally:
                 self._waits.leave(w)
         if owner in self._chosen:   # picked while it waited
-            return self.out_of_memory(pool, r, owner, exc, attempt + 1)
+            return self.out_of_memory(pool, r, owner, exc, attempt + 1, first_asked)
         return True
 
     def _break(self, gpu: int, me: Any) -> str | None:
