@@ -1463,6 +1463,46 @@ def test_a_connect_that_another_owners_connect_overtakes_keeps_the_reuse_counts(
         svc_a.close()
 
 
+def test_an_owners_reuse_count_reads_the_same_while_another_owner_connects(emulated, twin, tmp_path):
+    # The switch moves the old owner's count aside in the same step as the owner: a reader in
+    # between (a finalizer or gc callback during the connect, or another thread) never sees it gone.
+    svc_a, svc_b = _two_services(emulated, twin)
+    old = gc.get_threshold()
+    seen: list = []
+    try:
+        cb_torch.attach(svc_a)
+        part = cb_torch.compiled_part()
+        tok_a = cb_torch._owner_token(svc_a)
+        t = StandinTorch(emulated, part, build_caller(tmp_path))
+        b = svc_a.bind_task(1)
+
+        def five():
+            for _ in range(5):
+                t.empty(MIB)   # allocated, freed (kept), taken back by the next
+
+        _as_task(svc_a, t, 1, b.stream, five)
+        svc_a.release_task(1)
+        assert part.reuses(tok_a) == (4, 0)
+
+        def watch(phase, info):
+            seen.append(part.reuses(tok_a))
+
+        gc.callbacks.append(watch)
+        gc.set_threshold(1)   # a collection at nearly every allocation of Python objects
+        try:
+            cb_torch.attach(svc_b)
+        finally:
+            gc.set_threshold(*old)
+            gc.callbacks.remove(watch)
+        assert seen and all(r == (4, 0) for r in seen), sorted(set(seen))
+        assert part.reuses(tok_a) == (4, 0)
+    finally:
+        gc.set_threshold(*old)
+        cb_torch.detach()
+        svc_b.close()
+        svc_a.close()
+
+
 def test_a_lowered_kept_frees_limit_lists_the_oldest_over_it(service, torch_standin):
     part = cb_torch.compiled_part()
     b = service.bind_task(7)

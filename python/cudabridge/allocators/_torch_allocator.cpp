@@ -132,7 +132,13 @@ static std::deque<Kept> &g_kept = *new std::deque<Kept>;   // oldest first
 static unsigned long long g_drains;   // flush() calls so far
 static std::atomic<long> g_reuses, g_reuses_outside;   // allocations served from kept frees while g_owner was
                                                        // connected; of those, the executor's
-static PyObject *g_reuses_before;   // {owner: (reuses, outside)} of the owners connected before; GIL
+// The counts of the owners connected before, each owner a strong reference (kept: an owner is a
+// service's small token). Guarded by g_pending_mu, and changed with the owner in one step, so
+// that no reader sees an owner's count gone or its earlier one (a C++ map: no Python code runs).
+struct Reuses {
+    long all, outside;
+};
+static std::unordered_map<PyObject *, Reuses> &g_reuses_before = *new std::unordered_map<PyObject *, Reuses>;
 
 namespace {
 
@@ -505,6 +511,34 @@ static void refuse_owner(long held) {
     Py_DECREF(invalid);
 }
 
+// The reuse counts follow a switch of g_owner to `owner` (g_pending_mu and the GIL held, before
+// the switch): the old owner's are kept under it (the map takes g_owner's reference, or drops it
+// where it holds one already), the new owner's resume where it was connected before. False where
+// the old owner's could not be kept (no memory): they are dropped, the switch goes on, and *drop
+// is the old owner's reference, for the caller to let go after the mutex.
+static bool switch_reuses(PyObject *owner, PyObject **drop) {
+    Reuses ended{g_reuses.load(std::memory_order_relaxed), g_reuses_outside.load(std::memory_order_relaxed)};
+    Reuses resume{0, 0};
+    auto was = g_reuses_before.find(owner);
+    if (was != g_reuses_before.end()) resume = was->second;
+    bool kept = true;
+    if (g_owner != nullptr) {
+        try {
+            auto [at, added] = g_reuses_before.try_emplace(g_owner, ended);
+            if (!added) {
+                at->second = ended;
+                Py_DECREF(g_owner);   // the map's own reference stays (no Python code: another holds one)
+            }
+        } catch (const std::bad_alloc &) {
+            kept = false;
+            *drop = g_owner;
+        }
+    }
+    g_reuses.store(resume.all, std::memory_order_relaxed);
+    g_reuses_outside.store(resume.outside, std::memory_order_relaxed);
+    return kept;
+}
+
 // Replaces the four callables and, unless keep_owner, the owner (GIL held). The frees listed and
 // in flight go to the old set first; then, with the list empty and nothing in flight, the mutex and
 // the GIL held (no allocation, free or hand-over can run, no Python code runs), a new owner is
@@ -517,23 +551,12 @@ static int switch_to(PyObject *owner, bool keep_owner, PyObject *a, PyObject *f,
         flush_kept();
         flush_pending();
         wait_handed();
-        // The new owner's reuses from an earlier connection, read before the mutex (dict steps may
-        // run a collection, whose finalizers may free tensors) and after the hand-overs above (Python
-        // code: another connect may have got in); the swap below goes round again if the owner it
-        // was read against changed meanwhile.
-        PyObject *seen = g_owner;
-        long resume[2] = {0, 0};
-        if (!keep_owner && owner != seen && g_reuses_before != nullptr) {
-            PyObject *was = PyDict_GetItemWithError(g_reuses_before, owner);   // borrowed
-            if (was == nullptr && PyErr_Occurred()) return -1;
-            if (was != nullptr && !PyArg_ParseTuple(was, "ll", &resume[0], &resume[1])) return -1;
-        }
         PyObject *old[6] = {nullptr, nullptr, nullptr, nullptr, nullptr, nullptr};
-        long refused = 0, ended[2] = {0, 0};
-        bool stuck = false;
+        long refused = 0;
+        bool stuck = false, counts_lost = false;
         {
             std::lock_guard<std::mutex> hold(g_pending_mu);
-            if (!g_pending.empty() || !g_kept.empty() || g_owner != seen) continue;
+            if (!g_pending.empty() || !g_kept.empty()) continue;
             // this thread's own hand-over (a switch from inside one) goes to the old set already
             if (g_in_flight != t_in_flight) {
                 if (t_in_flight == 0) continue;   // wait_handed waits for the others
@@ -557,11 +580,9 @@ static int switch_to(PyObject *owner, bool keep_owner, PyObject *a, PyObject *f,
                 g_reset = rt;
                 g_owner_for = of;
                 if (!keep_owner && owner != g_owner) {   // the reuses counted so far were the old owner's
-                    old[5] = g_owner;
+                    counts_lost = !switch_reuses(owner, &old[5]);
                     Py_INCREF(owner);
                     g_owner = owner;
-                    ended[0] = g_reuses.exchange(resume[0], std::memory_order_relaxed);
-                    ended[1] = g_reuses_outside.exchange(resume[1], std::memory_order_relaxed);
                 }
             }
         }
@@ -574,13 +595,9 @@ static int switch_to(PyObject *owner, bool keep_owner, PyObject *a, PyObject *f,
             refuse_owner(refused);
             return -1;
         }
-        if (old[5] != nullptr) {   // the old owner's count, for reuses(old owner) (after the mutex, as above)
-            PyObject *counts = Py_BuildValue("(ll)", ended[0], ended[1]);
-            if (g_reuses_before == nullptr) g_reuses_before = PyDict_New();
-            if (counts == nullptr || g_reuses_before == nullptr ||
-                PyDict_SetItem(g_reuses_before, old[5], counts) < 0)
-                PyErr_WriteUnraisable(old[5]);   // the switch stands; only that count is lost
-            Py_XDECREF(counts);
+        if (counts_lost) {   // the switch stands; only the old owner's count is lost
+            PyErr_NoMemory();
+            PyErr_WriteUnraisable(owner);
         }
         for (PyObject *o : old) Py_XDECREF(o);   // after the mutex: a destructor may run Python code
         return 0;
@@ -644,12 +661,17 @@ static PyObject *outstanding(PyObject *self, PyObject *unused) {
 // counting, and an owner connected again resumes its count.
 static PyObject *reuses(PyObject *self, PyObject *owner) {
     (void)self;
-    if (owner == g_owner)
-        return Py_BuildValue("(ll)", g_reuses.load(std::memory_order_relaxed),
-                             g_reuses_outside.load(std::memory_order_relaxed));
-    PyObject *was = g_reuses_before == nullptr ? nullptr : PyDict_GetItemWithError(g_reuses_before, owner);
-    if (was != nullptr) return Py_NewRef(was);
-    return PyErr_Occurred() ? nullptr : Py_BuildValue("(ll)", 0L, 0L);
+    Reuses counts{0, 0};
+    {
+        std::lock_guard<std::mutex> hold(g_pending_mu);
+        if (owner == g_owner) {
+            counts = {g_reuses.load(std::memory_order_relaxed), g_reuses_outside.load(std::memory_order_relaxed)};
+        } else {
+            auto was = g_reuses_before.find(owner);
+            if (was != g_reuses_before.end()) counts = was->second;
+        }
+    }
+    return Py_BuildValue("(ll)", counts.all, counts.outside);
 }
 
 // keep_at_most(n): keep at most n frees from now on (0: none); the oldest kept over it are listed
