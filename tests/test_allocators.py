@@ -1056,6 +1056,41 @@ def test_an_address_the_library_still_holds_is_never_handed_out_again(service, e
     assert service.memory_pool(0).statistics().in_use_bytes == 0
 
 
+def test_an_allocation_set_aside_for_a_late_free_is_not_the_leak_of_the_task_it_was_made_for(service, torch_standin):
+    # Task 1 forgets a tensor (torch still holds it): its release reclaims it. Task 2's allocation
+    # on that stream gets that address from the pool: set aside (never handed to task 2) and another
+    # taken. Task 2 frees all it was given: its release reclaims nothing and counts no leak, and the
+    # set-aside block waits for the late free, not for task 2's release.
+    b1 = service.bind_task(1)
+    torch_standin.set_stream(b1.stream)   # this thread: task 1's, by its stream
+    x = torch_standin.empty(MIB)
+    assert service.release_task(1).leaks_reclaimed == 1
+    service.bind_task(2)
+
+    def task2():
+        t = torch_standin.empty(MIB)   # x's address first: set aside, another handed out
+        return t.data_ptr              # t dropped here: task 2 freed all it was given
+
+    p = _as_task(service, torch_standin, 2, b1.stream, task2)
+    allocator = service.library_allocators["torch"]
+    pool = service.memory_pool(0)
+    try:
+        assert p != x.data_ptr and allocator.statistics().allocations_set_aside == 1
+        leaks_before = allocator.statistics().leaks_reclaimed   # task 1's
+        pool_leaks = pool.statistics().leaks_reclaimed
+        report = service.release_task(2)
+        assert report.leaks_reclaimed == 0, report
+        assert pool.statistics().leaks_reclaimed == pool_leaks
+        assert allocator.statistics().leaks_reclaimed == leaks_before
+        assert allocator.statistics().allocations_set_aside == 1   # still held for x's address
+        assert pool.statistics().in_use_bytes == MIB
+    finally:
+        del x   # the late free: the block set aside for it goes back
+    s = allocator.statistics()
+    assert (s.frees_after_reclaim, s.allocations_set_aside) == (1, 0)
+    assert pool.statistics().in_use_bytes == 0
+
+
 # the pair: a library that frees and allocates one size on its stream ------------------------------------
 def _pool_frees(pool, monkeypatch):
     """The frees the pool makes from now on (both twins drain through the pool's ``free``

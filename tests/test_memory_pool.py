@@ -312,6 +312,21 @@ def _one_stream_pool(emulated, **options):
         emulated.stream_destroy(s)
 
 
+@pytest.mark.parametrize("fast_path", ["python", "native"])
+def test_a_disowned_allocation_is_no_owners_and_its_owners_release_leaves_it(emulated, fast_path):
+    # What a library allocator does with a block it sets aside (the address of another task's
+    # reclaimed allocation): the task it was made for does not hold it, and its release leaves it.
+    with _one_stream_pool(emulated, fast_path=fast_path) as (pool, s):
+        kept, other = pool.allocate(4096, s, owner=7), pool.allocate(4096, s, owner=7)
+        assert pool.disown(kept) and kept.owner is None
+        assert pool.reclaim_owner(7) == (1, 4096)   # only the other one
+        assert kept.alive and not other.alive
+        assert pool.reclaim_owner(7) == (0, 0)
+        kept.free()
+        assert not pool.disown(kept) and not pool.disown(other) and not pool.disown(object())
+        assert pool.statistics().in_use_bytes == 0
+
+
 def test_stream_cache_is_coalesced_before_the_limit_refuses(emulated):
     # Growth is refused at the limit, so the stream's cached frees are coalesced for the request:
     # the cache never turns into an out-of-memory.

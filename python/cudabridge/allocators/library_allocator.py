@@ -36,8 +36,8 @@ library's allocator interface to a :class:`LibraryAllocator`; the rules live her
 * **Pointers.** A library whose free names only the address (PyTorch, RMM) uses
   :meth:`allocate_pointer` / :meth:`free_pointer`. An address the library still holds is never
   handed to it again: when the pool hands out the address of a reclaimed allocation the library
-  has not freed yet, the new allocation is set aside (held, not handed out) and another taken; it
-  goes back to the pool when the library's late free of that address arrives. So a late free can
+  has not freed yet, the new allocation is set aside (held, not handed out, no task's) and another
+  taken; it goes back to the pool when the library's late free of that address arrives. So a late free can
   never free memory that has gone to someone else since.
 """
 
@@ -374,10 +374,25 @@ class LibraryAllocator:
         return task
 
     def _hold_back(self, a: "Allocation") -> None:
-        self._by_owner.get(a.owner, {}).pop(a, None)
+        """Set ``a`` aside (the module docstring's "Pointers"): its address is one the library still
+        holds, of an allocation reclaimed at its task's release. It is no task's from now on (the
+        pool's ``disown``, inside the task's lease, so that no release reclaims it meanwhile):
+        kept for the late free that never came to its own task, it is not this task's leak."""
+        task = a.owner
+        self._by_owner.get(task, {}).pop(a, None)
+        if task is not None:
+            lease = self._lease_of(task)
+            if lease is not None:
+                inside, me = lease.inside, get_ident()
+                inside.append(me)
+                try:
+                    if lease.open:
+                        a._pool.disown(a)
+                finally:
+                    inside.remove(me)
         self._set_aside[a.ptr] = a
         next(self._held_back)   # not handed out: not one of the allocations
-        if a.owner is None:
+        if task is None:
             next(self._outside_held_back)
 
     # free --------------------------------------------------------------------------------------

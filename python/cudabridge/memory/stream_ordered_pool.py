@@ -31,7 +31,7 @@ from typing import Callable, Iterable
 
 from ..device import DeviceBackend
 from ..errors import InvalidArgument, OutOfDeviceMemory, PoolClosed, UnknownStream, index_int
-from .allocation import CLOSED, RELEASED, Allocation, free_refusal
+from .allocation import ALIVE, CLOSED, RELEASED, Allocation, free_refusal
 from .block import Block
 from .device_scope import DeviceScope
 from .event_pool import EventPool
@@ -389,6 +389,17 @@ class StreamOrderedMemoryPool:
             a._extra.append(arena)
 
     # owners ----------------------------------------------------------------------------------
+    def disown(self, a: Allocation) -> bool:
+        """``a`` is no owner's from now on, as if allocated with ``owner=None``: its owner's release
+        neither reclaims it nor counts it as a leak; a free, or close, frees it. The caller keeps the
+        owner's release out meanwhile (a task lease, as for an allocation). False, and nothing
+        changed, where ``a`` is not one of this pool's live allocations."""
+        if not isinstance(a, Allocation) or a._pool is not self or a._state != ALIVE:
+            return False
+        self._owner_tracker.discard(a)
+        a.owner = None
+        return True
+
     def reclaim_owner(self, owner: int) -> tuple[int, int]:
         """Free everything ``owner`` still holds, asynchronously on the streams it used, and
         return (allocations, bytes) reclaimed: the owner's leaks.
