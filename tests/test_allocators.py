@@ -143,6 +143,40 @@ def test_outside_any_task_allocations_are_the_executors_and_no_release_takes_the
     assert service.memory_pool(0).statistics().in_use_bytes == 0
 
 
+def test_two_threads_installing_one_library_at_once_make_one_allocator(emulated, monkeypatch):
+    # A second allocator, made by a racing install and dropped, would stay a holder of every pool
+    # and a release listener for the service's life.
+    import cudabridge.allocators as allocators
+
+    entered = []
+    both = threading.Event()
+
+    class Slow(LibraryAllocator):
+        def __init__(self, *args, **kwargs):
+            entered.append(1)
+            if len(entered) == 2:
+                both.set()
+            both.wait(0.5)   # the other thread's install gets in here, unless the making is one at a time
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(allocators, "LibraryAllocator", Slow)
+    svc = CudaBridgeService(ServiceConfig(backend="emulated", streams_per_gpu=4, high_priority_streams=0),
+                            backend=emulated)
+    try:
+        holders = len(svc.memory_pool(0)._holders)
+        made: list = []
+        threads = [threading.Thread(target=lambda: made.append(allocators.allocator_for(svc, "cupy"))) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(10)
+        assert len(made) == 2 and made[0] is made[1]
+        assert len(entered) == 1
+        assert len(svc.memory_pool(0)._holders) == holders + 1
+    finally:
+        svc.close()
+
+
 def test_a_stream_the_pool_does_not_know_is_refused_and_nothing_changes(service, emulated):
     cp, allocator = _cupy(service, emulated)
     foreign = emulated.stream_create()

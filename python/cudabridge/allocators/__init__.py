@@ -14,6 +14,7 @@ docs/allocators.md says what each library gets and what it gives up.
 from __future__ import annotations
 
 import importlib
+import threading
 from typing import Any
 
 from ..errors import InvalidArgument
@@ -26,6 +27,11 @@ LIBRARIES = ("cupy", "torch", "numba", "rmm")
 __all__ = ["LIBRARIES", "LibraryAllocator", "LibraryStatistics", "allocator_for", "install", "statistic_names"]
 
 
+# Held while an allocator is made: one made and dropped by a racing install would stay registered
+# with the pools (a holder) and the registry (a release listener) for the service's life.
+_making = threading.Lock()
+
+
 def allocator_for(service: Service, library: str, **options: bool) -> LibraryAllocator:
     """The service's allocator for ``library`` (one per service and library, made at the first
     call with ``options``: ``by_stream``, ``register_streams``, as :class:`LibraryAllocator` takes them)."""
@@ -34,7 +40,10 @@ def allocator_for(service: Service, library: str, **options: bool) -> LibraryAll
     table = service.library_allocators
     found = table.get(library)
     if found is None:
-        found = table.setdefault(library, LibraryAllocator(service, library, **options))
+        with _making:
+            found = table.get(library)
+            if found is None:
+                found = table[library] = LibraryAllocator(service, library, **options)
     return found
 
 
