@@ -515,6 +515,65 @@ def test_torch_frees_handed_over_from_inside_a_hand_over_do_not_wait_for_each_ot
     service.release_task(5)
 
 
+def test_a_thread_that_ends_inside_a_torch_hand_over_leaves_the_part_sound(tmp_path):
+    import subprocess
+    import textwrap
+
+    # A daemon thread (or a torch worker thread) handing a free over when the interpreter
+    # finalizes is ended by CPython (take_gil -> PyThread_exit_thread -> pthread_exit) inside
+    # g_free's call: its HandOver node, on its stack, stays linked in g_oldest/g_newest. The next
+    # hand-over (here torch's empty_cache hook during teardown) must not write through it (a node
+    # on that thread's stack did: the process crashed).
+    script = tmp_path / "finalize.py"
+    script.write_text(textwrap.dedent("""
+        import ctypes, threading, time
+        from cudabridge.allocators import torch as cb_torch
+        part = cb_torch.compiled_part()
+        part.keep_at_most(0)                       # every free listed, none kept
+        fn = part.addresses()
+        ALLOC = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p)(fn["alloc"])
+        FREE = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p)(fn["free"])
+        RESET = ctypes.CFUNCTYPE(None)(fn["reset"])
+        nxt = [0x100000]
+        def alloc(size, device, stream):
+            nxt[0] += 0x1000
+            return nxt[0], None
+        entered = threading.Event()
+        def free(ptr):
+            if threading.current_thread().name == "D":
+                entered.set()
+                time.sleep(1.0)                    # GIL given back; the interpreter finalizes meanwhile
+        token = object()
+        part.connect(token, alloc, free, lambda p, s: None, lambda: None, lambda d, s: None)
+        p1, p2 = ALLOC(256, 0, None), ALLOC(256, 0, None)
+        FREE(p1, 256, 0, None)                     # listed
+        threading.stack_size(64 << 20)             # over glibc's 40 MiB stack cache: unmapped once reclaimed
+        d = threading.Thread(target=part.flush, name="D", daemon=True)
+        d.start()
+        threading.stack_size(0)
+        assert entered.wait(5)
+        e = threading.Thread(target=time.sleep, args=(1.3,), daemon=True)   # any other thread ending after D
+        e.start()
+
+        class Teardown:                            # runs in module teardown, after D and E were ended
+            def __init__(self):
+                self.sleep, self.free, self.reset, self.p2, self.w = time.sleep, FREE, RESET, p2, __import__("os").write
+            def __del__(self):
+                self.w(1, b"teardown\\n")
+                self.sleep(2.0)
+                self.free(self.p2, 256, 0, None)   # listed
+                self.reset()                       # flush_pending -> begin_hand_over
+                self.w(1, b"teardown done\\n")
+
+        import sys, types
+        holder = sys.modules["handover_teardown_holder"] = types.ModuleType("handover_teardown_holder")
+        holder.keep = Teardown()                   # (g_free keeps __main__'s dict alive: never cleared)
+        print("main done", flush=True)
+    """))
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "teardown done" in r.stdout, (r.returncode, r.stdout, r.stderr[-2000:])
+
+
 def test_a_torch_allocation_whose_hand_over_disconnects_the_part_fails_in_torch(service, torch_standin):
     """The allocation hands the listed frees over first (Python code: it may disconnect the part):
     then it fails in torch, not on a vanished allocator."""

@@ -97,15 +97,20 @@ static std::condition_variable &g_handed = *new std::condition_variable;   // a 
 static std::deque<void *> &g_pending = *new std::deque<void *>;
 static long g_in_flight;
 static thread_local long t_in_flight;   // this thread's part of g_in_flight
-// The hand-overs in flight, oldest first (each on its thread's stack, linked while it runs), and
-// the tickets given so far: a drain waits only for those begun before it (wait_handed), so
-// hand-overs that keep overlapping on other threads never hold it up. Guarded by g_pending_mu.
+// The hand-overs in flight, oldest first, and the tickets given so far: a drain waits only for
+// those begun before it (wait_handed), so hand-overs that keep overlapping on other threads never
+// hold it up. Nodes are on the heap, never freed (an ended one is kept for the next): a thread
+// can end inside its hand-over (CPython ends one that wants the GIL back while the interpreter
+// finalizes) and its node then stays linked, valid memory, as it stays in flight. Where no node
+// can be had (out of memory) the hand-over is counted in g_untracked, which a drain waits to see
+// at 0 when it was not. Guarded by g_pending_mu.
 struct HandOver {
     unsigned long long ticket;
     HandOver *prev, *next;
 };
-static HandOver *g_oldest, *g_newest;
+static HandOver *g_oldest, *g_newest, *g_spare;   // g_spare: ended nodes, linked by next
 static unsigned long long g_tickets;
+static long g_untracked;
 
 // Owners as the part keeps them: a task's id (>= 0), the executor's, or one never kept.
 constexpr long long EXECUTOR = -1, NOT_KEPT = -2;
@@ -205,19 +210,28 @@ std::string take_error() {
 // so another thread's flush (a release's drain, through flush()) sees every free either still
 // listed or in flight, and waits for those in flight (wait_handed). A failure is written as
 // unraisable and the memory stays with the pool; with nothing connected the frees are dropped.
-// A hand-over begins (g_pending_mu held): counted in flight, linked newest, given the next ticket.
-void begin_hand_over(HandOver &h) {
-    h.ticket = g_tickets++;
-    h.prev = g_newest;
-    h.next = nullptr;
-    (g_newest != nullptr ? g_newest->next : g_oldest) = &h;
-    g_newest = &h;
+// A hand-over begins (g_pending_mu held): counted in flight, linked newest with the next ticket
+// (or, with no node to be had, untracked); its node, for hand_over to end it.
+HandOver *begin_hand_over() {
+    HandOver *h = g_spare;
+    if (h != nullptr) g_spare = h->next;
+    else h = new (std::nothrow) HandOver;
+    if (h != nullptr) {
+        h->ticket = g_tickets++;
+        h->prev = g_newest;
+        h->next = nullptr;
+        (g_newest != nullptr ? g_newest->next : g_oldest) = h;
+        g_newest = h;
+    } else {
+        g_untracked++;
+    }
     g_in_flight++;
     t_in_flight++;
+    return h;
 }
 
 // One free, begun by the caller (begin_hand_over), to g_free (GIL held), then counted out.
-void hand_over(void *ptr, HandOver &h) {
+void hand_over(void *ptr, HandOver *h) {
     PyObject *fn = g_free;
     if (fn != nullptr) {
         Py_INCREF(fn);   // a disconnect inside the call must not free the callable under it
@@ -232,8 +246,14 @@ void hand_over(void *ptr, HandOver &h) {
         Py_DECREF(fn);
     }
     std::lock_guard<std::mutex> hold(g_pending_mu);
-    (h.prev != nullptr ? h.prev->next : g_oldest) = h.next;
-    (h.next != nullptr ? h.next->prev : g_newest) = h.prev;
+    if (h != nullptr) {
+        (h->prev != nullptr ? h->prev->next : g_oldest) = h->next;
+        (h->next != nullptr ? h->next->prev : g_newest) = h->prev;
+        h->next = g_spare;
+        g_spare = h;
+    } else {
+        g_untracked--;
+    }
     t_in_flight--;
     g_in_flight--;
     g_handed.notify_all();   // every end: a waiter may wait for its own part, not for none
@@ -242,13 +262,13 @@ void hand_over(void *ptr, HandOver &h) {
 void flush_pending() {
     for (;;) {
         void *ptr;
-        HandOver h;
+        HandOver *h;
         {
             std::lock_guard<std::mutex> hold(g_pending_mu);
             if (g_pending.empty()) return;
             ptr = g_pending.front();
             g_pending.pop_front();
-            begin_hand_over(h);
+            h = begin_hand_over();
         }
         hand_over(ptr, h);
     }
@@ -266,13 +286,13 @@ void flush_kept() {
     }
     for (;;) {
         void *ptr;
-        HandOver h;
+        HandOver *h;
         {
             std::lock_guard<std::mutex> hold(g_pending_mu);
             if (g_kept.empty() || g_kept.front().made.drains > ended) return;
             ptr = g_kept.front().ptr;
             g_kept.pop_front();
-            begin_hand_over(h);
+            h = begin_hand_over();
         }
         hand_over(ptr, h);
     }
@@ -332,15 +352,19 @@ void *take_kept(size_t size, int device, void *stream) {
 void wait_handed() {
     if (t_in_flight != 0) return;
     unsigned long long begun;
+    bool untracked;
     {
         std::lock_guard<std::mutex> hold(g_pending_mu);
-        if (g_oldest == nullptr) return;
+        if (g_oldest == nullptr && g_untracked == 0) return;
         begun = g_tickets;
+        untracked = g_untracked != 0;
     }
     Py_BEGIN_ALLOW_THREADS
     {
         std::unique_lock<std::mutex> hold(g_pending_mu);
-        g_handed.wait(hold, [begun] { return g_oldest == nullptr || g_oldest->ticket >= begun; });
+        g_handed.wait(hold, [begun, untracked] {
+            return (g_oldest == nullptr || g_oldest->ticket >= begun) && (!untracked || g_untracked == 0);
+        });
     }
     Py_END_ALLOW_THREADS
 }
@@ -410,7 +434,7 @@ __attribute__((visibility("default"))) void cb_torch_free(void *ptr, size_t size
     (void)device;
     (void)stream;   // the allocation knows its stream, and any recorded since
     if (ptr == nullptr) return;
-    HandOver h;   // used only where the address cannot be listed
+    HandOver *h = nullptr;   // used only where the address cannot be listed
     {
         std::lock_guard<std::mutex> hold(g_pending_mu);
         try {
@@ -438,7 +462,7 @@ __attribute__((visibility("default"))) void cb_torch_free(void *ptr, size_t size
             g_outstanding.fetch_sub(1, std::memory_order_relaxed);   // listed: no longer outstanding
             return;
         } catch (const std::bad_alloc &) {   // no room to list it: in flight now, handed over under the GIL
-            begin_hand_over(h);   // before the GIL, so no flush meanwhile misses it (a free that cannot
+            h = begin_hand_over();   // before the GIL, so no flush meanwhile misses it (a free that cannot
                                   // list its address while Python finalizes would keep a later flush waiting)
             g_outstanding.fetch_sub(1, std::memory_order_relaxed);
         }
