@@ -574,6 +574,52 @@ def test_a_thread_that_ends_inside_a_torch_hand_over_leaves_the_part_sound(tmp_p
     assert r.returncode == 0 and "teardown done" in r.stdout, (r.returncode, r.stdout, r.stderr[-2000:])
 
 
+def test_a_drain_in_a_forked_child_does_not_wait_for_the_parents_other_threads_hand_overs(tmp_path):
+    """fork() copies the part with another thread's hand-over in flight; that thread does not exist
+    in the child, so a drain there (a DataLoader worker's) must not wait for it."""
+    import subprocess
+    import textwrap
+
+    script = tmp_path / "fork.py"
+    script.write_text(textwrap.dedent("""
+        import ctypes, os, signal, threading
+        from cudabridge.allocators import torch as cb_torch
+        part = cb_torch.compiled_part()
+        part.keep_at_most(0)                       # every free listed, none kept
+        fn = part.addresses()
+        ALLOC = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p)(fn["alloc"])
+        FREE = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p)(fn["free"])
+        nxt = [0x100000]
+        def alloc(size, device, stream):
+            nxt[0] += 0x1000
+            return nxt[0], None
+        entered, go = threading.Event(), threading.Event()
+        def free(ptr):
+            if threading.current_thread().name == "D":
+                entered.set()
+                go.wait(30)                        # in flight, the GIL given back
+        part.connect(object(), alloc, free, lambda p, s: None, lambda: None, lambda d, s: None)
+        p1, p2 = ALLOC(256, 0, None), ALLOC(256, 0, None)
+        FREE(p1, 256, 0, None)
+        d = threading.Thread(target=part.flush, name="D", daemon=True)
+        d.start()
+        assert entered.wait(10)
+        pid = os.fork()
+        if pid == 0:
+            signal.alarm(10)                       # a drain that waits for D ends the child here
+            FREE(p2, 256, 0, None)
+            part.flush()
+            os._exit(0)
+        _, status = os.waitpid(pid, 0)
+        go.set()
+        d.join(10)
+        part.flush()                               # the parent's own hand-over ended as ever
+        print("child", os.waitstatus_to_exitcode(status), flush=True)
+    """))
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "child 0" in r.stdout, (r.returncode, r.stdout, r.stderr[-2000:])
+
+
 def test_a_torch_allocation_whose_hand_over_disconnects_the_part_fails_in_torch(service, torch_standin):
     """The allocation hands the listed frees over first (Python code: it may disconnect the part):
     then it fails in torch, not on a vanished allocator."""

@@ -74,6 +74,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <pthread.h>
 
 #include <atomic>
 #include <condition_variable>
@@ -106,6 +107,7 @@ static thread_local long t_in_flight;   // this thread's part of g_in_flight
 // at 0 when it was not. Guarded by g_pending_mu.
 struct HandOver {
     unsigned long long ticket;
+    pthread_t thread;   // the handing thread (a fork's child keeps only its own: at_fork_child)
     HandOver *prev, *next;
 };
 static HandOver *g_oldest, *g_newest, *g_spare;   // g_spare: ended nodes, linked by next
@@ -218,6 +220,7 @@ HandOver *begin_hand_over() {
     else h = new (std::nothrow) HandOver;
     if (h != nullptr) {
         h->ticket = g_tickets++;
+        h->thread = pthread_self();
         h->prev = g_newest;
         h->next = nullptr;
         (g_newest != nullptr ? g_newest->next : g_oldest) = h;
@@ -773,4 +776,39 @@ static struct PyModuleDef torch_allocator_module = {PyModuleDef_HEAD_INIT, "_tor
                                     "PyTorch's pluggable allocator functions over cudabridge's pools", -1, torch_allocator_methods,
                                     nullptr, nullptr, nullptr, nullptr};
 
-PyMODINIT_FUNC PyInit__torch_allocator(void) { return PyModule_Create(&torch_allocator_module); }
+// fork(): the mutex is held across it (no thread holds it while it waits for anything, so taking
+// it cannot deadlock), so the child's copy is consistent and free; the child has only the forking
+// thread, so the other threads' hand-overs, which would never end there, are dropped from the
+// in-flight list and counts (a drain in the child would otherwise wait for them for ever).
+static void at_fork_prepare() { g_pending_mu.lock(); }
+static void at_fork_parent() { g_pending_mu.unlock(); }
+static void at_fork_child() {
+    pthread_t me = pthread_self();
+    long mine = 0;
+    for (HandOver *h = g_oldest, *next; h != nullptr; h = next) {
+        next = h->next;
+        if (pthread_equal(h->thread, me)) {
+            mine++;
+            continue;
+        }
+        (h->prev != nullptr ? h->prev->next : g_oldest) = h->next;
+        (h->next != nullptr ? h->next->prev : g_newest) = h->prev;
+        h->next = g_spare;
+        g_spare = h;
+    }
+    g_in_flight = t_in_flight;
+    g_untracked = t_in_flight - mine;   // this thread's own, begun without a node
+    g_pending_mu.unlock();
+}
+
+PyMODINIT_FUNC PyInit__torch_allocator(void) {
+    static bool registered = false;   // once per process (the module may be initialized again)
+    if (!registered) {
+        if (pthread_atfork(at_fork_prepare, at_fork_parent, at_fork_child) != 0) {
+            PyErr_SetString(PyExc_OSError, "cudabridge torch allocator: pthread_atfork failed");
+            return nullptr;
+        }
+        registered = true;
+    }
+    return PyModule_Create(&torch_allocator_module);
+}
