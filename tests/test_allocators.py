@@ -177,6 +177,52 @@ def test_two_threads_installing_one_library_at_once_make_one_allocator(emulated,
         svc.close()
 
 
+def test_a_refused_allocator_leaves_nothing_registered_with_the_pools_or_the_registry(emulated):
+    svc = CudaBridgeService(ServiceConfig(backend="emulated", streams_per_gpu=4, high_priority_streams=0),
+                            backend=emulated)
+    try:
+        holders, listeners = len(svc.memory_pool(0)._holders), len(svc.registry._release_listeners)
+        with pytest.raises(InvalidArgument, match="fast_path"):
+            LibraryAllocator(svc, "cupy", fast_path="fastest")
+        assert (len(svc.memory_pool(0)._holders), len(svc.registry._release_listeners)) == (holders, listeners)
+    finally:
+        svc.close()
+
+
+def test_an_install_in_a_forked_child_does_not_wait_for_a_lock_a_parents_thread_held(tmp_path):
+    import subprocess
+    import textwrap
+
+    script = tmp_path / "fork.py"
+    script.write_text(textwrap.dedent("""
+        import os, signal, threading
+        import cudabridge.allocators as allocators
+        from cudabridge.config import ServiceConfig
+        from cudabridge.service import CudaBridgeService
+        held, go = threading.Event(), threading.Event()
+        def hold():
+            with allocators._making:   # another thread making an allocator when the process forks
+                held.set()
+                go.wait(30)
+        t = threading.Thread(target=hold, daemon=True)
+        t.start()
+        assert held.wait(10)
+        pid = os.fork()
+        if pid == 0:
+            signal.alarm(10)
+            svc = CudaBridgeService(ServiceConfig(backend="emulated", streams_per_gpu=2, high_priority_streams=0))
+            allocators.allocator_for(svc, "cupy")
+            svc.close()
+            os._exit(0)
+        _, status = os.waitpid(pid, 0)
+        go.set()
+        t.join(10)
+        print("child", os.waitstatus_to_exitcode(status), flush=True)
+    """))
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "child 0" in r.stdout, (r.returncode, r.stdout, r.stderr[-2000:])
+
+
 def test_a_stream_the_pool_does_not_know_is_refused_and_nothing_changes(service, emulated):
     cp, allocator = _cupy(service, emulated)
     foreign = emulated.stream_create()

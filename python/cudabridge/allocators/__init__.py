@@ -14,6 +14,7 @@ docs/allocators.md says what each library gets and what it gives up.
 from __future__ import annotations
 
 import importlib
+import os
 import threading
 from typing import Any
 
@@ -28,8 +29,17 @@ __all__ = ["LIBRARIES", "LibraryAllocator", "LibraryStatistics", "allocator_for"
 
 
 # Held while an allocator is made: one made and dropped by a racing install would stay registered
-# with the pools (a holder) and the registry (a release listener) for the service's life.
+# with the pools (a holder) and the registry (a release listener) for the service's life. A new
+# one in a fork's child: the thread that held it there does not exist.
 _making = threading.Lock()
+
+
+def _new_lock_after_fork() -> None:
+    global _making
+    _making = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_new_lock_after_fork)
 
 
 def allocator_for(service: Service, library: str, **options: bool) -> LibraryAllocator:

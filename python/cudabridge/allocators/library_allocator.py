@@ -144,10 +144,7 @@ class LibraryAllocator:
         # them the executor's: each is counted as an allocation and as a free made.
         self.reused_frees: "Callable[[], tuple[int, int]] | None" = None
         self._attached_task = service.registry.attached_task
-        for pool in self._pools.values():   # the frees this allocator keeps: made before a pool runs out
-            pool.add_holder(self.drain)
         self._lease_of = service.registry.leases.get
-        service.registry.on_release(self._task_released)
         # the C twin of allocate and allocate_pointer (_library_core.c) where it is built; these
         # methods stay its reference, which it hands every call it does not take
         self._core = None
@@ -176,6 +173,10 @@ class LibraryAllocator:
             self.free_pointer = self._core.free_pointer           # type: ignore[method-assign]
             self.allocate_pointer_owned = self._core.allocate_pointer_owned   # type: ignore[method-assign]
             self.owner_for = self._core.owner_for                 # type: ignore[method-assign]
+        # last, once nothing above can refuse: a refused allocator leaves nothing registered
+        for pool in self._pools.values():   # the frees this allocator keeps: made before a pool runs out
+            pool.add_holder(self.drain)
+        service.registry.on_release(self._task_released)
 
     @property
     def core(self) -> Any:
