@@ -561,29 +561,40 @@ def test_torch_frees_handed_over_from_inside_a_hand_over_do_not_wait_for_each_ot
     service.release_task(5)
 
 
-def test_a_thread_that_ends_inside_a_torch_hand_over_leaves_the_part_sound(tmp_path):
+_PART_SCRIPT = """
+import ctypes, os, signal, threading, time
+from cudabridge.allocators import torch as cb_torch
+part = cb_torch.compiled_part()
+part.keep_at_most(0)                       # every free listed, none kept
+fn = part.addresses()
+ALLOC = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p)(fn["alloc"])
+FREE = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p)(fn["free"])
+RESET = ctypes.CFUNCTYPE(None)(fn["reset"])
+nxt = [0x100000]
+def alloc(size, device, stream):   # the allocator's side: fresh addresses, no owner
+    nxt[0] += 0x1000
+    return nxt[0], None
+"""
+
+
+def _run_with_the_part(tmp_path, body: str):
+    """``body`` (indented as in the test) in a fresh interpreter, after torch's compiled part is
+    set up as torch would call it (_PART_SCRIPT): for what only a process's end or a fork shows."""
     import subprocess
     import textwrap
 
+    script = tmp_path / "part_script.py"
+    script.write_text(_PART_SCRIPT + textwrap.dedent(body))
+    return subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+
+
+def test_a_thread_that_ends_inside_a_torch_hand_over_leaves_the_part_sound(tmp_path):
     # A daemon thread (or a torch worker thread) handing a free over when the interpreter
     # finalizes is ended by CPython (take_gil -> PyThread_exit_thread -> pthread_exit) inside
     # g_free's call: its HandOver node, on its stack, stays linked in g_oldest/g_newest. The next
     # hand-over (here torch's empty_cache hook during teardown) must not write through it (a node
     # on that thread's stack did: the process crashed).
-    script = tmp_path / "finalize.py"
-    script.write_text(textwrap.dedent("""
-        import ctypes, threading, time
-        from cudabridge.allocators import torch as cb_torch
-        part = cb_torch.compiled_part()
-        part.keep_at_most(0)                       # every free listed, none kept
-        fn = part.addresses()
-        ALLOC = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p)(fn["alloc"])
-        FREE = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p)(fn["free"])
-        RESET = ctypes.CFUNCTYPE(None)(fn["reset"])
-        nxt = [0x100000]
-        def alloc(size, device, stream):
-            nxt[0] += 0x1000
-            return nxt[0], None
+    r = _run_with_the_part(tmp_path, """
         entered = threading.Event()
         def free(ptr):
             if threading.current_thread().name == "D":
@@ -615,30 +626,14 @@ def test_a_thread_that_ends_inside_a_torch_hand_over_leaves_the_part_sound(tmp_p
         holder = sys.modules["handover_teardown_holder"] = types.ModuleType("handover_teardown_holder")
         holder.keep = Teardown()                   # (g_free keeps __main__'s dict alive: never cleared)
         print("main done", flush=True)
-    """))
-    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    """)
     assert r.returncode == 0 and "teardown done" in r.stdout, (r.returncode, r.stdout, r.stderr[-2000:])
 
 
 def test_a_drain_in_a_forked_child_does_not_wait_for_the_parents_other_threads_hand_overs(tmp_path):
     """fork() copies the part with another thread's hand-over in flight; that thread does not exist
     in the child, so a drain there (a DataLoader worker's) must not wait for it."""
-    import subprocess
-    import textwrap
-
-    script = tmp_path / "fork.py"
-    script.write_text(textwrap.dedent("""
-        import ctypes, os, signal, threading
-        from cudabridge.allocators import torch as cb_torch
-        part = cb_torch.compiled_part()
-        part.keep_at_most(0)                       # every free listed, none kept
-        fn = part.addresses()
-        ALLOC = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p)(fn["alloc"])
-        FREE = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p)(fn["free"])
-        nxt = [0x100000]
-        def alloc(size, device, stream):
-            nxt[0] += 0x1000
-            return nxt[0], None
+    r = _run_with_the_part(tmp_path, """
         entered, go = threading.Event(), threading.Event()
         def free(ptr):
             if threading.current_thread().name == "D":
@@ -661,8 +656,7 @@ def test_a_drain_in_a_forked_child_does_not_wait_for_the_parents_other_threads_h
         d.join(10)
         part.flush()                               # the parent's own hand-over ended as ever
         print("child", os.waitstatus_to_exitcode(status), flush=True)
-    """))
-    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    """)
     assert r.returncode == 0 and "child 0" in r.stdout, (r.returncode, r.stdout, r.stderr[-2000:])
 
 
