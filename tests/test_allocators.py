@@ -1235,16 +1235,28 @@ def test_an_address_the_library_still_holds_is_never_handed_out_again(service, e
     assert service.memory_pool(0).statistics().in_use_bytes == 0
 
 
-def test_an_allocation_set_aside_for_a_late_free_is_not_the_leak_of_the_task_it_was_made_for(service, torch_standin):
+def test_an_allocation_set_aside_for_a_late_free_is_not_the_leak_of_the_task_it_was_made_for(
+        service, torch_standin, monkeypatch):
     # Task 1 forgets a tensor (torch still holds it): its release reclaims it. Task 2's allocation
     # on that stream gets that address from the pool: set aside (never handed to task 2) and another
     # taken. Task 2 frees all it was given: its release reclaims nothing and counts no leak, and the
-    # set-aside block waits for the late free, not for task 2's release.
+    # set-aside block waits for the late free, not for task 2's release. The block is never counted
+    # as one of the library's allocations, not even while it is set aside (the count then stepped
+    # back when it was).
     b1 = service.bind_task(1)
     torch_standin.set_stream(b1.stream)   # this thread: task 1's, by its stream
     x = torch_standin.empty(MIB)
     assert service.release_task(1).leaks_reclaimed == 1
     service.bind_task(2)
+    pool, seen = service.memory_pool(0), []
+    disown = pool.disown
+
+    def disown_seen(a):
+        seen.append(service.library_allocators["torch"].statistics().allocations)
+        return disown(a)
+
+    monkeypatch.setattr(pool, "disown", disown_seen)
+    before = service.library_allocators["torch"].statistics().allocations
 
     def task2():
         t = torch_standin.empty(MIB)   # x's address first: set aside, another handed out
@@ -1252,9 +1264,9 @@ def test_an_allocation_set_aside_for_a_late_free_is_not_the_leak_of_the_task_it_
 
     p = _as_task(service, torch_standin, 2, b1.stream, task2)
     allocator = service.library_allocators["torch"]
-    pool = service.memory_pool(0)
     try:
         assert p != x.data_ptr and allocator.statistics().allocations_set_aside == 1
+        assert seen == [before] and allocator.statistics().allocations == before + 1, (seen, before)
         leaks_before = allocator.statistics().leaks_reclaimed   # task 1's
         pool_leaks = pool.statistics().leaks_reclaimed
         report = service.release_task(2)

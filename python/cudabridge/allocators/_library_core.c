@@ -464,6 +464,23 @@ static int allocate_common(LibraryCore *self, PyObject *size, PyObject *device, 
     if (a == NULL) {
         PyObject *argv[3] = {size, on, task};
         a = PyObject_Vectorcall(pool_allocate, argv, 3, NULL);
+        /* an address the library still holds (a reclaimed allocation it has not freed yet): set
+         * aside by the reference's _hold_back, here inside the lease (no release reclaims it
+         * meanwhile) and before the allocation is counted, and another taken */
+        while (a != NULL && PyDict_GET_SIZE(self->by_pointer) > 0) {
+            PyObject *ptr = PyObject_GetAttr(a, name_ptr);
+            int held = ptr == NULL ? -1 : PyDict_Contains(self->by_pointer, ptr);
+            Py_XDECREF(ptr);
+            if (held == 0) break;
+            PyObject *r = held < 0 ? NULL : PyObject_CallOneArg(self->hold_back, a);
+            if (r == NULL) {
+                rc = -1;   /* the error is the call's; `a` goes back below */
+                goto leave_lease;
+            }
+            Py_DECREF(r);
+            Py_DECREF(a);   /* set aside: the allocator holds it */
+            a = PyObject_Vectorcall(pool_allocate, argv, 3, NULL);
+        }
     }
     if (a == NULL) {
         /* a stream the pool does not know goes to the reference (which may register it); the
@@ -567,28 +584,12 @@ static PyObject *pointer_of(LibraryCore *self, PyObject *const *args, size_t nar
         drop_made(a);
         return NULL;
     }
-    PyObject *ptr = PyObject_GetAttr(a, name_ptr);
-    int held = ptr == NULL ? -1 : PyDict_Contains(self->by_pointer, ptr);
-    if (held == 0 && PyDict_SetItem(self->by_pointer, ptr, a) < 0) held = -1;
-    if (held != 0) {   /* an address the library still holds (or an error): the reference's loop does it */
-        PyObject *t = NULL, *v = NULL, *tb = NULL;
-        if (held < 0) PyErr_Fetch(&t, &v, &tb);
-        PyObject *r = PyObject_CallOneArg(self->hold_back, a);
-        Py_XDECREF(r);
-        Py_DECREF(a);
+    PyObject *ptr = PyObject_GetAttr(a, name_ptr);   /* never one the library still holds (allocate_common) */
+    if (ptr == NULL || PyDict_SetItem(self->by_pointer, ptr, a) < 0) {
         Py_XDECREF(ptr);
         if (owner != NULL) Py_CLEAR(*owner);
-        if (held < 0) {
-            if (r != NULL) PyErr_Restore(t, v, tb);
-            else {
-                Py_XDECREF(t);
-                Py_XDECREF(v);
-                Py_XDECREF(tb);
-            }
-            return NULL;
-        }
-        if (r == NULL) return NULL;
-        return pointer_ref(self, args, nargsf, kwnames, owner);
+        drop_made(a);   /* made but not handed out */
+        return NULL;
     }
     Py_DECREF(a);
     return ptr;

@@ -130,7 +130,7 @@ class LibraryAllocator:
         self._by_pointer: dict[int, "Allocation"] = {}   # pointer libraries: address -> allocation held
         self._set_aside: dict[int, "Allocation"] = {}    # address -> allocation held back for it
         # counts: itertools.count objects (one next() is one atomic step; read with _read)
-        self._allocated, self._outside, self._held_back, self._outside_held_back = count(), count(), count(), count()
+        self._allocated, self._outside = count(), count()
         self._frees_made, self._after_reclaim, self._handed_over = count(), count(), count()
         self._double_frees = count()
         self._lock = threading.Lock()           # the leak totals below (a release at a time)
@@ -213,7 +213,11 @@ class LibraryAllocator:
             keep = task is not None and self._newest_reusable(size, stream, task, pool) is not None
             self._drain(queued - 1 if keep else -1)
         if task is None:
-            a = self._take(pool, size, LEGACY_STREAM if stream is None else stream, None)
+            on = LEGACY_STREAM if stream is None else stream
+            a = self._take(pool, size, on, None)
+            while self._by_pointer and a.ptr in self._by_pointer:   # as below: set aside, another taken
+                self._hold_back(a)
+                a = self._take(pool, size, on, None)
             self._own(a, None)
             next(self._outside)
             next(self._allocated)
@@ -251,6 +255,12 @@ class LibraryAllocator:
                         owned.pop(kept, None)   # the old handle: freed by the reissue
             if a is None:
                 a = self._take(pool, size, on, task)
+                # an address the library still holds (a reclaimed allocation it has not freed yet):
+                # set aside here, inside the lease (no release reclaims it meanwhile), before the
+                # allocation is counted, and another taken
+                while self._by_pointer and a.ptr in self._by_pointer:
+                    self._hold_back(a)
+                    a = self._take(pool, size, on, task)
             self._own(a, task)   # inside the lease: the release's listener sees it, or it never happened
         finally:
             inside.remove(me)
@@ -343,10 +353,7 @@ class LibraryAllocator:
 
     def allocate_pointer(self, size: int, device: int, stream: int | None = None) -> int:
         """:meth:`allocate` for a library that frees by address (:meth:`free_pointer`): the address."""
-        a = self.allocate(size, device, stream)
-        while a.ptr in self._by_pointer:   # reclaimed, not yet freed by the library: keep it from it
-            self._hold_back(a)
-            a = self.allocate(size, device, stream)
+        a = self.allocate(size, device, stream)   # never an address the library still holds (allocate)
         self._by_pointer[a.ptr] = a
         return a.ptr
 
@@ -377,24 +384,13 @@ class LibraryAllocator:
     def _hold_back(self, a: "Allocation") -> None:
         """Set ``a`` aside (the module docstring's "Pointers"): its address is one the library still
         holds, of an allocation reclaimed at its task's release. It is no task's from now on (the
-        pool's ``disown``, inside the task's lease, so that no release reclaims it meanwhile):
-        kept for the late free that never came to its own task, it is not this task's leak."""
-        task = a.owner
-        self._by_owner.get(task, {}).pop(a, None)
-        if task is not None:
-            lease = self._lease_of(task)
-            if lease is not None:
-                inside, me = lease.inside, get_ident()
-                inside.append(me)
-                try:
-                    if lease.open:
-                        a._pool.disown(a)
-                finally:
-                    inside.remove(me)
+        pool's ``disown``; the caller is inside the task's lease, so no release reclaims it
+        meanwhile): kept for a late free that never came to its own task, it is not this task's
+        leak. Never counted as an allocation (allocate counts only what it hands out)."""
+        self._by_owner.get(a.owner, {}).pop(a, None)
+        if a.owner is not None:
+            a._pool.disown(a)
         self._set_aside[a.ptr] = a
-        next(self._held_back)   # not handed out: not one of the allocations
-        if task is None:
-            next(self._outside_held_back)
 
     # free --------------------------------------------------------------------------------------
     def free(self, a: "Allocation") -> None:
@@ -512,11 +508,10 @@ class LibraryAllocator:
         in_use = sum(a.size for owned in list(self._by_owner.values()) for a in list(owned) if a.alive)
         with self._lock:
             leaks, leaked_bytes = self._leaks, self._leaked_bytes
-        held_back = _read(self._held_back)
         reused, reused_outside = self.reused_frees() if self.reused_frees is not None else (0, 0)
         return LibraryStatistics(
-            allocations=_read(self._allocated) - held_back + reused,
-            allocations_outside_tasks=_read(self._outside) - _read(self._outside_held_back) + reused_outside,
+            allocations=_read(self._allocated) + reused,
+            allocations_outside_tasks=_read(self._outside) + reused_outside,
             frees=_read(self._frees_made) + reused, frees_pending=len(self._frees),
             frees_after_reclaim=_read(self._after_reclaim),
             double_frees=_read(self._double_frees),
