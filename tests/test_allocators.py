@@ -1282,6 +1282,41 @@ def test_an_allocation_set_aside_for_a_late_free_is_not_the_leak_of_the_task_it_
     assert pool.statistics().in_use_bytes == 0
 
 
+def test_a_late_free_that_comes_while_its_address_is_set_aside_still_gives_the_block_back(service, monkeypatch):
+    # The library's late free (a finalizer during a collection, or another thread) can come while
+    # the allocator is setting a block aside for it: the block must not stay set aside for ever.
+    rmm = StandinRmm()
+    allocator = cb_rmm.install(service, module=rmm)
+    pool = service.memory_pool(0)
+    b4 = service.bind_task(4)
+
+    def task4():
+        service.registry.attach(4)
+        return rmm.device_buffer(MIB, stream=b4.stream)
+
+    held = [_in_thread(task4)]   # the task forgets it; RMM still holds the address
+    assert service.release_task(4).leaks_reclaimed == 1
+    service.bind_task(5)
+    disown = pool.disown
+
+    def disown_then_late_free(a):   # a collection inside the set-aside runs the library's finalizer
+        held.clear()
+        return disown(a)
+
+    monkeypatch.setattr(pool, "disown", disown_then_late_free)
+
+    def task5():
+        service.registry.attach(5)
+        buf = rmm.device_buffer(MIB, stream=b4.stream)   # the pool hands the reclaimed address first
+        del buf
+
+    _in_thread(task5)
+    service.release_task(5)
+    s = allocator.statistics()
+    assert s.frees_after_reclaim == 1
+    assert (s.allocations_set_aside, pool.statistics().in_use_bytes) == (0, 0), (s, pool.statistics().in_use_bytes)
+
+
 # the pair: a library that frees and allocates one size on its stream ------------------------------------
 def _pool_frees(pool, monkeypatch):
     """The frees the pool makes from now on (both twins drain through the pool's ``free``

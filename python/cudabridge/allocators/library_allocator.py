@@ -386,11 +386,20 @@ class LibraryAllocator:
         holds, of an allocation reclaimed at its task's release. It is no task's from now on (the
         pool's ``disown``; the caller is inside the task's lease, so no release reclaims it
         meanwhile): kept for a late free that never came to its own task, it is not this task's
-        leak. Never counted as an allocation (allocate counts only what it hands out)."""
+        leak. Never counted as an allocation (allocate counts only what it hands out).
+
+        The late free may come at any moment (a finalizer, another thread): set aside first, then
+        looked for again; whichever of this and free_pointer takes the entry out of ``_set_aside``
+        (one atomic pop) queues its free, so it is never set aside for a free that came already."""
         self._by_owner.get(a.owner, {}).pop(a, None)
+        ptr = a.ptr
+        self._set_aside[ptr] = a
         if a.owner is not None:
             a._pool.disown(a)
-        self._set_aside[a.ptr] = a
+        if ptr not in self._by_pointer:   # the late free came meanwhile
+            held = self._set_aside.pop(ptr, None)
+            if held is not None:
+                self._frees.append((held, False))
 
     # free --------------------------------------------------------------------------------------
     def free(self, a: "Allocation") -> None:
