@@ -1317,6 +1317,65 @@ def test_a_late_free_that_comes_while_its_address_is_set_aside_still_gives_the_b
     assert (s.allocations_set_aside, pool.statistics().in_use_bytes) == (0, 0), (s, pool.statistics().in_use_bytes)
 
 
+def test_a_release_right_after_a_pointer_allocation_never_lets_its_address_go_to_another_task(
+        emulated, twin, monkeypatch):
+    # A task killed while its own allocation returns: the release reclaims the allocation. The
+    # address must already be one the library holds, so that the pool handing it out again (to
+    # another task) sets it aside: else the library would hold two buffers at one address.
+    import itertools
+
+    from cudabridge.allocators import library_allocator as la
+
+    hook = {}
+
+    class Counted:   # the allocator's count of allocations, which both twins step after the lease
+        def __init__(self):
+            self._n = itertools.count()
+
+        def __iter__(self):
+            return self
+
+        def __next__(self):
+            fn = hook.pop("at_count", None)
+            if fn is not None:
+                fn()
+            return next(self._n)
+
+    made = []
+
+    def counting():
+        c = Counted() if not made else itertools.count()   # the first count() made is _allocated
+        made.append(c)
+        return c
+
+    svc = CudaBridgeService(ServiceConfig(backend="emulated", streams_per_gpu=4, high_priority_streams=0),
+                            backend=emulated)
+    try:
+        monkeypatch.setattr(la, "count", counting)
+        svc.library_allocators["rmm"] = LibraryAllocator(svc, "rmm", fast_path=twin)
+        monkeypatch.undo()
+        rmm = StandinRmm()
+        cb_rmm.install(svc, module=rmm)
+        b1, b2 = svc.bind_task(1), svc.bind_task(2)
+        other = {}
+
+        def killed_then_another():
+            svc.release_task(1)   # reclaims task 1's allocation, just made
+            other["buf"] = _in_thread(lambda: (svc.registry.attach(2), rmm.device_buffer(MIB, stream=b2.stream))[1])
+
+        def task1():
+            svc.registry.attach(1)
+            hook["at_count"] = killed_then_another
+            return rmm.device_buffer(MIB, stream=b1.stream)
+
+        first = _in_thread(task1)
+        assert "buf" in other
+        assert other["buf"].ptr != first.ptr, "two library buffers at one address"
+        del first, other
+    finally:
+        svc.close()
+
+
 # the pair: a library that frees and allocates one size on its stream ------------------------------------
 def _pool_frees(pool, monkeypatch):
     """The frees the pool makes from now on (both twins drain through the pool's ``free``

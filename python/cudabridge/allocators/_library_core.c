@@ -381,7 +381,8 @@ static void drop_made(PyObject *a) {
  * The library's newest queued free, when reusable for this call (the pair of a library that frees
  * and allocates one size on its stream), is handed out again under a new handle (the pool's
  * reissue) instead of being freed; every other queued free is made first. */
-static int allocate_common(LibraryCore *self, PyObject *size, PyObject *device, PyObject *stream, PyObject **out) {
+static int allocate_common(LibraryCore *self, PyObject *size, PyObject *device, PyObject *stream, int pointer,
+                           PyObject **out) {
     if (self->closed || !PyLong_CheckExact(device)) return HAND_OVER;
     PyObject *pool_allocate = PyDict_GetItemWithError(self->pool_allocate, device);   /* borrowed: a dict of ours */
     if (pool_allocate == NULL) {
@@ -503,6 +504,17 @@ static int allocate_common(LibraryCore *self, PyObject *size, PyObject *device, 
         rc = -1;   /* out of memory: the allocation goes back below */
         goto leave_lease;
     }
+    if (pointer) {   /* an address the library holds from here, inside the lease: a release meanwhile
+                      * reclaims it, and the pool handing it out again then sets it aside */
+        PyObject *ptr = PyObject_GetAttr(a, name_ptr);
+        int failed = ptr == NULL || PyDict_SetItem(self->by_pointer, ptr, a) < 0;
+        Py_XDECREF(ptr);
+        if (failed) {
+            if (PyDict_DelItem(owned, a) < 0) PyErr_Clear();   /* never handed out */
+            rc = -1;
+            goto leave_lease;
+        }
+    }
     if (reused && PyDict_DelItem(owned, kept) < 0) PyErr_Clear();   /* the old handle: freed by the reissue */
     rc = 0;
 leave_lease:
@@ -541,7 +553,7 @@ static PyObject *core_allocate(LibraryCore *self, PyObject *const *args, size_t 
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
     PyObject *size, *device, *stream, *a = NULL;
     if (parse(args, nargs, kwnames, &size, &device, &stream)) {
-        int rc = allocate_common(self, size, device, stream, &a);
+        int rc = allocate_common(self, size, device, stream, 0, &a);
         if (rc == 0) return a;
         if (rc < 0) return NULL;
     }
@@ -576,7 +588,7 @@ static PyObject *pointer_of(LibraryCore *self, PyObject *const *args, size_t nar
                             PyObject **owner) {
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
     PyObject *size, *device, *stream, *a = NULL;
-    int rc = parse(args, nargs, kwnames, &size, &device, &stream) ? allocate_common(self, size, device, stream, &a)
+    int rc = parse(args, nargs, kwnames, &size, &device, &stream) ? allocate_common(self, size, device, stream, 1, &a)
                                                                   : HAND_OVER;
     if (rc < 0) return NULL;
     if (rc == HAND_OVER) return pointer_ref(self, args, nargsf, kwnames, owner);
@@ -584,14 +596,9 @@ static PyObject *pointer_of(LibraryCore *self, PyObject *const *args, size_t nar
         drop_made(a);
         return NULL;
     }
-    PyObject *ptr = PyObject_GetAttr(a, name_ptr);   /* never one the library still holds (allocate_common) */
-    if (ptr == NULL || PyDict_SetItem(self->by_pointer, ptr, a) < 0) {
-        Py_XDECREF(ptr);
-        if (owner != NULL) Py_CLEAR(*owner);
-        drop_made(a);   /* made but not handed out */
-        return NULL;
-    }
+    PyObject *ptr = PyObject_GetAttr(a, name_ptr);   /* recorded in by_pointer by allocate_common */
     Py_DECREF(a);
+    if (ptr == NULL && owner != NULL) Py_CLEAR(*owner);
     return ptr;
 }
 

@@ -115,7 +115,7 @@ static PyObject *malloc_call(CupyMalloc *self, PyObject *const *args, size_t nar
         return NULL;
     }
     PyObject *a = NULL;
-    int rc = allocate_common(self->core, args[0], device, sptr, &a);
+    int rc = allocate_common(self->core, args[0], device, sptr, 0, &a);
     Py_DECREF(sptr);
     if (rc != 0) {
         Py_DECREF(device);

@@ -191,6 +191,10 @@ class LibraryAllocator:
 
     # allocate ----------------------------------------------------------------------------------
     def allocate(self, size: int, device: int, stream: int | None = None) -> "Allocation":
+        """:meth:`_allocate`: ``size`` bytes on GPU ``device`` for the calling thread's task."""
+        return self._allocate(size, device, stream, False)
+
+    def _allocate(self, size: int, device: int, stream: int | None, pointer: bool) -> "Allocation":
         """``size`` bytes on GPU ``device`` for the calling thread's task (module docstring: whose,
         which stream), ordered on ``stream`` (None: the task's stream, else the legacy default).
 
@@ -200,7 +204,9 @@ class LibraryAllocator:
         The library's newest queued free, when reusable here (:meth:`_reusable`: the pair of a
         library that frees and allocates one size on its stream), is handed out again under a new
         handle (the pool's ``reissue``) instead of being freed; every other queued free is made
-        first."""
+        first. With ``pointer`` (:meth:`allocate_pointer`) the address is recorded as one the
+        library holds inside the lease, so that a release (which reclaims the allocation) can never
+        let the pool hand it to another allocation before it is."""
         pool = self._pools.get(device) if device.__class__ is int else None
         if pool is None or self._closed:
             if self._frees:
@@ -219,6 +225,8 @@ class LibraryAllocator:
                 self._hold_back(a)
                 a = self._take(pool, size, on, None)
             self._own(a, None)
+            if pointer:
+                self._by_pointer[a.ptr] = a
             next(self._outside)
             next(self._allocated)
             return a
@@ -262,6 +270,8 @@ class LibraryAllocator:
                     self._hold_back(a)
                     a = self._take(pool, size, on, task)
             self._own(a, task)   # inside the lease: the release's listener sees it, or it never happened
+            if pointer:
+                self._by_pointer[a.ptr] = a
         finally:
             inside.remove(me)
         next(self._allocated)
@@ -353,9 +363,7 @@ class LibraryAllocator:
 
     def allocate_pointer(self, size: int, device: int, stream: int | None = None) -> int:
         """:meth:`allocate` for a library that frees by address (:meth:`free_pointer`): the address."""
-        a = self.allocate(size, device, stream)   # never an address the library still holds (allocate)
-        self._by_pointer[a.ptr] = a
-        return a.ptr
+        return self._allocate(size, device, stream, True).ptr   # never an address the library still holds
 
     def allocate_pointer_owned(self, size: int, device: int, stream: int | None = None) -> tuple[int, int | None]:
         """:meth:`allocate_pointer`, and the owner it made the allocation for (the task's id; None: the
