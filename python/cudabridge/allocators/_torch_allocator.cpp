@@ -207,11 +207,6 @@ std::string take_error() {
     return out;
 }
 
-// Hands the listed frees to g_free (free_pointer: each queued in Python), oldest first, one at a
-// time, GIL held: a free is taken from the list and counted in flight in one step under the mutex,
-// so another thread's flush (a release's drain, through flush()) sees every free either still
-// listed or in flight, and waits for those in flight (wait_handed). A failure is written as
-// unraisable and the memory stays with the pool; with nothing connected the frees are dropped.
 // A hand-over begins (g_pending_mu held): counted in flight, linked newest with the next ticket
 // (or, with no node to be had, untracked); its node, for hand_over to end it.
 HandOver *begin_hand_over() {
@@ -233,6 +228,15 @@ HandOver *begin_hand_over() {
     return h;
 }
 
+// A node's hand-over ended (g_pending_mu held): unlinked, kept for the next. In-flight counts are
+// the caller's.
+void unlink_hand_over(HandOver *h) {
+    (h->prev != nullptr ? h->prev->next : g_oldest) = h->next;
+    (h->next != nullptr ? h->next->prev : g_newest) = h->prev;
+    h->next = g_spare;
+    g_spare = h;
+}
+
 // One free, begun by the caller (begin_hand_over), to g_free (GIL held), then counted out.
 void hand_over(void *ptr, HandOver *h) {
     PyObject *fn = g_free;
@@ -249,19 +253,18 @@ void hand_over(void *ptr, HandOver *h) {
         Py_DECREF(fn);
     }
     std::lock_guard<std::mutex> hold(g_pending_mu);
-    if (h != nullptr) {
-        (h->prev != nullptr ? h->prev->next : g_oldest) = h->next;
-        (h->next != nullptr ? h->next->prev : g_newest) = h->prev;
-        h->next = g_spare;
-        g_spare = h;
-    } else {
-        g_untracked--;
-    }
+    if (h != nullptr) unlink_hand_over(h);
+    else g_untracked--;
     t_in_flight--;
     g_in_flight--;
     g_handed.notify_all();   // every end: a waiter may wait for its own part, not for none
 }
 
+// Hands the listed frees to g_free (free_pointer: each queued in Python), oldest first, one at a
+// time, GIL held: a free is taken from the list and counted in flight in one step under the mutex,
+// so another thread's flush (a release's drain, through flush()) sees every free either still
+// listed or in flight, and waits for those in flight (wait_handed). A failure is written as
+// unraisable and the memory stays with the pool; with nothing connected the frees are dropped.
 void flush_pending() {
     for (;;) {
         void *ptr;
@@ -465,8 +468,9 @@ __attribute__((visibility("default"))) void cb_torch_free(void *ptr, size_t size
             g_outstanding.fetch_sub(1, std::memory_order_relaxed);   // listed: no longer outstanding
             return;
         } catch (const std::bad_alloc &) {   // no room to list it: in flight now, handed over under the GIL
-            h = begin_hand_over();   // before the GIL, so no flush meanwhile misses it (a free that cannot
-                                  // list its address while Python finalizes would keep a later flush waiting)
+            h = begin_hand_over();   // before the GIL, so no flush meanwhile misses it (a free that
+                                     // cannot list its address while Python finalizes would keep a
+                                     // later flush waiting)
             g_outstanding.fetch_sub(1, std::memory_order_relaxed);
         }
     }
@@ -787,14 +791,8 @@ static void at_fork_child() {
     long mine = 0;
     for (HandOver *h = g_oldest, *next; h != nullptr; h = next) {
         next = h->next;
-        if (pthread_equal(h->thread, me)) {
-            mine++;
-            continue;
-        }
-        (h->prev != nullptr ? h->prev->next : g_oldest) = h->next;
-        (h->next != nullptr ? h->next->prev : g_newest) = h->prev;
-        h->next = g_spare;
-        g_spare = h;
+        if (pthread_equal(h->thread, me)) mine++;
+        else unlink_hand_over(h);
     }
     g_in_flight = t_in_flight;
     g_untracked = t_in_flight - mine;   // this thread's own, begun without a node

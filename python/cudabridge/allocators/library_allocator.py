@@ -219,11 +219,7 @@ class LibraryAllocator:
             keep = task is not None and self._newest_reusable(size, stream, task, pool) is not None
             self._drain(queued - 1 if keep else -1)
         if task is None:
-            on = LEGACY_STREAM if stream is None else stream
-            a = self._take(pool, size, on, None)
-            while self._by_pointer and a.ptr in self._by_pointer:   # as below: set aside, another taken
-                self._hold_back(a)
-                a = self._take(pool, size, on, None)
+            a = self._take_unheld(pool, size, LEGACY_STREAM if stream is None else stream, None)
             self._own(a, None)
             if pointer:
                 self._by_pointer[a.ptr] = a
@@ -262,13 +258,7 @@ class LibraryAllocator:
                     if owned is not None:
                         owned.pop(kept, None)   # the old handle: freed by the reissue
             if a is None:
-                a = self._take(pool, size, on, task)
-                # an address the library still holds (a reclaimed allocation it has not freed yet):
-                # set aside here, inside the lease (no release reclaims it meanwhile), before the
-                # allocation is counted, and another taken
-                while self._by_pointer and a.ptr in self._by_pointer:
-                    self._hold_back(a)
-                    a = self._take(pool, size, on, task)
+                a = self._take_unheld(pool, size, on, task)   # inside the lease: see _hold_back
             self._own(a, task)   # inside the lease: the release's listener sees it, or it never happened
             if pointer:
                 self._by_pointer[a.ptr] = a
@@ -344,6 +334,16 @@ class LibraryAllocator:
                 raise
         self._accept(pool, stream)
         return pool.allocate(size, stream, owner)
+
+    def _take_unheld(self, pool: Any, size: int, stream: int, owner: int | None) -> "Allocation":
+        """:meth:`_take`, never at an address the library still holds (a reclaimed allocation it has
+        not freed yet): such an allocation is set aside (:meth:`_hold_back`), before it is counted,
+        and another taken."""
+        a = self._take(pool, size, stream, owner)
+        while self._by_pointer and a.ptr in self._by_pointer:
+            self._hold_back(a)
+            a = self._take(pool, size, stream, owner)
+        return a
 
     @staticmethod
     def _accept(pool: Any, stream: int) -> None:
