@@ -51,9 +51,15 @@ def _with_allocators(svc, twin):
     return svc
 
 
+def _emulated_service(emulated, **conf):
+    """A service on the emulated device, four streams, none of high priority (``conf``: more settings)."""
+    return CudaBridgeService(ServiceConfig(backend="emulated", streams_per_gpu=4, high_priority_streams=0, **conf),
+                             backend=emulated)
+
+
 @pytest.fixture
 def service(emulated, twin):
-    svc = CudaBridgeService(ServiceConfig(backend="emulated", streams_per_gpu=4, high_priority_streams=0), backend=emulated)
+    svc = _emulated_service(emulated)
     yield _with_allocators(svc, twin)
     svc.close()
 
@@ -160,8 +166,7 @@ def test_two_threads_installing_one_library_at_once_make_one_allocator(emulated,
             super().__init__(*args, **kwargs)
 
     monkeypatch.setattr(allocators, "LibraryAllocator", Slow)
-    svc = CudaBridgeService(ServiceConfig(backend="emulated", streams_per_gpu=4, high_priority_streams=0),
-                            backend=emulated)
+    svc = _emulated_service(emulated)
     try:
         holders = len(svc.memory_pool(0)._holders)
         made: list = []
@@ -178,8 +183,7 @@ def test_two_threads_installing_one_library_at_once_make_one_allocator(emulated,
 
 
 def test_a_refused_allocator_leaves_nothing_registered_with_the_pools_or_the_registry(emulated):
-    svc = CudaBridgeService(ServiceConfig(backend="emulated", streams_per_gpu=4, high_priority_streams=0),
-                            backend=emulated)
+    svc = _emulated_service(emulated)
     try:
         holders, listeners = len(svc.memory_pool(0)._holders), len(svc.registry._release_listeners)
         with pytest.raises(InvalidArgument, match="fast_path"):
@@ -1028,10 +1032,7 @@ def test_owner_for_says_whose_an_allocation_would_be(service):
 
 
 def _two_services(emulated, twin):
-    def new_service():
-        return _with_allocators(CudaBridgeService(ServiceConfig(backend="emulated", streams_per_gpu=4,
-                                                                high_priority_streams=0), backend=emulated), twin)
-    return new_service(), new_service()
+    return _with_allocators(_emulated_service(emulated), twin), _with_allocators(_emulated_service(emulated), twin)
 
 
 def test_another_service_attaches_torchs_part_only_once_torch_freed_the_last_ones_tensors(emulated, twin, tmp_path):
@@ -1348,8 +1349,7 @@ def test_a_release_right_after_a_pointer_allocation_never_lets_its_address_go_to
         made.append(c)
         return c
 
-    svc = CudaBridgeService(ServiceConfig(backend="emulated", streams_per_gpu=4, high_priority_streams=0),
-                            backend=emulated)
+    svc = _emulated_service(emulated)
     try:
         monkeypatch.setattr(la, "count", counting)
         svc.library_allocators["rmm"] = LibraryAllocator(svc, "rmm", fast_path=twin)
